@@ -1,0 +1,30 @@
+# Every target builds its own virtual environment in .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+DEMO   := demo-output
+
+.PHONY: test test-fast demo bench reproduce clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+demo: $(STAMP)
+	@mkdir -p $(DEMO)
+	$(BIN)/python tests/data/cifar.py $(DEMO)/rows.npy
+	$(BIN)/rfsgen skeleton skeletons/cifar-deep.yaml
+	$(BIN)/rfsgen kernel skeletons/cifar-deep.yaml $(DEMO)/rows.npy -o $(DEMO)/K.npy --overwrite
+	$(BIN)/python -c "import numpy as np; K = np.load('$(DEMO)/K.npy'); print('exact kernel', K.shape, 'first row', np.round(K[0, :5], 4))"
+
+clean:
+	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache

@@ -1,0 +1,458 @@
+"""Base spaces: the registry of input-node kernels and their random feature schemes.
+
+Every base factor is written as ``R * exp(i * theta)``.  A factor is identified by
+an integer ``code`` and an integer ``power`` (the factor raised to that power):
+
+============  =====================  ===============================  ===========
+base          code                   power                            combine
+============  =====================  ===============================  ===========
+binary        0                      1 (x itself)                     mod 2
+circle        0                      exponent k of e^{i k t}          add
+categorical   0                      frequency w of e^{2 pi i w x/n}  add mod n
+sphere/pair   2 j + (s < 0)          multiplicity                     add
+sphere/coord  j                      multiplicity                     add
+gaussian      row of the omega table 1                                vectors add
+laplace       row of the omega table 1                                vectors add
+============  =====================  ===============================  ===========
+
+Each :class:`Base` knows its exact kernel (batched over nodes of one group), how
+to validate and prepare input values, how to draw ``count`` factors at once, how
+to conjugate a factor, and the angle/log-magnitude of a factor on input rows
+(the transform's "atoms").  Adding a base means adding one entry to
+:data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .errors import DataError
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Base:
+    """An immutable base-kernel description for input nodes with ``width`` columns each."""
+
+    name: str
+    params: tuple  # sorted ((key, value), ...)
+    width: int  # columns per node
+
+    # ------------------------------------------------------------------ helpers
+    def param(self, key):
+        return dict(self.params)[key]
+
+    @property
+    def kind(self) -> "BaseKind":
+        return REGISTRY[self.name]
+
+    @property
+    def label(self) -> str:
+        shown = [(k, v) for k, v in self.params if k != "zero"]
+        inner = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
+        return f"{self.name}({inner})" if inner else self.name
+
+    @property
+    def continuous(self) -> bool:
+        return self.kind.continuous
+
+    @property
+    def modulus(self) -> int:
+        """Powers are reduced modulo this (0: no reduction)."""
+        return self.kind.modulus(self)
+
+    @property
+    def norm_bound(self) -> float:
+        """C = sup |psi| of the base scheme."""
+        return self.kind.norm_bound(self)
+
+    # ------------------------------------------------------------------ numerics
+    def prepare(self, x: np.ndarray, nodes: list[str], row0: int, source: str) -> np.ndarray:
+        """Validate and transform raw values.
+
+        ``x`` is float64 ``(m, G, width)``: m rows, G nodes of this base.  Returns
+        the prepared float64 array of the same shape (normalised for sphere,
+        scaled angle for circle, ...).  Raises :class:`DataError` naming the row
+        (0-based, offset by ``row0``), the node and ``source``.
+        """
+        return self.kind.prepare(self, x, nodes, row0, source)
+
+    def gram(self, xp: np.ndarray, yp: np.ndarray) -> np.ndarray:
+        """Exact base kernel ``(G, m, n)`` float64 between prepared ``(m, G, w)`` and ``(n, G, w)``."""
+        return self.kind.gram(self, xp, yp)
+
+    def sample(self, rng: np.random.Generator, counts: np.ndarray):
+        """Draw ``counts[t]`` iid base factors for each item t and combine them.
+
+        Returns ``(item, code, power)`` int64 arrays (item indexes ``counts``) and,
+        for continuous bases, a float64 ``(len(item), width)`` table of combined
+        omegas (``code`` then indexes its rows).
+        """
+        return self.kind.sample(self, rng, np.asarray(counts, dtype=np.int64))
+
+    def conjugate(self, code: np.ndarray, power: np.ndarray):
+        """Codes and powers of the complex-conjugate factors (integer bases)."""
+        return self.kind.conjugate(self, code, power)
+
+    def atoms(self, xp: np.ndarray, codes: np.ndarray):
+        """Angle and log-magnitude of factor ``code`` (power 1) on prepared rows.
+
+        ``xp`` is prepared float64 ``(m, width)`` for one node, ``codes`` int64
+        ``(a,)``; returns two float64 ``(m, a)`` arrays.
+        """
+        return self.kind.atoms(self, xp, codes)
+
+
+@dataclass(frozen=True)
+class BaseKind:
+    """A registry entry: everything about one base space."""
+
+    name: str
+    doc: str
+    params: Mapping[str, tuple]  # key -> (default or REQUIRED, validator)
+    fixed_width: int | None  # 1 for scalar bases, None for vector bases
+    continuous: bool
+    prepare: Callable
+    gram: Callable
+    sample: Callable
+    conjugate: Callable
+    atoms: Callable
+    modulus: Callable = lambda base: 0
+    norm_bound: Callable = lambda base: 1.0
+    min_width: int = 1
+
+
+# ---------------------------------------------------------------------- validation
+def _bad_rows(mask: np.ndarray, nodes, row0, source, what, fix) -> DataError:
+    r, g = np.argwhere(mask)[0][:2]
+    return DataError(
+        f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': {what}; {fix}"
+    )
+
+
+def _scalar_only(name):
+    def prep(base, x, nodes, row0, source):
+        return x
+
+    return prep
+
+
+def _prepare_binary(base, x, nodes, row0, source):
+    bad = (x != 1.0) & (x != -1.0)
+    if bad.any():
+        r, g, _ = np.argwhere(bad)[0]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]!r} is not -1 or +1; "
+            "binary inputs must be coded as -1/+1"
+        )
+    return x
+
+
+def _prepare_circle(base, x, nodes, row0, source):
+    return x * base.param("scale")
+
+
+def _prepare_categorical(base, x, nodes, row0, source):
+    n = base.param("categories")
+    bad = (x != np.floor(x)) | (x < 0) | (x >= n)
+    if bad.any():
+        r, g, _ = np.argwhere(bad)[0]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]!r} is not an "
+            f"integer category in 0..{n - 1}; recode the column or raise 'categories'"
+        )
+    return x
+
+
+def _prepare_vector(base, x, nodes, row0, source):
+    return x
+
+
+def _prepare_sphere(base, x, nodes, row0, source):
+    norms = np.sqrt(np.einsum("mgc,mgc->mg", x, x))
+    zero = norms == 0
+    if zero.any():
+        if base.param("zero") == "error":
+            r, g = np.argwhere(zero)[0]
+            raise DataError(
+                f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': the vector is all zeros and "
+                "cannot be normalized; add 'zero: uniform' to the node to map it to (1,...,1)/sqrt(d)"
+            )
+        out = np.where(zero[..., None], 1.0 / math.sqrt(base.width), x / np.where(zero, 1.0, norms)[..., None])
+        return out
+    return x / norms[..., None]
+
+
+# ---------------------------------------------------------------------- exact kernels
+def _gram_product(base, xp, yp):
+    return np.einsum("mgc,ngc->gmn", xp, yp, optimize=True)
+
+
+def _gram_circle(base, xp, yp):
+    c = np.cos(xp[..., 0]).T
+    s = np.sin(xp[..., 0]).T
+    c2 = np.cos(yp[..., 0]).T
+    s2 = np.sin(yp[..., 0]).T
+    return c[:, :, None] * c2[:, None, :] + s[:, :, None] * s2[:, None, :]
+
+
+def _gram_categorical(base, xp, yp):
+    return (xp[..., 0].T[:, :, None] == yp[..., 0].T[:, None, :]).astype(np.float64)
+
+
+def _gram_gaussian(base, xp, yp):
+    s = base.param("scale")
+    xx = np.einsum("mgc,mgc->gm", xp, xp)
+    yy = np.einsum("ngc,ngc->gn", yp, yp)
+    d2 = xx[:, :, None] + yy[:, None, :] - 2 * _gram_product(base, xp, yp)
+    return np.exp(-0.5 * s * s * np.maximum(d2, 0.0))
+
+
+def _gram_laplace(base, xp, yp):
+    s = base.param("scale")
+    out = np.empty((xp.shape[1], xp.shape[0], yp.shape[0]))
+    for c in range(xp.shape[2]):  # loop over columns of a node, vectorised over rows and nodes
+        d = np.abs(xp[:, None, :, c] - yp[None, :, :, c]).transpose(2, 0, 1)
+        if c == 0:
+            out[...] = d
+        else:
+            out += d
+    return np.exp(-s * out)
+
+
+# ---------------------------------------------------------------------- samplers
+def _items(counts):
+    return np.flatnonzero(counts > 0)
+
+
+def _sample_binary(base, rng, counts):
+    item = np.flatnonzero(counts % 2 == 1)
+    z = np.zeros(item.size, dtype=np.int64)
+    return item, z, z + 1, None
+
+
+def _sample_circle(base, rng, counts):
+    item = _items(counts)
+    c = counts[item]
+    power = 2 * rng.binomial(c, 0.5) - c
+    keep = power != 0
+    return item[keep], np.zeros(keep.sum(), np.int64), power[keep].astype(np.int64), None
+
+
+def _sample_categorical(base, rng, counts):
+    # The sum of c >= 1 iid uniform frequencies mod n is itself uniform.
+    item = _items(counts)
+    power = rng.integers(0, base.param("categories"), item.size)
+    keep = power != 0
+    return item[keep], np.zeros(keep.sum(), np.int64), power[keep].astype(np.int64), None
+
+
+def _sample_codes(rng, counts, ncodes):
+    """Multiset of ``counts[t]`` uniform codes in [0, ncodes) per item, as (item, code, power)."""
+    item = _items(counts)
+    c = counts[item]
+    big = c > 4 * ncodes
+    parts_item, parts_code, parts_pow = [], [], []
+    small = item[~big]
+    if small.size:
+        rep = np.repeat(small, counts[small])
+        codes = rng.integers(0, ncodes, rep.size)
+        key = rep * ncodes + codes
+        uniq, mult = np.unique(key, return_counts=True)
+        parts_item.append(uniq // ncodes)
+        parts_code.append(uniq % ncodes)
+        parts_pow.append(mult.astype(np.int64))
+    if big.any():
+        bi = item[big]
+        mult = rng.multinomial(counts[bi], np.full(ncodes, 1.0 / ncodes))
+        t, code = np.nonzero(mult)
+        parts_item.append(bi[t])
+        parts_code.append(code.astype(np.int64))
+        parts_pow.append(mult[t, code].astype(np.int64))
+    if not parts_item:
+        e = np.zeros(0, np.int64)
+        return e, e, e, None
+    it = np.concatenate(parts_item)
+    co = np.concatenate(parts_code)
+    pw = np.concatenate(parts_pow)
+    order = np.lexsort((co, it))
+    return it[order], co[order], pw[order], None
+
+
+def _sample_sphere(base, rng, counts):
+    ncodes = 2 * base.width if base.param("scheme") == "pair" else base.width
+    return _sample_codes(rng, counts, ncodes)
+
+
+def _sample_gaussian(base, rng, counts):
+    item = _items(counts)
+    omega = rng.standard_normal((item.size, base.width)) * np.sqrt(counts[item])[:, None]
+    return item, np.arange(item.size, dtype=np.int64), np.ones(item.size, np.int64), omega
+
+
+def _sample_laplace(base, rng, counts):
+    # The sum of c iid standard Cauchy variables is c times a standard Cauchy.
+    item = _items(counts)
+    omega = rng.standard_cauchy((item.size, base.width)) * counts[item][:, None].astype(np.float64)
+    return item, np.arange(item.size, dtype=np.int64), np.ones(item.size, np.int64), omega
+
+
+# ---------------------------------------------------------------------- conjugation
+def _conj_identity(base, code, power):
+    return code, power
+
+
+def _conj_negate(base, code, power):
+    return code, -power
+
+
+def _conj_categorical(base, code, power):
+    return code, (-power) % base.param("categories")
+
+
+def _conj_sphere(base, code, power):
+    if base.param("scheme") == "pair":
+        return code ^ 1, power
+    return code, power
+
+
+# ---------------------------------------------------------------------- transform atoms
+def _atoms_binary(base, xp, codes):
+    ang = np.where(xp[:, :1] < 0, math.pi, 0.0)
+    return np.repeat(ang, codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+
+
+def _atoms_circle(base, xp, codes):
+    return np.repeat(xp[:, :1], codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+
+
+def _atoms_categorical(base, xp, codes):
+    ang = xp[:, :1] * (2 * math.pi / base.param("categories"))
+    return np.repeat(ang, codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+
+
+def _atoms_sphere(base, xp, codes):
+    d = base.width
+    with np.errstate(divide="ignore"):
+        if base.param("scheme") == "pair":
+            j = codes // 2
+            s = np.where(codes % 2 == 1, -1.0, 1.0)
+            re = xp[:, j]
+            im = xp[:, (j + 1) % d] * s
+            ang = np.arctan2(im, re)
+            logmag = 0.5 * np.log((re * re + im * im) * (d / 2))
+        else:
+            v = xp[:, codes]
+            ang = np.where(v < 0, math.pi, 0.0)
+            logmag = np.log(np.abs(v) * math.sqrt(d))
+    return ang, logmag
+
+
+def _atoms_continuous(base, xp, omega):
+    """For continuous bases ``codes`` is the ``(a, width)`` omega table itself."""
+    ang = (xp @ omega.T) * base.param("scale")
+    return ang, np.zeros_like(ang)
+
+
+# ---------------------------------------------------------------------- registry
+def _pos_float(name):
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"'{name}' must be a finite number > 0, got {v!r}")
+        return float(v)
+
+    return check
+
+
+def _categories(v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+        raise ValueError(f"'categories' must be an integer >= 2, got {v!r}")
+    return int(v)
+
+
+def _choice(name, options):
+    def check(v):
+        if v not in options:
+            raise ValueError(f"'{name}' must be one of {', '.join(options)}, got {v!r}")
+        return v
+
+    return check
+
+
+REGISTRY: dict[str, BaseKind] = {}
+
+
+def _register(kind: BaseKind) -> None:
+    REGISTRY[kind.name] = kind
+
+
+_register(BaseKind(
+    "binary", "x x' on values in {-1, +1}", {}, 1, False,
+    _prepare_binary, _gram_product, _sample_binary, _conj_identity, _atoms_binary,
+    modulus=lambda b: 2,
+))
+_register(BaseKind(
+    "circle", "cos(scale (v - v'))", {"scale": (1.0, _pos_float("scale"))}, 1, False,
+    _prepare_circle, _gram_circle, _sample_circle, _conj_negate, _atoms_circle,
+))
+_register(BaseKind(
+    "categorical", "[x = x'] on integers 0..categories-1", {"categories": (REQUIRED, _categories)},
+    1, False, _prepare_categorical, _gram_categorical, _sample_categorical, _conj_categorical,
+    _atoms_categorical, modulus=lambda b: b.param("categories"),
+))
+_register(BaseKind(
+    "gaussian", "exp(-scale^2 |x - x'|^2 / 2)", {"scale": (1.0, _pos_float("scale"))}, None, True,
+    _prepare_vector, _gram_gaussian, _sample_gaussian, _conj_negate, _atoms_continuous,
+))
+_register(BaseKind(
+    "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale"))}, None, True,
+    _prepare_vector, _gram_laplace, _sample_laplace, _conj_negate, _atoms_continuous,
+))
+_register(BaseKind(
+    "sphere", "<x/|x|, x'/|x'|>", {
+        "scheme": ("pair", _choice("scheme", ("pair", "coordinate"))),
+        "zero": ("error", _choice("zero", ("error", "uniform"))),
+    }, None, False,
+    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _atoms_sphere,
+    norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
+    min_width=2,
+))
+
+
+def make_base(name: str, params: Mapping | None, width: int) -> Base:
+    """Build a base from its registry name, parameters and per-node column count.
+
+    Raises ``KeyError`` for an unknown name and ``ValueError`` (with a precise
+    message) for bad parameters or widths; the skeleton parser adds file and line.
+    """
+    params = dict(params or {})
+    kind = REGISTRY[name]
+    unknown = sorted(set(params) - set(kind.params))
+    if unknown:
+        allowed = ", ".join(sorted(kind.params)) or "none"
+        raise ValueError(f"unknown parameter '{unknown[0]}' for base '{name}' (allowed: {allowed})")
+    clean = {}
+    for key, (default, check) in kind.params.items():
+        if key in params:
+            clean[key] = check(params[key])
+        elif default is REQUIRED:
+            raise ValueError(f"base '{name}' needs parameter '{key}'")
+        else:
+            clean[key] = default
+    if kind.fixed_width is not None and width != kind.fixed_width:
+        raise ValueError(
+            f"base '{name}' takes exactly {kind.fixed_width} column per node but the node has {width}; "
+            "use 'per: column'"
+        )
+    if width < kind.min_width:
+        raise ValueError(f"base '{name}' needs at least {kind.min_width} columns per node, got {width}")
+    return Base(name, tuple(sorted(clean.items())), width)
+
+
+def allowed_names() -> str:
+    return ", ".join(sorted(REGISTRY))

@@ -1,0 +1,154 @@
+"""The ``rfsgen`` command line: thin wrappers over the library.
+
+Each command parses options, makes one library call and translates
+:class:`~rfsgen.errors.RfsgenError` into a one-line message on stderr with exit
+code 2 (usage) or 1 (runtime).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from . import __version__
+from .errors import RfsgenError
+
+
+def _fail(message: str, code: int):
+    click.echo(f"rfsgen: error: {message}", err=True)
+    sys.exit(code)
+
+
+def translate_errors(fn):
+    """Map library errors to one-line messages and exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RfsgenError as e:
+            _fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted; no output was written", 130)
+        except BrokenPipeError:
+            sys.exit(1)
+
+    return wrapper
+
+
+class _Progress:
+    """A tqdm bar on stderr, silent when stderr is not a terminal or with --quiet."""
+
+    def __init__(self, total, unit, quiet, desc):
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+
+    def __call__(self, n):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _emit_json(obj):
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rfsgen")
+def main():
+    """Random features for compositional kernels.
+
+    \b
+    Describe a kernel as a YAML computation skeleton, then:
+      rfsgen skeleton skeletons/cifar-deep.yaml           # validate and describe
+      rfsgen kernel skeletons/cifar-deep.yaml rows.npy -o K.npy
+      rfsgen sample skeletons/cifar-deep.yaml -n 10000 --seed 1 -o feats.h5
+      rfsgen transform feats.h5 rows.npy -o out.h5
+    """
+
+
+@main.command("skeleton")
+@click.argument("skeleton", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
+@translate_errors
+def skeleton_cmd(skeleton, as_json):
+    """Validate SKELETON and describe the kernel it defines.
+
+    Prints node counts per layer, fan-in, depth, input width, the complexity
+    C(S) (expected factors per feature) and each layer's activation or base.
+
+    \b
+    Example:
+      rfsgen skeleton skeletons/cifar-deep.yaml
+    """
+    from .skeleton import load_skeleton
+
+    info = load_skeleton(skeleton).describe()
+    if as_json:
+        _emit_json(info)
+        return
+    shape = f" (shape {info['shape']})" if info["shape"] else ""
+    click.echo(f"skeleton   {info['path']}")
+    click.echo(f"input      width {info['width']}{shape}")
+    click.echo(f"nodes      {info['nodes']} ({info['input_nodes']} input, {info['internal_nodes']} internal)")
+    click.echo(f"depth      {info['depth']}")
+    click.echo(f"output     {info['output']}")
+    click.echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
+    if info["unused_input_nodes"]:
+        click.echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
+    click.echo("")
+    click.echo(f"{'layer':<12} {'kind':<7} {'shape':<10} {'nodes':>6} {'fan-in':>9}  what")
+    for layer in info["layers"]:
+        shape = "x".join(map(str, layer["shape"])) or "1"
+        if "base" in layer:
+            fan = "-"
+            what = f"{layer['base']}, {layer['columns_per_node']} columns/node, C = {layer['norm_bound']:.4g}"
+        else:
+            lo, hi = layer["fan_in"]
+            fan = str(lo) if lo == hi else f"{lo}-{hi}"
+            what = f"{layer['activation']}, sigma'(1) = {layer['derivative_at_one']:.4g}"
+            if layer["truncation"]:
+                what += f", series truncated (dropped mass {layer['truncation']:.2g})"
+        click.echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")
+
+
+@main.command("kernel")
+@click.argument("skeleton", type=click.Path(dir_okay=False))
+@click.argument("input", metavar="INPUT")
+@click.argument("input2", metavar="[INPUT2]", required=False)
+@click.option("-o", "--output", required=True, help="Output .npy file for the kernel matrix ('-' for stdout).")
+@click.option("--rows", help="Use only rows START:STOP of INPUT (and of INPUT2).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@translate_errors
+def kernel_cmd(skeleton, input, input2, output, rows, overwrite, quiet):
+    """Evaluate the exact kernel of SKELETON between rows of INPUT and INPUT2.
+
+    Writes the float64 matrix K[i, j] = k(INPUT[i], INPUT2[j]) as .npy
+    (INPUT2 defaults to INPUT).  INPUT may be .npy, .npz[:key], .h5[:/path],
+    .csv/.tsv or '-' for standard input.
+
+    \b
+    Example:
+      rfsgen kernel skeletons/shallow-gaussian.yaml rows.npy -o K.npy
+    """
+    from .kernel import kernel_files
+
+    with _Progress(None, "rows", quiet, "kernel") as bar:
+        kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,48 @@
+"""One error hierarchy for the whole library.
+
+The CLI maps :class:`UsageError` to exit code 2 and every other
+:class:`RfsgenError` to exit code 1.  Messages are single lines that name the
+object (file, line, node, row) and say how to fix the problem.
+"""
+
+from __future__ import annotations
+
+
+class RfsgenError(Exception):
+    """Base class of every error rfsgen raises on purpose (exit code 1)."""
+
+    exit_code = 1
+
+
+class UsageError(RfsgenError):
+    """The user asked for something that cannot work as given (exit code 2)."""
+
+    exit_code = 2
+
+
+class SkeletonError(UsageError):
+    """A skeleton file is malformed or describes an invalid DAG."""
+
+
+class InputError(UsageError):
+    """An input file cannot be opened or does not fit the skeleton."""
+
+
+class DataError(RfsgenError):
+    """Input values are invalid for the kernel (NaN/inf, out of domain, zero vectors)."""
+
+
+class FeatureFileError(RfsgenError):
+    """A feature file is missing, foreign, of another version, truncated or corrupted."""
+
+
+class OutputError(RfsgenError):
+    """An output cannot be written (exists, unwritable, disk full)."""
+
+
+class OutputExistsError(UsageError):
+    """The output exists and ``overwrite`` was not given."""
+
+
+class SamplerError(RfsgenError):
+    """The sampler cannot proceed (for example the skeleton's feature space is too small)."""

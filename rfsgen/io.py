@@ -1,0 +1,398 @@
+"""Input reading shared by every command, and atomic output files.
+
+Input specs: ``data.npy`` (memory-mapped), ``data.npz[:key]``, ``data.h5[:/path]``,
+``data.csv`` / ``data.tsv`` / ``data.txt`` (a header line of non-numbers is
+skipped), and ``-`` for standard input (``.npy`` bytes or CSV/TSV text,
+detected).  Arrays with more than two dimensions are flattened per row
+(row-major), so ``(N, H, W, C)`` images become rows of ``H*W*C`` values.
+
+Every source streams float64 chunks ``(m, width)``: memory is bounded by the
+chunk, never by the input size (except ``.npz`` members, which numpy cannot
+memory-map and are loaded whole).
+"""
+
+from __future__ import annotations
+
+import io as _io
+import os
+import re
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .errors import DataError, InputError, OutputError, OutputExistsError, UsageError
+
+TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+
+
+class InputSource:
+    """A table of rows read in chunks.  ``n_rows`` is ``None`` for streams."""
+
+    name: str
+    width: int
+    n_rows: int | None
+
+    def chunks(self, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(row0, float64 array (m, width))`` for rows ``start:stop``."""
+        raise NotImplementedError
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """All rows ``start:stop`` as one float64 array."""
+        parts = [c for _, c in self.chunks(65536, start, stop)]
+        if not parts:
+            return np.zeros((0, self.width))
+        return np.concatenate(parts)
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ArraySource(InputSource):
+    """Rows of an array-like (numpy array, memmap or h5py dataset)."""
+
+    def __init__(self, array, name: str, closer=None):
+        if array.ndim == 0:
+            raise InputError(f"{name}: holds a scalar, not a table of rows")
+        self.array = array
+        self.name = name
+        self.n_rows = int(array.shape[0])
+        self.width = int(np.prod(array.shape[1:])) if array.ndim > 1 else 1
+        self._closer = closer
+        kind = getattr(array.dtype, "kind", "f")
+        if kind not in "biuf":
+            raise InputError(f"{name}: has dtype {array.dtype}, not numbers; convert it to a numeric array")
+
+    def chunks(self, chunk_rows, start=0, stop=None):
+        stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        for a in range(start, stop, chunk_rows):
+            b = min(a + chunk_rows, stop)
+            block = np.asarray(self.array[a:b], dtype=np.float64)
+            yield a, block.reshape(b - a, self.width)
+
+    def close(self):
+        if self._closer:
+            self._closer()
+            self._closer = None
+
+
+class TextSource(InputSource):
+    """Delimited text (CSV/TSV/whitespace), parsed chunk by chunk with numpy's C parser."""
+
+    def __init__(self, stream, name: str, delimiter, closer=None):
+        self.stream = stream
+        self.name = name
+        self.n_rows = None
+        self._closer = closer
+        self._line = 0
+        first = self._next_nonempty()
+        if first is None:
+            raise InputError(f"{name}: is empty; expected rows of numbers")
+        if delimiter is None and name == "<stdin>":
+            delimiter = "," if "," in first else ("\t" if "\t" in first else None)
+        self.delimiter = delimiter
+        fields = self._split(first)
+        if not any(_is_number(f) for f in fields):
+            self.header = fields
+            first = self._next_nonempty()
+            if first is None:
+                raise InputError(f"{name}: has a header line but no rows")
+        self._pending = [(self._line, first)]
+        self.width = len(self._split(first))
+        self._consumed = 0
+
+    def _split(self, line):
+        return [f.strip() for f in (line.split(self.delimiter) if self.delimiter else line.split())]
+
+    def _next_nonempty(self):
+        for line in self.stream:
+            self._line += 1
+            if line.strip():
+                return line
+        return None
+
+    def _read_lines(self, n):
+        out = self._pending[:n]
+        self._pending = self._pending[n:]
+        while len(out) < n:
+            line = self._next_nonempty()
+            if line is None:
+                break
+            out.append((self._line, line))
+        return out
+
+    def chunks(self, chunk_rows, start=0, stop=None):
+        # Text streams go forward only: skip rows up to start, stop at stop.
+        while self._consumed < start:
+            got = self._read_lines(min(chunk_rows, start - self._consumed))
+            if not got:
+                return
+            self._consumed += len(got)
+        while stop is None or self._consumed < stop:
+            want = chunk_rows if stop is None else min(chunk_rows, stop - self._consumed)
+            got = self._read_lines(want)
+            if not got:
+                return
+            row0 = self._consumed
+            self._consumed += len(got)
+            yield row0, self._parse(got)
+
+    def _parse(self, got):
+        try:
+            arr = np.loadtxt([g[1] for g in got], delimiter=self.delimiter, dtype=np.float64, ndmin=2)
+        except ValueError as e:
+            raise self._explain(got, e) from None
+        if arr.shape[1] != self.width:
+            raise self._explain(got, None)
+        return arr
+
+    def _explain(self, got, exc):
+        for lineno, text in got:
+            fields = self._split(text)
+            if len(fields) != self.width:
+                return InputError(
+                    f"{self.name}:{lineno}: has {len(fields)} fields but the first row has {self.width}; "
+                    "every row needs the same number of columns"
+                )
+            for col, f in enumerate(fields):
+                if not _is_number(f):
+                    return DataError(f"{self.name}:{lineno}: column {col}: {f!r} is not a number; fix or drop that row")
+        return DataError(f"{self.name}: cannot parse rows: {exc}")
+
+    def close(self):
+        if self._closer:
+            self._closer()
+            self._closer = None
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _split_spec(spec: str):
+    """``path[:key]`` -> (path, key or None), only splitting at a known container suffix."""
+    m = re.match(r"^(.*?\.(?:npz|h5|hdf5|hdf))(?::(.+))?$", spec, flags=re.IGNORECASE)
+    if m and (m.group(2) is not None or os.path.exists(m.group(1))):
+        return m.group(1), m.group(2)
+    return spec, None
+
+
+def open_input(spec, stdin=None) -> InputSource:
+    """Open an input spec (see module docstring) or wrap an in-memory array."""
+    if isinstance(spec, np.ndarray):
+        return ArraySource(spec, "<array>")
+    spec = str(spec)
+    if spec == "-":
+        return _open_stdin(stdin if stdin is not None else sys.stdin.buffer)
+    path, key = _split_spec(spec)
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{path}: no such input file; check the path")
+    if p.is_dir():
+        raise InputError(f"{path}: is a directory, not an input file")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npy":
+            try:
+                arr = np.load(p, mmap_mode="r", allow_pickle=False)
+            except ValueError as e:
+                raise InputError(f"{path}: not a readable .npy array ({e}); rewrite it with numpy.save") from None
+            return ArraySource(arr, str(p))
+        if suffix == ".npz":
+            return _open_npz(p, key)
+        if suffix in HDF5_SUFFIXES:
+            return _open_h5(p, key)
+        if suffix in TEXT_SUFFIXES:
+            f = open(p, "r", encoding="utf-8", errors="strict")
+            try:
+                return TextSource(f, str(p), TEXT_SUFFIXES[suffix], closer=f.close)
+            except (UsageError, DataError):
+                f.close()
+                raise
+            except UnicodeDecodeError:
+                f.close()
+                raise InputError(f"{path}: is not UTF-8 text; a {suffix} input must be text") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read input ({e.strerror or e})") from None
+    raise InputError(
+        f"{path}: unknown input format '{suffix or '(no suffix)'}'; use .npy, .npz[:key], .h5[:/dataset], .csv, .tsv, .txt or -"
+    )
+
+
+def _open_npz(p: Path, key):
+    try:
+        z = np.load(p, allow_pickle=False)
+    except Exception as e:  # zipfile/pickle errors vary
+        raise InputError(f"{p}: not a readable .npz archive ({e})") from None
+    keys = list(z.files)
+    if key is None:
+        if len(keys) != 1:
+            z.close()
+            raise InputError(f"{p}: holds {len(keys)} arrays ({', '.join(keys)}); choose one as {p}:KEY")
+        key = keys[0]
+    if key not in keys:
+        z.close()
+        raise InputError(f"{p}: has no array '{key}' (available: {', '.join(keys)})")
+    arr = z[key]
+    z.close()
+    return ArraySource(arr, f"{p}:{key}")
+
+
+def _open_h5(p: Path, key):
+    import h5py
+
+    try:
+        f = h5py.File(p, "r")
+    except OSError:
+        raise InputError(f"{p}: not a readable HDF5 file") from None
+    names = []
+    f.visititems(lambda n, o: names.append("/" + n) if isinstance(o, h5py.Dataset) else None)
+    if key is None:
+        if len(names) != 1:
+            f.close()
+            raise InputError(f"{p}: holds {len(names)} datasets ({', '.join(names[:6])}); choose one as {p}:/PATH")
+        key = names[0]
+    if key not in f or not isinstance(f[key], h5py.Dataset):
+        f.close()
+        raise InputError(f"{p}: has no dataset '{key}' (available: {', '.join(names[:6]) or 'none'})")
+    try:
+        return ArraySource(f[key], f"{p}:{key}", closer=f.close)
+    except UsageError:
+        f.close()
+        raise
+
+
+def _open_stdin(stream) -> InputSource:
+    head = stream.peek(6)[:6] if hasattr(stream, "peek") else None
+    if head is None:
+        data = stream.read()
+        stream = _io.BufferedReader(_io.BytesIO(data))
+        head = stream.peek(6)[:6]
+    if head == b"\x93NUMPY":
+        return _npy_stream(stream)
+    text = _io.TextIOWrapper(stream, encoding="utf-8")
+    return TextSource(text, "<stdin>", None)
+
+
+def _npy_stream(stream) -> InputSource:
+    from numpy.lib import format as npformat
+
+    try:
+        version = npformat.read_magic(stream)
+        shape, fortran, dtype = npformat._read_array_header(stream, version)
+    except ValueError as e:
+        raise InputError(f"<stdin>: not a readable .npy stream ({e})") from None
+    if fortran and len(shape) > 1:
+        raise InputError("<stdin>: Fortran-ordered .npy cannot be streamed; save it C-ordered")
+
+    class _Rows:
+        def __init__(self):
+            self.shape = shape
+            self.ndim = len(shape)
+            self.dtype = dtype
+            self.pos = 0
+            self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+        def __getitem__(self, sl):
+            a, b = sl.start, sl.stop
+            if a < self.pos:
+                raise InputError("<stdin>: a stream cannot be read backwards")
+            if a > self.pos:
+                stream.read((a - self.pos) * self.row_bytes)
+            buf = stream.read((b - a) * self.row_bytes)
+            if len(buf) != (b - a) * self.row_bytes:
+                raise InputError("<stdin>: the .npy stream ended early (truncated input)")
+            self.pos = b
+            return np.frombuffer(buf, dtype=dtype).reshape((b - a,) + tuple(shape[1:]))
+
+    return ArraySource(_Rows(), "<stdin>")
+
+
+# ----------------------------------------------------------------------------- row ranges
+def parse_rows(spec: str | None):
+    """``'START:STOP'`` (either side optional) -> (start, stop or None)."""
+    if spec is None:
+        return 0, None
+    m = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", spec)
+    if not m:
+        raise UsageError(f"--rows '{spec}' must look like START:STOP, e.g. 0:1000 or 5000:")
+    start = int(m.group(1)) if m.group(1) else 0
+    stop = int(m.group(2)) if m.group(2) else None
+    if stop is not None and stop < start:
+        raise UsageError(f"--rows '{spec}': STOP is before START")
+    return start, stop
+
+
+def check_finite(x: np.ndarray, row0: int, source: str):
+    """Raise :class:`DataError` naming the first row/column holding NaN or inf."""
+    bad = ~np.isfinite(x)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, column {int(c)}: value is {x[r, c]}; "
+            "remove or impute non-finite values before using rfsgen"
+        )
+
+
+def check_width(src: InputSource, width: int, skeleton_path: str, shape=None):
+    if src.width != width:
+        want = f"width {width}" + (f" (shape {list(shape)})" if shape else "")
+        raise InputError(
+            f"{src.name}: rows have {src.width} values but skeleton '{skeleton_path}' expects {want}; "
+            "pass matching rows or fix the skeleton's input"
+        )
+
+
+# ----------------------------------------------------------------------------- atomic output
+@contextmanager
+def atomic_path(path, overwrite: bool = False):
+    """Yield a temporary path beside ``path``; rename it to ``path`` on success.
+
+    On any exception (including KeyboardInterrupt) the temporary file is removed,
+    so a failed run never leaves a file that looks complete.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path}: already exists; pass --overwrite to replace it")
+    if path.is_dir():
+        raise OutputError(f"{path}: is a directory; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise OutputError(f"{path}: directory {parent} does not exist; create it first")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        if e.errno == 28:
+            raise OutputError(f"{path}: no space left on device; free space or write elsewhere") from None
+        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(p):
+    try:
+        os.unlink(p)
+    except OSError:
+        pass

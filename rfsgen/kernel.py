@@ -1,0 +1,182 @@
+"""The exact compositional kernel, by the recurrence of DESIGN.md section 1.
+
+``k_u`` is the base kernel at input nodes; ``k_v = sigma_hat_v(mean_{u in in(v)} k_u)``
+at internal nodes.  Nodes are evaluated level by level (a level holds the nodes
+whose longest path down to an input has the same length); a level's mean is one
+sparse-times-dense product, and a level's values are freed once every node that
+reads them has been computed.  Rows of the first argument are processed in
+blocks so memory stays under ``memory_bytes`` whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import InputError
+from .io import check_finite
+from .skeleton import InputNode, Skeleton
+
+DEFAULT_MEMORY = 512 * 2**20
+
+
+def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str = "<array>") -> list:
+    """Validate rows and apply each input group's preparation.
+
+    ``x`` is float64 ``(m, width)``.  Returns a list aligned with
+    ``skeleton.input_groups`` of prepared ``(m, G, base.width)`` arrays.  Raises
+    :class:`~rfsgen.errors.DataError` naming the row/column/node for NaN/inf or
+    out-of-domain values.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != skeleton.width:
+        got = x.shape[1] if x.ndim == 2 else x.shape
+        raise InputError(
+            f"{source}: rows have {got} values but skeleton '{skeleton.path}' expects width {skeleton.width}; "
+            "pass matching rows or fix the skeleton's input"
+        )
+    check_finite(x, row0, source)
+    out = []
+    for base, ids, cols in skeleton.input_groups:
+        labels = [skeleton.nodes[i].label for i in ids]
+        out.append(base.prepare(x[:, cols], labels, row0, source))
+    return out
+
+
+class _Plan:
+    """Levels of the DAG with their sparse averaging matrices (built once per skeleton)."""
+
+    def __init__(self, skeleton: Skeleton):
+        nodes = skeleton.nodes
+        level = np.zeros(len(nodes), dtype=np.int64)
+        for n in skeleton.internal_nodes:
+            level[n.id] = 1 + level[list(n.children)].max()
+        self.level = level
+        self.nlevels = int(level.max()) + 1
+        self.members = [np.flatnonzero(level == lv) for lv in range(self.nlevels)]
+        self.index = np.zeros(len(nodes), dtype=np.int64)
+        for ids in self.members:
+            self.index[ids] = np.arange(ids.size)
+        # last level that reads each level (for freeing)
+        self.last_reader = np.zeros(self.nlevels, dtype=np.int64)
+        self.mats = {}
+        self.act_groups = {}
+        for lv in range(1, self.nlevels):
+            ids = self.members[lv]
+            rows, cols, vals, src = [], [], [], []
+            for r, i in enumerate(ids):
+                kids = np.array(nodes[i].children)
+                rows.append(np.full(kids.size, r))
+                cols.append(self.index[kids])
+                src.append(level[kids])
+                vals.append(np.full(kids.size, 1.0 / kids.size))
+            rows, cols, vals, src = map(np.concatenate, (rows, cols, vals, src))
+            for l_src in np.unique(src):
+                sel = src == l_src
+                self.mats[lv, int(l_src)] = sp.csr_matrix(
+                    (vals[sel], (rows[sel], cols[sel])), shape=(ids.size, self.members[l_src].size)
+                )
+                self.last_reader[l_src] = max(self.last_reader[l_src], lv)
+            groups: dict = {}
+            for r, i in enumerate(ids):
+                groups.setdefault(id(nodes[i].activation), (nodes[i].activation, []))[1].append(r)
+            self.act_groups[lv] = [(a, np.array(rs)) for a, rs in groups.values()]
+        # input-level order: position of each input group's nodes in level 0
+        self.input_pos = [self.index[ids] for _, ids, _ in skeleton.input_groups]
+        self.out_level = int(level[skeleton.output])
+        self.out_index = int(self.index[skeleton.output])
+
+
+def kernel(
+    skeleton: Skeleton,
+    x: np.ndarray,
+    y: np.ndarray | None = None,
+    *,
+    memory_bytes: int = DEFAULT_MEMORY,
+    progress: Callable[[int], None] | None = None,
+    x_source: str = "<array>",
+    y_source: str = "<array>",
+) -> np.ndarray:
+    """Exact kernel matrix ``K[i, j] = k_S(x_i, y_j)``, float64 ``(m, n)``.
+
+    ``x`` and ``y`` are ``(m, width)`` and ``(n, width)`` arrays (``y`` defaults to
+    ``x``).  ``progress(rows_done)`` is called after each block of ``x`` rows.
+    """
+    same = y is None
+    xp = prepare_inputs(skeleton, x, 0, x_source)
+    yp = xp if same else prepare_inputs(skeleton, y, 0, y_source)
+    m = xp[0].shape[0] if xp else 0
+    n = yp[0].shape[0] if yp else 0
+    plan = _Plan(skeleton)
+    widest = max(ids.size for ids in plan.members)
+    # Two levels alive at once at worst, plus the input level.
+    per_row = 8 * n * (len(skeleton.input_nodes) + 2 * widest + 1)
+    block = int(max(1, min(m, memory_bytes // max(per_row, 1))))
+    out = np.empty((m, n))
+    for a in range(0, m, block):
+        b = min(m, a + block)
+        out[a:b] = _block(skeleton, plan, [g[a:b] for g in xp], yp)
+        if progress:
+            progress(b - a)
+    if same:
+        # Symmetrise away rounding differences so the Gram matrix is exactly symmetric.
+        out = 0.5 * (out + out.T)
+    return out
+
+
+def _block(skeleton, plan, xp, yp):
+    mb = xp[0].shape[0]
+    n = yp[0].shape[0]
+    values = {}
+    level0 = np.empty((plan.members[0].size, mb * n))
+    for (base, _, _), pos, xg, yg in zip(skeleton.input_groups, plan.input_pos, xp, yp):
+        level0[pos] = base.gram(xg, yg).reshape(len(pos), mb * n)
+    values[0] = level0
+    for lv in range(1, plan.nlevels):
+        acc = None
+        for (dst, src), mat in plan.mats.items():
+            if dst != lv:
+                continue
+            part = mat @ values[src]
+            acc = part if acc is None else acc + part
+        for act, rows in plan.act_groups[lv]:
+            acc[rows] = act.dual(acc[rows])
+        values[lv] = acc
+        for src in list(values):
+            if src < lv and plan.last_reader[src] <= lv:
+                del values[src]
+    return values[plan.out_level][plan.out_index].reshape(mb, n)
+
+
+def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None):
+    """Read inputs, evaluate the exact kernel and write it as ``.npy`` (atomically).
+
+    ``output`` may be ``'-'`` for standard output.  Used by ``rfsgen kernel``.
+    """
+    import sys
+
+    from .io import atomic_path, check_width, open_input, parse_rows
+    from .skeleton import load_skeleton
+
+    skel = load_skeleton(skeleton_path)
+    start, stop = parse_rows(rows)
+    arrays = []
+    names = []
+    for spec in (input, input2):
+        if spec is None:
+            continue
+        with open_input(spec) as src:
+            check_width(src, skel.width, skel.path, skel.shape)
+            arrays.append(src.read(start, stop))
+            names.append(src.name)
+    y = arrays[1] if len(arrays) > 1 else None
+    k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1])
+    if output == "-":
+        np.save(sys.stdout.buffer, k)
+        return k
+    with atomic_path(output, overwrite) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, k)
+    return k

@@ -1,0 +1,677 @@
+"""Computation skeletons: YAML files parsed into an immutable, validated DAG.
+
+A skeleton file (schema version 1) looks like::
+
+    rfsgen: 1
+    input: {shape: [24, 24, 3]}          # or {width: N}
+    nodes:
+      - {name: pixels, base: sphere, scheme: pair, per: pixel}
+      - {name: conv1, activation: {name: exp, beta: 0.25}, conv: {size: 5, stride: 2}}
+      - {name: conv2, activation: relu, conv: {size: 4, stride: 2}}
+      - {name: out, activation: relu, dense: true}
+    output: out                           # optional: the unique node that feeds nothing
+
+See README.md ("Skeleton files") for the whole language.  :func:`load_skeleton`
+and :func:`parse_skeleton` return a :class:`Skeleton`; every problem raises a
+:class:`~rfsgen.errors.SkeletonError` whose one-line message names the file,
+the line and the key, and lists the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from . import activations as _act
+from . import bases as _bases
+from .errors import SkeletonError
+
+SCHEMA_VERSION = 1
+
+TOP_KEYS = ("rfsgen", "description", "input", "nodes", "output")
+INPUT_KEYS = ("width", "shape")
+COMMON_KEYS = ("name", "description")
+INPUT_NODE_KEYS = ("base", "columns", "per", "group")
+INTERNAL_KEYS = ("activation", "inputs", "conv", "pool", "dense", "each", "from")
+WIRINGS = ("inputs", "conv", "pool", "dense", "each")
+PER_VALUES = ("all", "column", "pixel", "group")
+
+
+# ----------------------------------------------------------------------------- DAG objects
+@dataclass(frozen=True)
+class InputNode:
+    """An input node: ``columns`` (tuple of int) of the input row through ``base``."""
+
+    id: int
+    label: str
+    layer: str
+    base: _bases.Base
+    columns: tuple
+
+
+@dataclass(frozen=True)
+class InternalNode:
+    """An internal node: ``activation`` of the mean of its ``children`` (node ids)."""
+
+    id: int
+    label: str
+    layer: str
+    activation: _act.Activation
+    children: tuple
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One skeleton entry after expansion: a named array of node ids."""
+
+    name: str
+    kind: str  # input | inputs | conv | pool | dense | each
+    shape: tuple
+    ids: tuple  # node ids in row-major order of ``shape``
+    line: int
+
+
+@dataclass(frozen=True, eq=False)
+class Skeleton:
+    """An immutable, validated computation skeleton.
+
+    ``nodes`` are in topological order (children before parents); ``output`` is
+    the id of the unique node with out-degree 0.  ``width`` is the number of
+    float columns of one input row; ``shape`` is ``(H, W, C)`` for images.
+    """
+
+    source: str
+    path: str
+    width: int
+    shape: tuple | None
+    nodes: tuple
+    output: int
+    layers: tuple
+    description: str = ""
+    unused_inputs: tuple = ()  # labels of input nodes pruned because they feed nothing
+
+    # -------------------------------------------------------------- structure
+    @cached_property
+    def input_nodes(self) -> tuple:
+        return tuple(n for n in self.nodes if isinstance(n, InputNode))
+
+    @cached_property
+    def internal_nodes(self) -> tuple:
+        return tuple(n for n in self.nodes if isinstance(n, InternalNode))
+
+    @cached_property
+    def input_groups(self) -> list:
+        """Input nodes grouped by base: list of ``(base, node_ids, columns)`` where
+        ``columns`` is an int64 ``(G, base.width)`` array."""
+        groups: dict = {}
+        for n in self.input_nodes:
+            groups.setdefault(n.base, []).append(n)
+        out = []
+        for base, ns in groups.items():
+            ids = np.array([n.id for n in ns], dtype=np.int64)
+            cols = np.array([n.columns for n in ns], dtype=np.int64).reshape(len(ns), base.width)
+            out.append((base, ids, cols))
+        return out
+
+    @cached_property
+    def complexity(self) -> float:
+        """C(S): expected number of base factors per feature (may be ``inf``)."""
+        c = np.zeros(len(self.nodes))
+        for n in self.nodes:
+            if isinstance(n, InputNode):
+                c[n.id] = 1.0
+            else:
+                mean = float(np.mean(c[list(n.children)]))
+                d = n.activation.derivative_at_one
+                c[n.id] = 0.0 if mean == 0 or d == 0 else d * mean
+        return float(c[self.output])
+
+    @cached_property
+    def depth(self) -> int:
+        """Number of internal nodes on the longest path from an input to the output."""
+        d = np.zeros(len(self.nodes), dtype=np.int64)
+        for n in self.internal_nodes:
+            d[n.id] = 1 + max(d[c] for c in n.children)
+        return int(d[self.output])
+
+    def node(self, label: str):
+        for n in self.nodes:
+            if n.label == label:
+                return n
+        raise KeyError(label)
+
+    def describe(self) -> dict:
+        """A JSON-ready summary: layers, node counts, fan-in, depth, width, C(S)."""
+        layers = []
+        for layer in self.layers:
+            first = self.nodes[layer.ids[0]]
+            info = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape), "nodes": len(layer.ids)}
+            if isinstance(first, InputNode):
+                info["base"] = first.base.label
+                info["columns_per_node"] = first.base.width
+                info["norm_bound"] = first.base.norm_bound
+            else:
+                fan = [len(self.nodes[i].children) for i in layer.ids]
+                info["activation"] = first.activation.label
+                info["fan_in"] = [min(fan), max(fan)]
+                info["derivative_at_one"] = first.activation.derivative_at_one
+                info["truncation"] = first.activation.truncation
+            layers.append(info)
+        return {
+            "path": self.path,
+            "width": self.width,
+            "shape": list(self.shape) if self.shape else None,
+            "nodes": len(self.nodes),
+            "input_nodes": len(self.input_nodes),
+            "internal_nodes": len(self.internal_nodes),
+            "depth": self.depth,
+            "output": self.nodes[self.output].label,
+            "complexity": self.complexity,
+            "unused_input_nodes": len(self.unused_inputs),
+            "layers": layers,
+        }
+
+
+# ----------------------------------------------------------------------------- YAML with lines
+class _LineDict(dict):
+    """A dict that remembers the line of each key (1-based) and its own line."""
+
+    line = 0
+    lines: dict
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader, node, deep=False):
+    loader.flatten_mapping(node)
+    out = _LineDict()
+    out.line = node.start_mark.line + 1
+    out.lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise SkeletonError(f"{loader.name}:{key_node.start_mark.line + 1}: a mapping key must be a plain value")
+        if key in out:
+            raise SkeletonError(
+                f"{loader.name}:{key_node.start_mark.line + 1}: duplicate key '{key}'; keep only one"
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+# ----------------------------------------------------------------------------- parsing
+def load_skeleton(path) -> Skeleton:
+    """Read and parse a skeleton file (``-`` is not accepted: skeletons are files)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SkeletonError(f"{path}: no such skeleton file; check the path (shipped ones are in skeletons/)")
+    except IsADirectoryError:
+        raise SkeletonError(f"{path}: is a directory, not a skeleton file")
+    except UnicodeDecodeError:
+        raise SkeletonError(f"{path}: not a UTF-8 text file; a skeleton is a YAML file")
+    except OSError as e:
+        raise SkeletonError(f"{path}: cannot read skeleton ({e.strerror})")
+    return parse_skeleton(text, str(path))
+
+
+def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
+    """Parse skeleton YAML ``text``; ``path`` is used in error messages."""
+    loader = _Loader(text)
+    loader.name = path
+    try:
+        doc = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else "?"
+        raise SkeletonError(f"{path}:{line}: malformed YAML: {e.problem or e.context}; fix the syntax") from None
+    except yaml.YAMLError as e:
+        raise SkeletonError(f"{path}: malformed YAML: {e}") from None
+    finally:
+        loader.dispose()
+    return _Builder(path, text).build(doc)
+
+
+_REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*$")
+
+
+class _Builder:
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.text = text
+        self.nodes: list = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.layers: list = []
+
+    # ------------------------------------------------------------------ errors
+    def err(self, line, msg) -> SkeletonError:
+        where = f"{self.path}:{line}" if line else self.path
+        return SkeletonError(f"{where}: {msg}")
+
+    def check_keys(self, mapping, allowed, what):
+        for key in mapping:
+            if key not in allowed:
+                raise self.err(
+                    mapping.lines.get(key, mapping.line),
+                    f"unknown key '{key}' in {what} (allowed: {', '.join(allowed)})",
+                )
+
+    # ------------------------------------------------------------------ top level
+    def build(self, doc) -> Skeleton:
+        if not isinstance(doc, dict):
+            raise self.err(1, "a skeleton must be a YAML mapping with keys rfsgen, input, nodes, output")
+        self.check_keys(doc, TOP_KEYS, "the skeleton")
+        if "rfsgen" not in doc:
+            raise self.err(1, f"missing 'rfsgen: {SCHEMA_VERSION}' (the schema version) at the top")
+        if doc["rfsgen"] != SCHEMA_VERSION:
+            raise self.err(
+                doc.lines["rfsgen"],
+                f"schema version {doc['rfsgen']!r} is not supported (this rfsgen reads version {SCHEMA_VERSION})",
+            )
+        self.width, self.shape = self.parse_input(doc)
+        entries = doc.get("nodes")
+        if not isinstance(entries, list) or not entries:
+            raise self.err(doc.lines.get("nodes", doc.line), "'nodes' must be a non-empty list of node entries")
+        self.build_entries(entries, doc.lines.get("nodes", 1))
+        output = self.prune(self.find_output(doc))
+        description = doc.get("description", "")
+        return Skeleton(
+            source=self.text,
+            path=self.path,
+            width=self.width,
+            shape=self.shape,
+            nodes=tuple(self.nodes),
+            output=output,
+            layers=tuple(self.layers),
+            description=str(description or ""),
+            unused_inputs=tuple(self.unused),
+        )
+
+    def parse_input(self, doc):
+        spec = doc.get("input")
+        line = doc.lines.get("input", doc.line)
+        if not isinstance(spec, dict):
+            raise self.err(line, "'input' must be a mapping with 'width: N' or 'shape: [H, W, C]'")
+        self.check_keys(spec, INPUT_KEYS, "'input'")
+        if ("width" in spec) == ("shape" in spec):
+            raise self.err(line, "'input' needs exactly one of 'width: N' or 'shape: [H, W, C]'")
+        if "width" in spec:
+            w = spec["width"]
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise self.err(spec.lines["width"], f"'width' must be a positive integer, got {w!r}")
+            return w, None
+        shape = spec["shape"]
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 3
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape)
+        ):
+            raise self.err(spec.lines["shape"], f"'shape' must be three positive integers [H, W, C], got {shape!r}")
+        return int(np.prod(shape)), tuple(shape)
+
+    # ------------------------------------------------------------------ entries
+    def build_entries(self, entries, line):
+        by_name = {}
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise self.err(line, f"node entry {i + 1} must be a mapping with at least 'name'")
+            if "name" not in e:
+                raise self.err(e.line, "node entry has no 'name'")
+            name = e["name"]
+            if not isinstance(name, str) or not _REF.match(name) or "[" in name:
+                raise self.err(e.lines["name"], f"node name {name!r} must start with a letter and use letters, digits, _ . -")
+            if name in by_name:
+                raise self.err(e.lines["name"], f"node name '{name}' is already used on line {by_name[name].line}")
+            by_name[name] = e
+        # Entry-level dependencies: 'inputs' references and 'from' (default: previous entry).
+        deps = {}
+        for i, e in enumerate(entries):
+            name = e["name"]
+            if "base" in e:
+                deps[name] = []
+                continue
+            if "activation" not in e and "pool" not in e:
+                raise self.err(e.line, f"node '{name}' needs 'base' (an input node) or 'activation' (an internal node)")
+            wiring = [k for k in WIRINGS if k in e]
+            if len(wiring) != 1:
+                raise self.err(
+                    e.line,
+                    f"node '{name}' needs exactly one of {', '.join(WIRINGS)} to say what it takes as input"
+                    + (f" (it has {', '.join(wiring)})" if wiring else ""),
+                )
+            if wiring[0] == "inputs":
+                refs = e["inputs"]
+                if isinstance(refs, str):
+                    refs = [refs]
+                if not isinstance(refs, list) or not refs:
+                    raise self.err(e.lines["inputs"], f"'inputs' of node '{name}' must be a non-empty list of node names")
+                names = []
+                for r in refs:
+                    m = _REF.match(str(r))
+                    if not m:
+                        raise self.err(e.lines["inputs"], f"bad reference {r!r} in 'inputs' of node '{name}'; write name, name[i] or name[i, j]")
+                    names.append(m.group(1))
+                deps[name] = names
+            else:
+                src = e.get("from")
+                if src is None:
+                    if i == 0:
+                        raise self.err(e.line, f"node '{name}' is the first entry, so it has nothing to take '{wiring[0]}' from; add 'from: NAME'")
+                    src = entries[i - 1]["name"]
+                deps[name] = [str(src)]
+            for d in deps[name]:
+                if d not in by_name:
+                    hint = _close(d, by_name)
+                    raise self.err(
+                        e.lines.get("inputs", e.lines.get("from", e.line)),
+                        f"node '{name}' refers to '{d}', which is not defined{hint}",
+                    )
+        order = self.toposort(deps, by_name)
+        for name in order:
+            self.build_entry(by_name[name], deps[name])
+
+    def toposort(self, deps, by_name):
+        state: dict[str, int] = {}
+        order: list[str] = []
+        for start in by_name:  # iterative DFS keeps file order where possible
+            if start in state:
+                continue
+            stack = [(start, iter(deps[start]))]
+            state[start] = 1
+            path = [start]
+            while stack:
+                name, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    stack.pop()
+                    path.pop()
+                    state[name] = 2
+                    order.append(name)
+                elif state.get(nxt) == 1:
+                    cycle = path[path.index(nxt):] + [nxt]
+                    raise self.err(by_name[nxt].line, f"cycle in the skeleton: {' -> '.join(reversed(cycle))}; a skeleton must be a DAG")
+                elif nxt not in state:
+                    state[nxt] = 1
+                    path.append(nxt)
+                    stack.append((nxt, iter(deps[nxt])))
+        return order
+
+    def build_entry(self, e, deps):
+        if "base" in e:
+            self.build_input(e)
+        else:
+            self.build_internal(e, deps)
+
+    # ------------------------------------------------------------------ input nodes
+    def build_input(self, e):
+        name = e["name"]
+        base_name = e["base"]
+        base_keys = tuple(_bases.REGISTRY[base_name].params) if base_name in _bases.REGISTRY else ()
+        if base_name not in _bases.REGISTRY:
+            raise self.err(e.lines["base"], f"unknown base '{base_name}' in node '{name}' (allowed: {_bases.allowed_names()})")
+        self.check_keys(e, COMMON_KEYS + INPUT_NODE_KEYS + base_keys, f"input node '{name}' (base {base_name})")
+        params = {k: e[k] for k in base_keys if k in e}
+        cols = self.parse_columns(e)
+        per = e.get("per", "all")
+        if per not in PER_VALUES:
+            raise self.err(e.lines["per"], f"'per' of node '{name}' must be one of {', '.join(PER_VALUES)}, got {per!r}")
+        if "group" in e and per != "group":
+            raise self.err(e.lines["group"], f"'group' needs 'per: group' in node '{name}'")
+        if per == "all":
+            groups, shape = [cols], ()
+        elif per == "column":
+            groups, shape = [[c] for c in cols], (len(cols),)
+        elif per == "group":
+            g = e.get("group")
+            if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+                raise self.err(e.lines.get("group", e.line), f"node '{name}' with 'per: group' needs 'group: K' (columns per node)")
+            if len(cols) % g:
+                raise self.err(e.lines["group"], f"node '{name}': {len(cols)} columns do not split into groups of {g}")
+            groups, shape = [cols[i:i + g] for i in range(0, len(cols), g)], (len(cols) // g,)
+        else:
+            if self.shape is None:
+                raise self.err(e.lines["per"], f"'per: pixel' in node '{name}' needs 'input: {{shape: [H, W, C]}}'")
+            if "columns" in e:
+                raise self.err(e.lines["columns"], f"'per: pixel' in node '{name}' takes the whole image; drop 'columns'")
+            h, w, c = self.shape
+            groups = [list(range((r * w + q) * c, (r * w + q + 1) * c)) for r in range(h) for q in range(w)]
+            shape = (h, w)
+        try:
+            base = _bases.make_base(base_name, params, len(groups[0]))
+        except ValueError as ex:
+            raise self.err(e.line, f"node '{name}': {ex}") from None
+        ids = []
+        for k, cols_k in enumerate(groups):
+            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
+            node = InputNode(len(self.nodes), label, name, base, tuple(int(c) for c in cols_k))
+            self.nodes.append(node)
+            ids.append(node.id)
+        self.register(name, "input", shape, ids, e.line)
+
+    def parse_columns(self, e):
+        if "columns" not in e or e["columns"] == "all":
+            return list(range(self.width))
+        spec = e["columns"]
+        line = e.lines["columns"]
+        cols = []
+        items = spec if isinstance(spec, list) else [spec]
+        for item in items:
+            if isinstance(item, int) and not isinstance(item, bool):
+                cols.append(item)
+            elif isinstance(item, str) and re.fullmatch(r"\s*\d*\s*:\s*\d*\s*", item):
+                a, b = item.split(":")
+                cols.extend(range(int(a) if a.strip() else 0, int(b) if b.strip() else self.width))
+            else:
+                raise self.err(line, f"'columns' of node '{e['name']}' must be 'all', an index, 'A:B', or a list of those; got {item!r}")
+        if not cols:
+            raise self.err(line, f"'columns' of node '{e['name']}' selects no column")
+        bad = [c for c in cols if c < 0 or c >= self.width]
+        if bad:
+            raise self.err(line, f"column {bad[0]} of node '{e['name']}' is outside the input row (0..{self.width - 1})")
+        return cols
+
+    # ------------------------------------------------------------------ internal nodes
+    def build_internal(self, e, deps):
+        name = e["name"]
+        self.check_keys(e, COMMON_KEYS + INTERNAL_KEYS, f"internal node '{name}'")
+        wiring = next(k for k in WIRINGS if k in e)
+        if wiring == "pool":
+            if "activation" in e:
+                raise self.err(e.lines["activation"], f"pool node '{name}' averages its window and takes no activation; use 'conv' for window + activation")
+            act = _act.make_activation("identity")
+        else:
+            act = self.parse_activation(e)
+        if wiring == "inputs":
+            refs = e["inputs"] if isinstance(e["inputs"], list) else [e["inputs"]]
+            children = []
+            for r in refs:
+                children.extend(self.resolve(str(r), e.lines["inputs"], name))
+            self.add_internal(name, "inputs", (), [children], act, e.line)
+            return
+        src = self.arrays[deps[0]]
+        if wiring == "dense":
+            if e["dense"] not in (True, None) and e["dense"] != {}:
+                raise self.err(e.lines["dense"], f"'dense' of node '{name}' takes no options; write 'dense: true'")
+            self.add_internal(name, "dense", (), [src.ravel().tolist()], act, e.line)
+        elif wiring == "each":
+            self.add_internal(name, "each", src.shape, [[int(i)] for i in src.ravel()], act, e.line)
+        else:
+            size, stride = self.parse_window(e, wiring, src.ndim)
+            if src.ndim == 0:
+                raise self.err(e.lines[wiring], f"'{wiring}' of node '{name}' needs an array below it, but '{deps[0]}' is a single node")
+            out_shape = []
+            for ax in range(src.ndim):
+                if size[ax] > src.shape[ax]:
+                    raise self.err(
+                        e.lines[wiring],
+                        f"{wiring} window {'x'.join(map(str, size))} of node '{name}' does not fit the "
+                        f"{'x'.join(map(str, src.shape))} array '{deps[0]}'; use a smaller size",
+                    )
+                out_shape.append((src.shape[ax] - size[ax]) // stride[ax] + 1)
+            kids = []
+            for pos in np.ndindex(*out_shape):
+                window = tuple(slice(p * s, p * s + k) for p, s, k in zip(pos, stride, size))
+                kids.append(src[window].ravel().tolist())
+            self.add_internal(name, wiring, tuple(out_shape), kids, act, e.line)
+
+    def parse_window(self, e, wiring, ndim):
+        spec = e[wiring]
+        line = e.lines[wiring]
+        if not isinstance(spec, dict) or "size" not in spec:
+            raise self.err(line, f"'{wiring}' of node '{e['name']}' must be a mapping with 'size' (and optional 'stride')")
+        self.check_keys(spec, ("size", "stride"), f"'{wiring}' of node '{e['name']}'")
+        ndim = max(ndim, 1)
+
+        def vec(v, key):
+            v = [v] * ndim if isinstance(v, int) and not isinstance(v, bool) else v
+            if not isinstance(v, list) or len(v) != ndim or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
+                raise self.err(spec.lines.get(key, line), f"'{key}' of '{wiring}' in node '{e['name']}' must be a positive integer or a list of {ndim}")
+            return tuple(v)
+
+        size = vec(spec["size"], "size")
+        stride = vec(spec.get("stride", spec["size"] if wiring == "pool" else 1), "stride")
+        return size, stride
+
+    def parse_activation(self, e):
+        name = e["name"]
+        spec = e.get("activation")
+        line = e.lines.get("activation", e.line)
+        if spec is None:
+            raise self.err(line, f"internal node '{name}' needs an 'activation' (allowed: {_act.allowed_names()})")
+        if isinstance(spec, str):
+            act_name, params = spec, {}
+        elif isinstance(spec, dict) and "name" in spec:
+            act_name = spec["name"]
+            params = {k: v for k, v in spec.items() if k != "name"}
+        else:
+            raise self.err(line, f"'activation' of node '{name}' must be a name or a mapping with 'name' and parameters")
+        if act_name not in _act.REGISTRY:
+            raise self.err(line, f"unknown activation '{act_name}' in node '{name}' (allowed: {_act.allowed_names()})")
+        try:
+            return _act.make_activation(act_name, params)
+        except ValueError as ex:
+            raise self.err(line, f"node '{name}': {ex}") from None
+
+    def add_internal(self, name, kind, shape, kids, act, line):
+        ids = []
+        for k, children in enumerate(kids):
+            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
+            node = InternalNode(len(self.nodes), label, name, act, tuple(int(c) for c in children))
+            self.nodes.append(node)
+            ids.append(node.id)
+        self.register(name, kind, shape, ids, line)
+
+    def register(self, name, kind, shape, ids, line):
+        arr = np.array(ids, dtype=np.int64).reshape(shape)
+        arr.setflags(write=False)
+        self.arrays[name] = arr
+        self.layers.append(Layer(name, kind, tuple(shape), tuple(ids), line))
+
+    def resolve(self, ref, line, owner):
+        m = _REF.match(ref)
+        arr = self.arrays[m.group(1)]
+        if m.group(2) is None:
+            return arr.ravel().tolist()
+        index = []
+        for part in m.group(2).split(","):
+            part = part.strip()
+            try:
+                if ":" in part:
+                    a, b = (part.split(":") + [""])[:2]
+                    index.append(slice(int(a) if a else None, int(b) if b else None))
+                else:
+                    index.append(int(part))
+            except ValueError:
+                raise self.err(line, f"bad index '{part}' in reference '{ref}' of node '{owner}'") from None
+        if len(index) > arr.ndim:
+            raise self.err(line, f"reference '{ref}' in node '{owner}' has {len(index)} indices but '{m.group(1)}' has shape {list(arr.shape)}")
+        try:
+            sel = arr[tuple(index)]
+        except IndexError:
+            raise self.err(line, f"reference '{ref}' in node '{owner}' is out of range for shape {list(arr.shape)}") from None
+        sel = np.asarray(sel).ravel().tolist()
+        if not sel:
+            raise self.err(line, f"reference '{ref}' in node '{owner}' selects no node")
+        return sel
+
+    # ------------------------------------------------------------------ output
+    def prune(self, output: int) -> int:
+        """Drop nodes the output does not reach and renumber; returns the new output id."""
+        keep = np.zeros(len(self.nodes), dtype=bool)
+        keep[output] = True
+        for n in reversed(self.nodes):  # parents come after children
+            if keep[n.id] and isinstance(n, InternalNode):
+                keep[list(n.children)] = True
+        self.unused = [n.label for n in self.nodes if not keep[n.id]]
+        if keep.all():
+            return output
+        new_id = np.cumsum(keep) - 1
+        nodes = []
+        for n in self.nodes:
+            if not keep[n.id]:
+                continue
+            if isinstance(n, InputNode):
+                nodes.append(InputNode(int(new_id[n.id]), n.label, n.layer, n.base, n.columns))
+            else:
+                kids = tuple(int(new_id[c]) for c in n.children)
+                nodes.append(InternalNode(int(new_id[n.id]), n.label, n.layer, n.activation, kids))
+        self.nodes = nodes
+        layers = []
+        for layer in self.layers:
+            ids = tuple(int(new_id[i]) for i in layer.ids if keep[i])
+            if ids:
+                shape = layer.shape if len(ids) == len(layer.ids) else (len(ids),)
+                layers.append(Layer(layer.name, layer.kind, shape, ids, layer.line))
+        self.layers = layers
+        return int(new_id[output])
+
+    def find_output(self, doc) -> int:
+        used = np.zeros(len(self.nodes), dtype=bool)
+        for n in self.nodes:
+            if isinstance(n, InternalNode):
+                used[list(n.children)] = True
+        internal = np.array([isinstance(n, InternalNode) for n in self.nodes])
+        # Input nodes that feed nothing are allowed (a conv's valid windows may leave
+        # border pixels out); they are pruned.  Other extra sinks are errors.
+        sinks = np.flatnonzero(~used & internal) if internal.any() else np.flatnonzero(~used)
+        line = doc.lines.get("output", doc.line)
+        if "output" in doc:
+            want = doc["output"]
+            if not isinstance(want, str) or want not in self.arrays:
+                raise self.err(line, f"'output' names '{want}', which is not a node{_close(str(want), self.arrays)}")
+            if self.arrays[want].size != 1:
+                raise self.err(line, f"'output' must be a single node, but '{want}' is an array of {self.arrays[want].size}; add a 'dense' node")
+        if len(sinks) != 1:
+            labels = [self.nodes[i].label for i in sinks[:5]]
+            more = f" and {len(sinks) - 5} more" if len(sinks) > 5 else ""
+            raise self.err(
+                line,
+                f"the skeleton has {len(sinks)} output nodes ({', '.join(labels)}{more}); "
+                "exactly one node may feed nothing: connect the others or add a 'dense' node over them",
+            )
+        out = int(sinks[0])
+        if "output" in doc and out != int(self.arrays[doc["output"]].ravel()[0]):
+            raise self.err(line, f"'output' is '{doc['output']}' but the node that feeds nothing is '{self.nodes[out].label}'")
+        return out
+
+
+def _close(name: str, known) -> str:
+    import difflib
+
+    m = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean '{m[0]}'?)" if m else f" (defined: {', '.join(list(known)[:8])})"

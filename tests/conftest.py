@@ -1,0 +1,85 @@
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SKELETONS = ROOT / "skeletons"
+DATA = Path(__file__).resolve().parent / "data"
+sys.path.insert(0, str(DATA))
+
+import cifar  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cifar_rows():
+    """64 preprocessed real CIFAR-10 test rows, float64 (64, 1728)."""
+    return cifar.rows(64)
+
+
+def skeleton_path(name: str) -> str:
+    return str(SKELETONS / f"{name}.yaml")
+
+
+def rows_for(skel, n, seed=0):
+    """Valid random rows for any skeleton: each input group's columns get values in its base's domain."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, skel.width))
+    for base, _, cols in skel.input_groups:
+        c = cols.ravel()
+        if base.name == "binary":
+            x[:, c] = rng.choice([-1.0, 1.0], size=(n, c.size))
+        elif base.name == "categorical":
+            x[:, c] = rng.integers(0, base.param("categories"), size=(n, c.size))
+    return x
+
+
+SMALL_SKELETONS = {
+    "binary": """
+rfsgen: 1
+input: {width: 5}
+nodes:
+  - {name: b, base: binary, per: column}
+  - {name: h, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [b]}
+  - {name: out, activation: relu, inputs: [h, b[0]]}
+""",
+    "categorical": """
+rfsgen: 1
+input: {width: 4}
+nodes:
+  - {name: c, base: categorical, categories: 4, per: column}
+  - {name: out, activation: {name: exp, beta: 1.5}, inputs: [c]}
+""",
+    "circle-step": """
+rfsgen: 1
+input: {width: 3}
+nodes:
+  - {name: c, base: circle, scale: 0.7, per: column}
+  - {name: out, activation: step, inputs: [c]}
+""",
+    "gauss-laplace": """
+rfsgen: 1
+input: {width: 6}
+nodes:
+  - {name: g, base: gaussian, scale: 0.4, columns: "0:3"}
+  - {name: l, base: laplace, scale: 0.3, columns: "3:6"}
+  - {name: out, activation: tanh, inputs: [g, l]}
+""",
+    "sphere-coordinate": """
+rfsgen: 1
+input: {width: 6}
+nodes:
+  - {name: s, base: sphere, scheme: coordinate, per: group, group: 3}
+  - {name: out, activation: {name: coefficients, values: [0.2, 0.5, 0.3]}, inputs: [s]}
+""",
+    "relu-deep": """
+rfsgen: 1
+input: {width: 8}
+nodes:
+  - {name: s, base: sphere, scheme: pair, per: group, group: 2}
+  - {name: h1, activation: relu, each: s}
+  - {name: h2, activation: relu, conv: {size: 2, stride: 2}}
+  - {name: out, activation: relu, dense: true}
+""",
+}

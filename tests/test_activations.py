@@ -1,0 +1,158 @@
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rfsgen.activations import REGISTRY, TOLERANCE, hermite_coefficients, make_activation
+
+PARAMS = {"polynomial": {"degree": 4, "c": 0.7}, "coefficients": {"values": [0.1, 0.0, 2.0, 1.0]}, "exp": {"beta": 1.3}}
+
+
+def every_activation():
+    return [make_activation(name, PARAMS.get(name)) for name in sorted(REGISTRY)]
+
+
+def relu_closed(r):
+    return (np.sqrt(1 - r * r) + (math.pi - np.arccos(r)) * r) / math.pi
+
+
+@pytest.mark.parametrize("act", every_activation(), ids=lambda a: a.name)
+def test_coefficients_are_a_distribution(act):
+    a = act.coefficients
+    assert np.all(a >= 0)
+    # The table plus the exactly-sampled tail is the whole distribution.
+    assert abs(math.fsum(a) + act.tail_mass - 1.0) < 1e-12
+    # Truncated series dropped less than the documented tolerance (abs converges too slowly: reported).
+    if act.name != "abs":
+        assert act.truncation <= TOLERANCE
+    assert act.dual(np.array([1.0]))[0] == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("act", every_activation(), ids=lambda a: a.name)
+def test_dual_equals_its_series(act):
+    rho = np.linspace(-0.95, 0.95, 41)
+    series = np.polynomial.polynomial.polyval(rho, act.coefficients)
+    np.testing.assert_allclose(act.dual(rho), series, atol=1e-8)
+
+
+def test_relu_dual_is_its_closed_form():
+    relu = make_activation("relu")
+    rho = np.linspace(-1, 1, 201)
+    np.testing.assert_allclose(relu.dual(rho), relu_closed(rho), atol=1e-15)
+    # sigma_hat'(1) = 1 and sigma_hat(0) = a_0 = 1/pi
+    assert relu.derivative_at_one == 1.0
+    assert relu.coefficients[0] == pytest.approx(1 / math.pi)
+    assert relu.coefficients[1] == pytest.approx(0.5)
+
+
+def test_quadrature_relu_and_step_match_closed_form_coefficients():
+    b, second = hermite_coefficients(lambda z: np.maximum(z, 0.0), 300)
+    np.testing.assert_allclose(b * b / second, make_activation("relu").coefficients[:301], atol=1e-8)
+    b, second = hermite_coefficients(lambda z: (z > 0) * 1.0, 300)
+    np.testing.assert_allclose(b * b / second, make_activation("step").coefficients[:301], atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "name, closed",
+    [
+        ("erf", lambda r: np.arcsin(2 * r / 3) / np.arcsin(2 / 3)),
+        ("sin", lambda r: np.sinh(r) / np.sinh(1.0)),
+        ("cos", lambda r: np.cosh(r) / np.cosh(1.0)),
+    ],
+)
+def test_quadrature_duals_match_closed_forms(name, closed):
+    rho = np.linspace(-1, 1, 201)
+    np.testing.assert_allclose(make_activation(name).dual(rho), closed(rho), atol=1e-8)
+
+
+def test_exp_and_polynomial_closed_forms():
+    rho = np.linspace(-1, 1, 51)
+    e = make_activation("exp", {"beta": 0.25})
+    np.testing.assert_allclose(e.dual(rho), np.exp(0.25 * (rho - 1)))
+    assert e.derivative_at_one == 0.25
+    p = make_activation("polynomial", {"degree": 3, "c": 1.0})
+    np.testing.assert_allclose(p.coefficients, [0.125, 0.375, 0.375, 0.125])
+    assert p.derivative_at_one == pytest.approx(1.5)
+    assert make_activation("step").derivative_at_one == math.inf
+
+
+@pytest.mark.parametrize("act", every_activation(), ids=lambda a: a.name)
+def test_degree_sampler_matches_coefficients(act):
+    """Chi-square goodness of fit of 200k sampled degrees at a fixed seed (p > 1e-4)."""
+    n = 200_000
+    deg = act.sample_degrees(np.random.default_rng(7), n)
+    p = np.append(act.coefficients, act.tail_mass)
+    p = p / p.sum()
+    expected = n * p
+    keep = np.flatnonzero(expected >= 20)
+    table = act.coefficients.size  # index ``table`` stands for every degree beyond the table
+    binned = np.minimum(deg, table)
+    observed = np.bincount(binned, minlength=table + 1)[keep].astype(float)
+    exp_keep = expected[keep]
+    rest_obs = n - observed.sum()
+    rest_exp = n - exp_keep.sum()
+    # Everything outside the well-populated bins forms one more bin.
+    observed = np.append(observed, rest_obs)
+    exp_keep = np.append(exp_keep, rest_exp)
+    if rest_exp < 20:  # too sparse for chi-square: merge into the last bin
+        observed[-2] += observed[-1]
+        exp_keep[-2] += exp_keep[-1]
+        observed, exp_keep = observed[:-1], exp_keep[:-1]
+    if len(observed) < 2:
+        assert observed[0] == n
+        return
+    assert stats.chisquare(observed, exp_keep).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("name", ["relu", "step"])
+def test_heavy_tails_are_sampled_not_capped(name):
+    act = make_activation(name)
+    table_max = act.coefficients.size - 1
+    deg = act.sample_degrees(np.random.default_rng(3), 2_000_000)
+    tail = deg > table_max
+    # Tail frequency matches the tail mass within 5 binomial standard errors, and
+    # degrees do go beyond the table (step's tail mass is ~1.4e-3: ~2800 draws).
+    se = math.sqrt(act.tail_mass * (1 - act.tail_mass) / deg.size)
+    assert abs(tail.mean() - act.tail_mass) < 5 * se + 1e-9
+    if name == "step":
+        assert tail.sum() > 1000
+        assert np.all(deg[tail] % 2 == 1)  # step has only odd degrees beyond a_0
+
+
+def test_tail_sampler_follows_the_series_shape():
+    """P(k >= 4 k0 | tail) for step's tail: sum_{k >= 4k0} c_k / sum_{k >= k0} c_k ~ 1/2 (c_k ~ k^-1.5)."""
+    act = make_activation("step")
+    t = act.tail
+    rng = np.random.default_rng(5)
+    ks = (t.sample(rng, 40_000) - 1) // 2
+    k = np.arange(t.k0, 64 * t.k0, dtype=float)
+    w = np.exp(t.log_weight(k))
+    # tail beyond 64 k0: integral of k^-1.5 approximation
+    beyond = w[-1] * k[-1] * 2
+    expected = (w[3 * t.k0:].sum() + beyond) / (w.sum() + beyond)
+    observed = (ks >= 4 * t.k0).mean()
+    se = math.sqrt(expected * (1 - expected) / ks.size)
+    assert abs(observed - expected) < 5 * se
+
+
+@pytest.mark.parametrize("act", every_activation(), ids=lambda a: a.name)
+def test_sum_of_degrees(act):
+    """sum_degrees(m) has the law of the sum of m iid degrees (compared by mean for finite-mean laws)."""
+    rng = np.random.default_rng(11)
+    m = np.array([0, 1, 3, 250_000])
+    s = act.sum_degrees(rng, m)
+    assert s[0] == 0 and s.dtype == np.int64
+    if math.isfinite(act.derivative_at_one) and act.name != "relu":
+        mean = act.derivative_at_one
+        var = float(np.dot((np.arange(act.coefficients.size) - mean) ** 2, act.coefficients))
+        assert abs(s[3] - m[3] * mean) < 6 * math.sqrt(m[3] * var) + 1e-9
+
+
+def test_parameter_errors():
+    with pytest.raises(ValueError, match="a_1 = -0.5 is negative"):
+        make_activation("coefficients", {"values": [0.5, -0.5]})
+    with pytest.raises(ValueError, match="unknown parameter 'gamma'.*allowed: beta"):
+        make_activation("exp", {"gamma": 1})
+    with pytest.raises(ValueError, match="needs parameter 'degree'"):
+        make_activation("polynomial", {})
