@@ -147,7 +147,7 @@ def _prepare_binary(base, x, nodes, row0, source):
     if bad.any():
         r, g, _ = np.argwhere(bad)[0]
         raise DataError(
-            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]!r} is not -1 or +1; "
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]:g} is not -1 or +1; "
             "binary inputs must be coded as -1/+1"
         )
     return x
@@ -163,7 +163,7 @@ def _prepare_categorical(base, x, nodes, row0, source):
     if bad.any():
         r, g, _ = np.argwhere(bad)[0]
         raise DataError(
-            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]!r} is not an "
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': value {x[r, g, 0]:g} is not an "
             f"integer category in 0..{n - 1}; recode the column or raise 'categories'"
         )
     return x

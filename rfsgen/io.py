@@ -293,7 +293,8 @@ def _npy_stream(stream) -> InputSource:
 
     try:
         version = npformat.read_magic(stream)
-        shape, fortran, dtype = npformat._read_array_header(stream, version)
+        reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+        shape, fortran, dtype = reader(stream)
     except ValueError as e:
         raise InputError(f"<stdin>: not a readable .npy stream ({e})") from None
     if fortran and len(shape) > 1:

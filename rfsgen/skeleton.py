@@ -239,7 +239,11 @@ def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else "?"
-        raise SkeletonError(f"{path}:{line}: malformed YAML: {e.problem or e.context}; fix the syntax") from None
+        problem = e.problem or e.context
+        fix = "fix the syntax"
+        if "'['" in str(problem) or "']'" in str(problem):
+            fix = 'quote node references with indices inside [...] lists, e.g. inputs: ["x[3]", "y[0:2]"]'
+        raise SkeletonError(f"{path}:{line}: malformed YAML: {problem}; {fix}") from None
     except yaml.YAMLError as e:
         raise SkeletonError(f"{path}: malformed YAML: {e}") from None
     finally:

@@ -42,7 +42,7 @@ input: {width: 5}
 nodes:
   - {name: b, base: binary, per: column}
   - {name: h, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [b]}
-  - {name: out, activation: relu, inputs: [h, b[0]]}
+  - {name: out, activation: relu, inputs: [h, "b[0]"]}
 """,
     "categorical": """
 rfsgen: 1
