@@ -1,0 +1,439 @@
+"""Sampling compositional random features (paper Sec. 5, Algorithm 1) with exact deduplication.
+
+One *draw* walks the skeleton from the output: at an internal node it draws a
+degree l with P(l = i) = a_i and then l children uniformly with replacement; at
+an input node it draws a base omega.  The walk is vectorised over a batch of
+draws and over *multiplicities*: ``m`` iid sub-draws at the same node of the
+same draw are one item with multiplicity ``m`` (their total degree is drawn at
+once, their children by one uniform/multinomial choice), and ``c`` base draws
+at one input node are combined when drawn (circle: 2 Binomial(c, 1/2) - c;
+categorical: uniform; binary: c mod 2; gaussian: sqrt(c) N(0, I); laplace:
+c Cauchy; sphere: a multiset of codes).  This is exact, and it is what makes
+heavy-tailed degrees (relu, step) affordable without capping them.
+
+Each draw's terms ``(input node, code, power)`` are sorted; a feature and its
+conjugate are one identity (the lexicographically smaller form is kept); a
+feature equal to its conjugate is real and used as is; otherwise a phase bit
+``b`` in {0, pi/2} is drawn.  Identical (kind, terms) columns merge with
+``count``; the weight of a column is ``count / q``.
+
+Draw order is defined (batches of fixed, seed-independent schedule, then the
+order inside a batch), so the D-th new column is found at a defined draw and
+``q`` counts every draw up to it.  Same skeleton, seed and D give the same file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import SamplerError, UsageError
+from .features import FeatureSet
+from .skeleton import InputNode, Skeleton
+
+KIND_REAL, KIND_COS, KIND_SIN = 0, 1, 2
+MAX_BATCH = 1 << 21
+
+
+@dataclass
+class _Tables:
+    """Flat arrays describing the DAG for vectorised walks."""
+
+    is_input: np.ndarray  # bool (N,)
+    act_index: np.ndarray  # int (N,), -1 for inputs
+    activations: list
+    fanin: np.ndarray  # int64 (N,)
+    child_ptr: np.ndarray  # int64 (N+1,)
+    children: np.ndarray  # int64
+    group_of: np.ndarray  # int (N,): input group index, -1 for internal nodes
+    groups: list  # skeleton.input_groups
+    continuous: np.ndarray  # bool (N,): input node with a continuous base
+    width: np.ndarray  # int64 (N,): columns of an input node (0 for internal nodes)
+
+
+def _tables(skel: Skeleton) -> _Tables:
+    n = len(skel.nodes)
+    is_input = np.zeros(n, dtype=bool)
+    act_index = np.full(n, -1)
+    acts: list = []
+    fanin = np.zeros(n, dtype=np.int64)
+    kids = []
+    for node in skel.nodes:
+        if isinstance(node, InputNode):
+            is_input[node.id] = True
+            kids.append(())
+        else:
+            key = next((i for i, a in enumerate(acts) if a is node.activation), None)
+            if key is None:
+                acts.append(node.activation)
+                key = len(acts) - 1
+            act_index[node.id] = key
+            fanin[node.id] = len(node.children)
+            kids.append(node.children)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(fanin)
+    children = np.array([c for k in kids for c in k], dtype=np.int64)
+    group_of = np.full(n, -1)
+    for g, (_, ids, _) in enumerate(skel.input_groups):
+        group_of[ids] = g
+    continuous = np.array([isinstance(v, InputNode) and v.base.continuous for v in skel.nodes])
+    width = np.array([v.base.width if isinstance(v, InputNode) else 0 for v in skel.nodes], dtype=np.int64)
+    return _Tables(is_input, act_index, acts, fanin, ptr, children, group_of, skel.input_groups, continuous, width)
+
+
+def _aggregate(draw, node, mult, n_nodes):
+    """Merge items with equal (draw, node), summing multiplicities; sorted by (draw, node)."""
+    key = draw * n_nodes + node
+    uniq, inv = np.unique(key, return_inverse=True)
+    total = np.bincount(inv, weights=mult, minlength=uniq.size)
+    # Multiplicities can exceed 2**53 only with absurd degrees; keep int64 exact when small.
+    if total.size and total.max() < 2**53:
+        m = total.astype(np.int64)
+    else:
+        m = np.zeros(uniq.size, dtype=np.int64)
+        np.add.at(m, inv, mult)
+    return uniq // n_nodes, uniq % n_nodes, m
+
+
+@dataclass
+class _Batch:
+    kind: np.ndarray  # uint8 (n,)
+    ptr: np.ndarray  # int64 (n+1,)
+    node: np.ndarray  # int64 (T,)
+    code: np.ndarray  # int64 (T,)
+    power: np.ndarray  # int64 (T,)
+    omega: np.ndarray  # float64 flat table; continuous terms' code is an offset into it
+    continuous: np.ndarray  # bool (n,): draw has a continuous term (never merged)
+    factors: np.ndarray  # float64 (n,): base factors drawn before combining
+    degree: np.ndarray  # int64 (n,): degree drawn at the output node
+
+
+def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) -> _Batch:
+    n_nodes = len(skel.nodes)
+    phase = rng.integers(0, 2, n_draws)
+    draw = np.arange(n_draws, dtype=np.int64)
+    node = np.full(n_draws, skel.output, dtype=np.int64)
+    mult = np.ones(n_draws, dtype=np.int64)
+    out_degree = np.zeros(n_draws, dtype=np.int64)
+    leaves = []
+    first = True
+    while draw.size:
+        leaf = t.is_input[node]
+        if leaf.any():
+            leaves.append((draw[leaf], node[leaf], mult[leaf]))
+        draw, node, mult = draw[~leaf], node[~leaf], mult[~leaf]
+        if not draw.size:
+            break
+        degree = np.empty(draw.size, dtype=np.int64)
+        acts = t.act_index[node]
+        for a in np.unique(acts):
+            sel = np.flatnonzero(acts == a)
+            act = t.activations[a]
+            m = mult[sel]
+            degree[sel] = act.sample_degrees(rng, sel.size) if np.all(m == 1) else act.sum_degrees(rng, m)
+        if first:
+            out_degree[draw] = degree
+            first = False
+        draw, node, mult = _choose_children(t, rng, draw, node, degree)
+        if draw.size:
+            draw, node, mult = _aggregate(draw, node, mult, n_nodes)
+    return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree)
+
+
+def _choose_children(t, rng, draw, node, degree):
+    """Pick ``degree`` children uniformly with replacement for every item."""
+    fan = t.fanin[node]
+    active = degree > 0
+    big = active & (degree > 8 * fan)
+    small = np.flatnonzero(active & ~big)
+    parts = []
+    if small.size:
+        rep = np.repeat(small, degree[small])
+        pick = rng.integers(0, fan[rep])
+        child = t.children[t.child_ptr[node[rep]] + pick]
+        parts.append((draw[rep], child, np.ones(rep.size, dtype=np.int64)))
+    if big.any():
+        bi = np.flatnonzero(big)
+        for v in np.unique(node[bi]):  # one multinomial call per node with huge degrees (rare)
+            sel = bi[node[bi] == v]
+            k = int(t.fanin[v])
+            counts = rng.multinomial(degree[sel], np.full(k, 1.0 / k))
+            r, c = np.nonzero(counts)
+            parts.append((draw[sel][r], t.children[t.child_ptr[v] + c], counts[r, c].astype(np.int64)))
+    if not parts:
+        e = np.zeros(0, dtype=np.int64)
+        return e, e, e
+    return tuple(np.concatenate(p) for p in zip(*parts))
+
+
+def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree) -> _Batch:
+    n_nodes = len(skel.nodes)
+    if leaves:
+        draw, node, mult = (np.concatenate(x) for x in zip(*leaves))
+        draw, node, mult = _aggregate(draw, node, mult, n_nodes)
+    else:
+        draw = node = mult = np.zeros(0, dtype=np.int64)
+    factors = np.bincount(draw, weights=mult, minlength=n_draws)
+    parts = []
+    omegas = []
+    omega_size = 0
+    has_cont = np.zeros(n_draws, dtype=bool)
+    grp = t.group_of[node]
+    for g, (base, _, _) in enumerate(t.groups):
+        sel = np.flatnonzero(grp == g)
+        if not sel.size:
+            continue
+        item, code, power, omega = base.sample(rng, mult[sel])
+        if base.continuous:
+            code = omega_size + code * base.width
+            omegas.append(omega.ravel())
+            omega_size += omega.size
+            has_cont[draw[sel][item]] = True
+        parts.append((draw[sel][item], node[sel][item], code, power))
+    if parts:
+        d, v, c, p = (np.concatenate(x) for x in zip(*parts))
+    else:
+        d = v = c = p = np.zeros(0, dtype=np.int64)
+    order = np.lexsort((c, v, d))
+    d, v, c, p = d[order], v[order], c[order], p[order]
+    ptr = np.zeros(n_draws + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(d, minlength=n_draws))
+    omega = np.concatenate(omegas) if omegas else np.zeros(0)
+    batch = _Batch(
+        kind=np.zeros(n_draws, dtype=np.uint8), ptr=ptr, node=v, code=c, power=p, omega=omega,
+        continuous=has_cont, factors=factors, degree=out_degree,
+    )
+    _canonicalise(skel, t, batch, phase)
+    return batch
+
+
+def _canonicalise(skel, t, b: _Batch, phase):
+    """Replace each integer feature by the smaller of itself and its conjugate; set kinds."""
+    n = b.kind.size
+    lengths = np.diff(b.ptr)
+    cont = b.continuous
+    # Conjugate every term (continuous terms are left alone: those features never merge).
+    cc, cp = b.code.copy(), b.power.copy()
+    grp = t.group_of[b.node]
+    for g, (base, _, _) in enumerate(t.groups):
+        if base.continuous:
+            continue
+        sel = np.flatnonzero(grp == g)
+        if sel.size:
+            cc[sel], cp[sel] = base.conjugate(b.code[sel], b.power[sel])
+    term_draw = np.repeat(np.arange(n), lengths)
+    order = np.lexsort((cc, b.node, term_draw))
+    cc, cp = cc[order], cp[order]  # b.node is unchanged by the sort within a draw
+    real = ~cont.copy()
+    use_conj = np.zeros(n, dtype=bool)
+    for length in np.unique(lengths[~cont]):
+        if length == 0:
+            continue
+        rows = np.flatnonzero((lengths == length) & ~cont)
+        idx = b.ptr[rows][:, None] + np.arange(length)[None, :]
+        a = np.stack([b.node[idx], b.code[idx], b.power[idx]], axis=2).reshape(rows.size, -1)
+        c = np.stack([b.node[idx], cc[idx], cp[idx]], axis=2).reshape(rows.size, -1)
+        diff = a != c
+        has = diff.any(axis=1)
+        first = diff.argmax(axis=1)
+        r = np.arange(rows.size)
+        real[rows] = ~has
+        use_conj[rows] = has & (c[r, first] < a[r, first])
+    sel = np.repeat(use_conj, lengths)
+    b.code = np.where(sel, cc, b.code)
+    b.power = np.where(sel, cp, b.power)
+    b.kind = np.where(real, KIND_REAL, np.where(phase == 1, KIND_SIN, KIND_COS)).astype(np.uint8)
+
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, vectorised on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M2
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M3
+    return x ^ (x >> np.uint64(31))
+
+
+def _keys(b: _Batch, first_draw: int) -> np.ndarray:
+    """A 128-bit identity per draw (numpy void16): two independent hashes of (kind, sorted terms).
+
+    Terms are in canonical order, so equal features get equal keys; the chance that
+    two different features share both 64-bit halves is about n^2 / 2^129.  Draws with
+    a continuous term are unique by construction and get a key made from their index.
+    """
+    n = b.kind.size
+    lengths = np.diff(b.ptr)
+    with np.errstate(over="ignore"):
+        pos = (np.arange(b.node.size) - np.repeat(b.ptr[:-1], lengths)).astype(np.uint64)
+        base = (
+            b.node.astype(np.uint64) * np.uint64(0x100000001B3)
+            ^ b.code.astype(np.uint64) * _M1
+            ^ b.power.astype(np.uint64) * _M3
+        )
+        out = np.empty((n, 2), dtype=np.uint64)
+        for half, salt in enumerate((np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344))):
+            t = _mix(base ^ _mix(pos + salt))
+            acc = np.zeros(n, dtype=np.uint64)
+            nz = lengths > 0
+            if t.size:
+                acc[nz] = np.add.reduceat(t, b.ptr[:-1][nz])
+            head = _mix(b.kind.astype(np.uint64) + lengths.astype(np.uint64) * _M1 + salt)
+            out[:, half] = _mix(acc ^ head)
+        cont = np.flatnonzero(b.continuous)
+        out[cont, 0] = np.arange(first_draw, first_draw + n, dtype=np.uint64)[cont]
+        out[cont, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no hashed key is forced to this value...
+        out[~b.continuous, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)  # ...because hashed keys are even
+    return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
+
+
+@dataclass
+class _Columns:
+    """Columns found so far: their keys (sorted, with ids), counts and representative terms."""
+
+    keys: np.ndarray  # void16, sorted
+    ids: np.ndarray  # int64 column id of each key
+    count: list
+    kind: list
+    lengths: list
+    node: list
+    code: list
+    power: list
+    omega: list
+    found: int = 0
+
+
+def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
+    """Append the terms of draws ``rows`` of batch ``b`` as new columns."""
+    lengths = np.diff(b.ptr)[rows]
+    idx = np.repeat(b.ptr[rows], lengths) + (np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    node, code = b.node[idx], b.code[idx].copy()
+    ci = np.flatnonzero(t.continuous[node])
+    if ci.size:
+        w = t.width[node[ci]]
+        gather = np.repeat(code[ci], w) + (np.arange(w.sum()) - np.repeat(np.cumsum(w) - w, w))
+        cols.omega.append(b.omega[gather])
+        code[ci] = -1 - np.arange(ci.size)  # placeholder, renumbered at the end
+    cols.kind.append(b.kind[rows])
+    cols.lengths.append(lengths)
+    cols.node.append(node)
+    cols.code.append(code)
+    cols.power.append(b.power[idx])
+
+
+def sample(
+    skeleton: Skeleton,
+    columns: int,
+    seed: int = 0,
+    *,
+    scheme: str = "rfs",
+    progress: Callable[[int], None] | None = None,
+    max_draws: int | None = None,
+) -> FeatureSet:
+    """Sample ``columns`` unique random-feature columns for ``skeleton``.
+
+    Returns a :class:`~rfsgen.features.FeatureSet`.  ``progress(n)`` is called
+    with the number of new unique columns found after each batch.  Raises
+    :class:`SamplerError` when the skeleton has fewer distinct features than
+    requested (after ``max_draws`` draws, default ``max(200 D, 10**6)``).
+    """
+    if scheme != "rfs":
+        from .schemes import apply_scheme
+
+        skeleton_for_walk = apply_scheme(skeleton, scheme)
+    else:
+        skeleton_for_walk = skeleton
+    if columns < 1:
+        raise UsageError(f"-n must be at least 1, got {columns}")
+    t = _tables(skeleton_for_walk)
+    rng = np.random.default_rng(seed)
+    max_draws = max_draws or max(200 * columns, 10**6)
+    cols = _Columns(np.zeros(0, dtype=np.dtype((np.void, 16))), np.zeros(0, np.int64), [], [], [], [], [], [], [])
+    counts = np.zeros(columns, dtype=np.int64)
+    factors = 0.0
+    factors_sq = 0.0
+    degree_hist = np.zeros(65, dtype=np.int64)
+    drawn = 0
+    size = min(MAX_BATCH, max(1024, columns))
+    while True:
+        b = _walk(skeleton_for_walk, t, rng, size)
+        keys = _keys(b, drawn)
+        n_known = cols.keys.size
+        allk = np.concatenate([cols.keys, keys])
+        uniq, first, inv = np.unique(allk, return_index=True, return_inverse=True)
+        inv = inv.ravel()
+        is_new = first >= n_known
+        new_first = np.sort(first[is_new]) - n_known  # batch rows creating new columns, in draw order
+        room = columns - cols.found
+        limit = size if new_first.size < room else int(new_first[room - 1]) + 1
+        new_rows = new_first[:room]
+        # column id of every unique key: old ids, then new ones numbered by first occurrence
+        uid = np.full(uniq.size, -1, dtype=np.int64)
+        uid[~is_new] = cols.ids[np.searchsorted(cols.keys, uniq[~is_new])]
+        order = np.argsort(first[is_new], kind="stable")
+        new_ids = np.empty(order.size, dtype=np.int64)
+        new_ids[order] = cols.found + np.arange(order.size)
+        uid[is_new] = new_ids
+        draw_ids = uid[inv[n_known:n_known + limit]]
+        counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
+        _take(b, t, new_rows, cols)
+        keep_new = is_new & (uid < columns)
+        cols.keys = uniq[~is_new | keep_new]
+        cols.ids = uid[~is_new | keep_new]
+        added = new_rows.size
+        cols.found += added
+        factors += float(b.factors[:limit].sum())
+        factors_sq += float(np.square(b.factors[:limit]).sum())
+        degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
+        drawn += limit
+        if progress:
+            progress(added)
+        if cols.found >= columns:
+            break
+        if drawn >= max_draws:
+            raise SamplerError(
+                f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
+                f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
+            )
+        rate = max(added, 1) / size
+        size = int(min(MAX_BATCH, max(1024, 1.25 * (columns - cols.found) / rate)))
+    stats = {
+        "mean_factors_per_draw": factors / drawn,
+        "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,
+        "output_degree_histogram": np.trim_zeros(degree_hist, "b").tolist(),
+    }
+    return _build_featureset(skeleton, t, cols, counts, drawn, seed, scheme, stats)
+
+
+def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, scheme, stats) -> FeatureSet:
+    lengths = np.concatenate(cols.lengths)
+    node = np.concatenate(cols.node)
+    code = np.concatenate(cols.code)
+    ptr = np.zeros(lengths.size + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(lengths)
+    omega = np.concatenate(cols.omega) if cols.omega else np.zeros(0)
+    ci = np.flatnonzero(t.continuous[node])
+    if ci.size:  # continuous terms' codes become offsets into the compacted omega table
+        w = t.width[node[ci]]
+        code[ci] = np.cumsum(w) - w
+    return FeatureSet(
+        skeleton=skeleton,
+        scheme=scheme,
+        seed=seed,
+        draws=int(q),
+        count=counts,
+        kind=np.concatenate(cols.kind).astype(np.uint8),
+        ptr=ptr,
+        node=node,
+        code=code,
+        power=np.concatenate(cols.power),
+        omega=omega,
+        stats=stats,
+    )
