@@ -268,3 +268,56 @@ def _validate(p, fs: FeatureSet, columns: int):
             ends = fs.code[cont] + widths[fs.node[cont]]
             if fs.code[cont].min() < 0 or ends.max() > fs.omega.size:
                 raise bad("a continuous term points outside the omega table")
+
+
+# ----------------------------------------------------------------------------- inspection
+def describe(fs: FeatureSet, path=None) -> dict:
+    """A JSON-ready summary of a feature set (``rfsgen inspect``).
+
+    Stable keys: columns, draws, features, seed, scheme, dedup_ratio, constant_weight,
+    mean_terms, max_terms, terms_histogram, mean_factors_per_draw, complexity,
+    output_degree_histogram, input_nodes_used, input_nodes, top_input_nodes,
+    bytes_per_column, file_bytes, kinds, tool_version, command.
+    """
+    import os
+
+    lengths = np.diff(fs.ptr)
+    skel = fs.walk_skeleton
+    const = np.flatnonzero(lengths == 0)
+    # Columns that differ only in their phase bit share one feature.
+    cont_node = np.array([isinstance(n, InputNode) and n.base.continuous for n in skel.nodes])
+    has_cont = np.zeros(fs.columns, dtype=bool)
+    if fs.node.size:
+        np.logical_or.at(has_cont, np.repeat(np.arange(fs.columns), lengths), cont_node[fs.node])
+    from .sampler import term_keys
+
+    keys = term_keys(np.zeros(fs.columns, np.uint8), fs.ptr, fs.node, fs.code, fs.power, has_cont)
+    n_features = int(np.unique(keys).size)
+    usage = np.bincount(fs.node, minlength=len(skel.nodes)) if fs.node.size else np.zeros(len(skel.nodes), int)
+    top = np.argsort(-usage, kind="stable")[:5]
+    file_bytes = os.path.getsize(path) if path and os.path.exists(str(path)) else None
+    return {
+        "path": str(path) if path else None,
+        "columns": fs.columns,
+        "draws": fs.draws,
+        "features": n_features,
+        "seed": fs.seed,
+        "scheme": fs.scheme,
+        "dedup_ratio": fs.draws / max(fs.columns, 1),
+        "constant_weight": float(fs.weight[const].sum()) if const.size else 0.0,
+        "kinds": {"real": int((fs.kind == 0).sum()), "cos": int((fs.kind == 1).sum()), "sin": int((fs.kind == 2).sum())},
+        "mean_terms": float(lengths.mean()) if fs.columns else 0.0,
+        "max_terms": int(lengths.max()) if fs.columns else 0,
+        "terms_histogram": np.bincount(np.minimum(lengths, 16)).tolist() if fs.columns else [],
+        "mean_factors_per_draw": fs.stats.get("mean_factors_per_draw"),
+        "complexity": skel.complexity if fs.scheme == "rfs" else fs.skeleton.complexity,
+        "output_degree_histogram": fs.stats.get("output_degree_histogram"),
+        "input_nodes_used": int((usage > 0).sum()),
+        "input_nodes": len(skel.input_nodes),
+        "top_input_nodes": [{"node": skel.nodes[i].label, "terms": int(usage[i])} for i in top if usage[i] > 0],
+        "bytes_per_column": (file_bytes / fs.columns) if file_bytes and fs.columns else None,
+        "file_bytes": file_bytes,
+        "tool_version": fs.tool_version,
+        "command": fs.command,
+        "skeleton": fs.skeleton.path,
+    }

@@ -263,20 +263,24 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _keys(b: _Batch, first_draw: int) -> np.ndarray:
+    return term_keys(b.kind, b.ptr, b.node, b.code, b.power, b.continuous, first_draw)
+
+
+def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> np.ndarray:
     """A 128-bit identity per draw (numpy void16): two independent hashes of (kind, sorted terms).
 
     Terms are in canonical order, so equal features get equal keys; the chance that
     two different features share both 64-bit halves is about n^2 / 2^129.  Draws with
     a continuous term are unique by construction and get a key made from their index.
     """
-    n = b.kind.size
-    lengths = np.diff(b.ptr)
+    n = kind.size
+    lengths = np.diff(ptr)
     with np.errstate(over="ignore"):
-        pos = (np.arange(b.node.size) - np.repeat(b.ptr[:-1], lengths)).astype(np.uint64)
+        pos = (np.arange(node.size) - np.repeat(ptr[:-1], lengths)).astype(np.uint64)
         base = (
-            b.node.astype(np.uint64) * np.uint64(0x100000001B3)
-            ^ b.code.astype(np.uint64) * _M1
-            ^ b.power.astype(np.uint64) * _M3
+            node.astype(np.uint64) * np.uint64(0x100000001B3)
+            ^ code.astype(np.uint64) * _M1
+            ^ power.astype(np.uint64) * _M3
         )
         out = np.empty((n, 2), dtype=np.uint64)
         for half, salt in enumerate((np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344))):
@@ -284,13 +288,13 @@ def _keys(b: _Batch, first_draw: int) -> np.ndarray:
             acc = np.zeros(n, dtype=np.uint64)
             nz = lengths > 0
             if t.size:
-                acc[nz] = np.add.reduceat(t, b.ptr[:-1][nz])
-            head = _mix(b.kind.astype(np.uint64) + lengths.astype(np.uint64) * _M1 + salt)
+                acc[nz] = np.add.reduceat(t, ptr[:-1][nz])
+            head = _mix(kind.astype(np.uint64) + lengths.astype(np.uint64) * _M1 + salt)
             out[:, half] = _mix(acc ^ head)
-        cont = np.flatnonzero(b.continuous)
+        cont = np.flatnonzero(continuous)
         out[cont, 0] = np.arange(first_draw, first_draw + n, dtype=np.uint64)[cont]
         out[cont, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no hashed key is forced to this value...
-        out[~b.continuous, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)  # ...because hashed keys are even
+        out[~continuous, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)  # ...because hashed keys are even
     return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
 
 
@@ -336,6 +340,7 @@ def sample(
     scheme: str = "rfs",
     progress: Callable[[int], None] | None = None,
     max_draws: int | None = None,
+    audit: list | None = None,
 ) -> FeatureSet:
     """Sample ``columns`` unique random-feature columns for ``skeleton``.
 
@@ -343,6 +348,8 @@ def sample(
     with the number of new unique columns found after each batch.  Raises
     :class:`SamplerError` when the skeleton has fewer distinct features than
     requested (after ``max_draws`` draws, default ``max(200 D, 10**6)``).
+    ``audit``, if a list, receives ``(kind, terms)`` of every consumed draw in
+    draw order (slow; for checking deduplication).
     """
     if scheme != "rfs":
         from .schemes import apply_scheme
@@ -384,6 +391,10 @@ def sample(
         draw_ids = uid[inv[n_known:n_known + limit]]
         counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
         _take(b, t, new_rows, cols)
+        if audit is not None:
+            for d in range(limit):
+                a, z = b.ptr[d], b.ptr[d + 1]
+                audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
         keep_new = is_new & (uid < columns)
         cols.keys = uniq[~is_new | keep_new]
         cols.ids = uid[~is_new | keep_new]
@@ -437,3 +448,17 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
         omega=omega,
         stats=stats,
     )
+
+
+def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", overwrite=False, progress=None) -> FeatureSet:
+    """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``)."""
+    from . import __version__
+    from .features import save
+    from .skeleton import load_skeleton
+
+    skel = load_skeleton(skeleton_path)
+    fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
+    fs.tool_version = __version__
+    fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}"
+    save(fs, output, overwrite=overwrite)
+    return fs

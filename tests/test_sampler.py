@@ -1,0 +1,204 @@
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import SMALL_SKELETONS, rows_for, skeleton_path
+from reference import column_value
+from rfsgen import FeatureFileError, SamplerError, kernel, load_skeleton, parse_skeleton
+from rfsgen.features import load, save
+from rfsgen.sampler import sample
+
+
+def skel(name):
+    if name in SMALL_SKELETONS:
+        return parse_skeleton(SMALL_SKELETONS[name], name)
+    return load_skeleton(skeleton_path(name))
+
+
+def reference_gram(fs, x):
+    """Psi(x) Psi(x)^T with the literal reference evaluator (Python loops)."""
+    vals = np.zeros((x.shape[0], fs.columns))
+    w = fs.weight
+    for j in range(fs.columns):
+        a = fs.ptr[j]
+        terms = fs.terms_of(j)
+        omegas = {}
+        for t, (node, code, power) in enumerate(terms):
+            if fs.walk_skeleton.nodes[node].base.continuous:
+                omegas[code] = fs.omega_of(a + t)
+        for i in range(x.shape[0]):
+            vals[i, j] = column_value(fs.walk_skeleton, x[i], terms, omegas, int(fs.kind[j]), w[j])
+    return vals @ vals.T
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, D", [("shallow-gaussian", 300), ("cifar-deep", 300), ("relu-deep", 200),
+                                     ("categorical", 60), ("binary", 24), ("circle-step", 200),
+                                     ("gauss-laplace", 200), ("sphere-coordinate", 20)])
+def test_scheme_is_unbiased_over_seeds(name, D, cifar_rows):
+    """Mean over 50 seeds of the file's estimate of k(x, x') is within 4 standard errors of the exact kernel."""
+    s = skel(name)
+    x = cifar_rows[:4] if s.width == 1728 else rows_for(s, 4, seed=5)
+    exact = kernel(s, x)
+    est = np.array([reference_gram(sample(s, D, seed), x) for seed in range(50)])
+    mean = est.mean(0)
+    se = est.std(0, ddof=1) / math.sqrt(est.shape[0])
+    iu = np.triu_indices(4, 1)
+    assert np.all(np.abs(mean - exact)[iu] <= 4 * se[iu] + 1e-12), (mean[iu], exact[iu], se[iu])
+    np.testing.assert_allclose(np.diag(mean), 1.0, atol=1e-9 + 4 * se.diagonal().max())
+
+
+@pytest.mark.parametrize("name, D", [("categorical", 40), ("relu-deep", 60), ("gauss-laplace", 30)])
+def test_dedup_is_exact(name, D):
+    """The weighted deduplicated estimate equals the plain average over the same q draws."""
+    s = skel(name)
+    x = rows_for(s, 3, seed=9)
+    audit = []
+    fs = sample(s, D, seed=4, audit=audit)
+    assert len(audit) == fs.draws
+    plain = np.zeros((3, 3))
+    for kind, terms in audit:
+        omegas = {}
+        v = np.array([column_value(s, row, terms, _omegas(fs, s, terms, kind, audit), kind, 1.0) for row in x]) if not _has_cont(s, terms) else None
+        if v is None:
+            continue
+        plain += np.outer(v, v) / fs.draws
+        del omegas
+    cont_cols = [j for j in range(fs.columns) if _has_cont(s, fs.terms_of(j))]
+    # Columns with continuous omegas come from exactly one draw each; add them from the file.
+    ded = reference_gram(fs, x)
+    if cont_cols:
+        sub = _subset(fs, cont_cols)
+        plain += reference_gram(sub, x)
+        assert all(fs.count[j] == 1 for j in cont_cols)
+    np.testing.assert_allclose(ded, plain, atol=1e-12, rtol=0)
+
+
+def _has_cont(s, terms):
+    return any(s.nodes[n].base.continuous for n, _, _ in terms)
+
+
+def _omegas(fs, s, terms, kind, audit):
+    return {}
+
+
+def _subset(fs, cols):
+    from rfsgen.features import FeatureSet
+
+    lengths = np.diff(fs.ptr)[cols]
+    idx = np.concatenate([np.arange(fs.ptr[j], fs.ptr[j + 1]) for j in cols])
+    return FeatureSet(fs.skeleton, fs.scheme, fs.seed, fs.draws, fs.count[cols], fs.kind[cols],
+                      np.concatenate(([0], np.cumsum(lengths))), fs.node[idx], fs.code[idx], fs.power[idx], fs.omega)
+
+
+def test_merged_columns_are_distinct_and_counts_add_up():
+    fs = sample(skel("cifar-deep"), 3000, seed=2)
+    assert fs.columns == 3000 and int(fs.count.sum()) == fs.draws
+    keys = {(int(fs.kind[j]), tuple(fs.terms_of(j))) for j in range(fs.columns)}
+    assert len(keys) == 3000
+    # canonical: terms sorted within each column, no zero powers, conjugates identified
+    for j in range(0, 3000, 7):
+        t = fs.terms_of(j)
+        assert t == sorted(t) and all(p != 0 for _, _, p in t)
+        conj = sorted((n, c ^ 1, p) for n, c, p in t)
+        if conj != t:
+            assert (int(fs.kind[j]), tuple(conj)) not in keys
+
+
+@pytest.mark.parametrize("name, D", [("shallow-gaussian", 4000), ("categorical", 100), ("sphere-coordinate", 20),
+                                     ("gauss-laplace", 4000), ("mnist-conv", 4000)])
+def test_factor_count_matches_complexity(name, D):
+    """Mean base factors per draw (before combining) is within 3 standard errors of C(S)."""
+    s = skel(name)
+    fs = sample(s, D, seed=3)
+    mean = fs.stats["mean_factors_per_draw"]
+    se = math.sqrt(fs.stats["var_factors_per_draw"] / fs.draws)
+    assert abs(mean - s.complexity) <= 3 * se, (mean, s.complexity, se)
+
+
+def test_reproducible_bytes_and_exact_budget(tmp_path):
+    s = skel("cifar-deep")
+    a, b, c = tmp_path / "a.h5", tmp_path / "b.h5", tmp_path / "c.h5"
+    save(sample(s, 2500, seed=7), a)
+    save(sample(s, 2500, seed=7), b)
+    save(sample(s, 2500, seed=8), c)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    fa, fc = load(a), load(c)
+    assert fa.columns == fc.columns == 2500
+    assert fa.terms_of(100) != fc.terms_of(100) or fa.terms_of(200) != fc.terms_of(200)
+    for D in (1, 2, 17, 1024, 1025):
+        assert sample(s, D, seed=1).columns == D
+
+
+def test_round_trip(tmp_path):
+    fs = sample(skel("gauss-laplace"), 300, seed=1)
+    save(fs, tmp_path / "f.h5")
+    back = load(tmp_path / "f.h5")
+    for k in ("count", "kind", "ptr", "node", "code", "power", "omega"):
+        np.testing.assert_array_equal(getattr(back, k), getattr(fs, k))
+    assert back.draws == fs.draws and back.seed == 1 and back.skeleton.source == fs.skeleton.source
+
+
+def test_heavy_tailed_step_is_sampled_exactly():
+    s = skel("circle-step")
+    fs = sample(s, 3000, seed=0)
+    hist = fs.stats["output_degree_histogram"]
+    assert sum(hist[:2]) < fs.draws  # degrees >= 3 occur
+    assert max(np.diff(fs.ptr)) >= 1
+
+
+def test_too_few_distinct_features():
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: binary, per: column}\n"
+                       "  - {name: out, activation: identity, inputs: [b]}\n", "tiny")
+    with pytest.raises(SamplerError, match="too few distinct features for -n 10: ask for at most 2"):
+        sample(s, 10, seed=0, max_draws=20000)
+
+
+@pytest.fixture
+def feature_file(tmp_path):
+    p = tmp_path / "f.h5"
+    save(sample(skel("cifar-deep"), 2000, seed=1), p)
+    return p
+
+
+def test_truncated_file(feature_file):
+    data = feature_file.read_bytes()
+    feature_file.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FeatureFileError, match="not a readable HDF5 file|corrupted|incomplete"):
+        load(feature_file)
+
+
+def test_corrupted_dataset_is_caught_by_checksum(feature_file):
+    with h5py.File(feature_file, "r") as f:
+        off = f["term_node"].id.get_chunk_info(0).byte_offset
+    data = bytearray(feature_file.read_bytes())
+    data[off + 40] ^= 0xFF
+    feature_file.write_bytes(bytes(data))
+    with pytest.raises(FeatureFileError, match="checksum mismatch"):
+        load(feature_file)
+
+
+def test_foreign_and_wrong_version(tmp_path, feature_file):
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = np.arange(3)
+    with pytest.raises(FeatureFileError, match="not an rfsgen feature file"):
+        load(tmp_path / "foreign.h5")
+    with h5py.File(feature_file, "a") as f:
+        f.attrs["format_version"] = 99
+    with pytest.raises(FeatureFileError, match="format version 99 is not supported"):
+        load(feature_file)
+    (tmp_path / "text.h5").write_text("hello")
+    with pytest.raises(FeatureFileError, match="not a readable HDF5 file"):
+        load(tmp_path / "text.h5")
+    with pytest.raises(FeatureFileError, match="no such feature file"):
+        load(tmp_path / "missing.h5")
+
+
+def test_inconsistent_contents(feature_file):
+    with h5py.File(feature_file, "a") as f:
+        f.attrs["draws"] = int(f.attrs["draws"]) + 1
+    with pytest.raises(FeatureFileError, match="counts do not add up"):
+        load(feature_file)
