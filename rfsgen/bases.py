@@ -99,13 +99,15 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def atoms(self, xp: np.ndarray, codes: np.ndarray):
-        """Angle and log-magnitude of factor ``code`` (power 1) on prepared rows.
+    def atoms(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray):
+        """Angle and log-magnitude of factors (power 1) on prepared rows.
 
-        ``xp`` is prepared float64 ``(m, width)`` for one node, ``codes`` int64
-        ``(a,)``; returns two float64 ``(m, a)`` arrays.
+        ``xp`` is prepared float64 ``(m, G, width)`` for the group, ``gi`` int64
+        ``(a,)`` the node of each atom within the group, ``codes`` its code
+        (continuous bases: the ``(a, width)`` omega rows).  Returns float64
+        ``(m, a)`` angles and log-magnitudes (``None`` for unit-modulus bases).
         """
-        return self.kind.atoms(self, xp, codes)
+        return self.kind.atoms(self, xp, gi, codes)
 
 
 @dataclass(frozen=True)
@@ -128,20 +130,6 @@ class BaseKind:
 
 
 # ---------------------------------------------------------------------- validation
-def _bad_rows(mask: np.ndarray, nodes, row0, source, what, fix) -> DataError:
-    r, g = np.argwhere(mask)[0][:2]
-    return DataError(
-        f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': {what}; {fix}"
-    )
-
-
-def _scalar_only(name):
-    def prep(base, x, nodes, row0, source):
-        return x
-
-    return prep
-
-
 def _prepare_binary(base, x, nodes, row0, source):
     bad = (x != 1.0) & (x != -1.0)
     if bad.any():
@@ -322,41 +310,49 @@ def _conj_sphere(base, code, power):
 
 
 # ---------------------------------------------------------------------- transform atoms
-def _atoms_binary(base, xp, codes):
-    ang = np.where(xp[:, :1] < 0, math.pi, 0.0)
-    return np.repeat(ang, codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+# atoms(base, xp, gi, codes): xp is prepared float64 (m, G, width) for the group, gi (a,)
+# the node index within the group and codes (a,) each atom's code (continuous bases:
+# the (a, width) omega table).  Returns float64 (m, a) angles and log-magnitudes
+# (None for unit-modulus bases).
+def _atoms_binary(base, xp, gi, codes):
+    return np.where(xp[:, gi, 0] < 0, math.pi, 0.0), None
 
 
-def _atoms_circle(base, xp, codes):
-    return np.repeat(xp[:, :1], codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+def _atoms_circle(base, xp, gi, codes):
+    return xp[:, gi, 0], None
 
 
-def _atoms_categorical(base, xp, codes):
-    ang = xp[:, :1] * (2 * math.pi / base.param("categories"))
-    return np.repeat(ang, codes.size, axis=1), np.zeros((xp.shape[0], codes.size))
+def _atoms_categorical(base, xp, gi, codes):
+    return xp[:, gi, 0] * (2 * math.pi / base.param("categories")), None
 
 
-def _atoms_sphere(base, xp, codes):
+def _atoms_sphere(base, xp, gi, codes):
     d = base.width
     with np.errstate(divide="ignore"):
         if base.param("scheme") == "pair":
             j = codes // 2
             s = np.where(codes % 2 == 1, -1.0, 1.0)
-            re = xp[:, j]
-            im = xp[:, (j + 1) % d] * s
+            re = xp[:, gi, j]
+            im = xp[:, gi, (j + 1) % d] * s
             ang = np.arctan2(im, re)
             logmag = 0.5 * np.log((re * re + im * im) * (d / 2))
         else:
-            v = xp[:, codes]
+            v = xp[:, gi, codes]
             ang = np.where(v < 0, math.pi, 0.0)
             logmag = np.log(np.abs(v) * math.sqrt(d))
     return ang, logmag
 
 
-def _atoms_continuous(base, xp, omega):
-    """For continuous bases ``codes`` is the ``(a, width)`` omega table itself."""
-    ang = (xp @ omega.T) * base.param("scale")
-    return ang, np.zeros_like(ang)
+def _atoms_continuous(base, xp, gi, omega):
+    scale = base.param("scale")
+    if base.width == 1:
+        return xp[:, gi, 0] * (omega[:, 0] * scale), None
+    out = np.empty((xp.shape[0], gi.size))
+    order = np.argsort(gi, kind="stable")
+    bounds = np.flatnonzero(np.diff(gi[order])) + 1
+    for sel in np.split(order, bounds):  # one BLAS product per node that has terms
+        out[:, sel] = xp[:, gi[sel[0]], :] @ (omega[sel].T * scale)
+    return out, None
 
 
 # ---------------------------------------------------------------------- registry

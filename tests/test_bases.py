@@ -41,9 +41,11 @@ def test_base_scheme_is_unbiased(name, params, width):
         exact = base.gram(xp, yp)[0, 0, 0]
         # vectorised atoms of the library ...
         codes = omega if base.continuous else code
-        ax, mx = base.atoms(xp[:, 0, :], codes)
-        ay, my = base.atoms(yp[:, 0, :], codes)
-        prod = np.exp((mx[0] + my[0]) * power) * np.cos((ax[0] - ay[0]) * power)
+        gi = np.zeros(item.size, dtype=np.int64)
+        ax, mx = base.atoms(xp, gi, codes)
+        ay, my = base.atoms(yp, gi, codes)
+        mag = np.exp((mx[0] + my[0]) * power) if mx is not None else 1.0
+        prod = mag * np.cos((ax[0] - ay[0]) * power)
         vals = np.zeros(n)
         vals[item] = prod
         # items whose factor cancelled are the constant 1 (e.g. circle exponent 0 never occurs for count 1)

@@ -1,0 +1,205 @@
+import io
+import math
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from click.testing import CliRunner
+
+from conftest import SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
+from reference import column_value
+from rfsgen import kernel, load_skeleton, parse_skeleton
+from rfsgen.cli import main
+from rfsgen.features import load, save
+from rfsgen.sampler import sample
+from rfsgen.transform import transform
+
+ALL = [(p.stem, lambda p=p: load_skeleton(p)) for p in sorted(SKELETONS.glob("*.yaml"))] + [
+    (k, lambda k=k: parse_skeleton(v, k)) for k, v in SMALL_SKELETONS.items()
+]
+FINITE = {"categorical": 60, "binary": 24, "sphere-coordinate": 20, "categorical-poly": 300}
+
+
+@pytest.mark.parametrize("name, make", ALL, ids=[a[0] for a in ALL])
+def test_transform_matches_reference_evaluator(name, make, cifar_rows):
+    s = make()
+    x = cifar_rows[:5] if s.width == 1728 else rows_for(s, 5, seed=1)
+    fs = sample(s, FINITE.get(name, 400), seed=3)
+    got = transform(fs, x, layout="dense", dtype="float64")
+    ref = np.zeros_like(got)
+    for j in range(fs.columns):
+        terms = fs.terms_of(j)
+        omegas = {}
+        for t, (node, code, _) in enumerate(terms):
+            if fs.walk_skeleton.nodes[node].base.continuous:
+                omegas[code] = fs.omega_of(fs.ptr[j] + t)
+        for i in range(x.shape[0]):
+            ref[i, j] = column_value(fs.walk_skeleton, x[i], terms, omegas, int(fs.kind[j]), fs.weight[j])
+    np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
+    # float32 output is the float64 result rounded
+    np.testing.assert_allclose(transform(fs, x, layout="dense"), got, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cifar-deep", "shallow-gaussian"])
+def test_end_to_end_unbiased_on_real_cifar(name, cifar_rows):
+    """Psi(X) Psi(X)^T averaged over 30 seeds matches the exact kernel within 4 standard errors entrywise."""
+    s = load_skeleton(skeleton_path(name))
+    x = cifar_rows[:16]
+    exact = kernel(s, x)
+    grams = []
+    for seed in range(30):
+        psi = transform(sample(s, 1000, seed=100 + seed), x, layout="dense", dtype="float64")
+        grams.append(psi @ psi.T)
+    grams = np.array(grams)
+    mean = grams.mean(0)
+    se = grams.std(0, ddof=1) / math.sqrt(len(grams))
+    off = ~np.eye(16, dtype=bool)
+    assert np.all(np.abs(mean - exact)[off] <= 4 * se[off] + 1e-12)
+    np.testing.assert_allclose(np.diag(mean), 1.0, atol=4 * se.diagonal().max() + 1e-9)
+
+
+@pytest.mark.slow
+def test_error_falls_like_one_over_sqrt_d(cifar_rows):
+    """RMS error of the Gram matrix at D = 4096 is about half that at D = 1024 (ratio in [0.3, 0.7], 6 seeds)."""
+    s = load_skeleton(skeleton_path("shallow-gaussian"))
+    x = cifar_rows[:32]
+    exact = kernel(s, x)
+
+    def rms(D):
+        errs = []
+        for seed in range(6):
+            psi = transform(sample(s, D, seed=seed), x, layout="dense", dtype="float64")
+            errs.append(np.sqrt(np.mean((psi @ psi.T - exact) ** 2)))
+        return np.mean(errs)
+
+    ratio = rms(4096) / rms(1024)
+    assert 0.3 <= ratio <= 0.7, ratio
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("t")
+    s = load_skeleton(skeleton_path("cifar-deep"))
+    save(sample(s, 700, seed=5), d / "f.h5")
+    import cifar
+
+    np.save(d / "rows.npy", cifar.rows(40).astype(np.float32))
+    return d
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def read_csr(path):
+    with h5py.File(path, "r") as f:
+        g = f["X"]
+        assert g.attrs["encoding-type"] == "csr_matrix" and g.attrs["encoding-version"] == "0.1.0"
+        return sp.csr_matrix((g["data"][()], g["indices"][()], g["indptr"][()]), shape=tuple(g.attrs["shape"]))
+
+
+def test_cli_csr_matches_memory_and_is_chunk_invariant(files):
+    outs = []
+    for i, chunk in enumerate((40, 7, 1)):
+        out = files / f"o{i}.h5"
+        res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--chunk-rows", chunk])
+        assert res.exit_code == 0, res.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    mem = transform(load(files / "f.h5"), np.load(files / "rows.npy"))
+    got = read_csr(files / "o0.h5")
+    assert (got != mem).nnz == 0 and got.dtype == np.float32
+    with h5py.File(files / "o0.h5", "r") as f:
+        assert f.attrs["rows_start"] == 0 and f.attrs["rows_stop"] == 40
+        assert len(f.attrs["features_sha256"]) == 64 and f.attrs["input"].endswith("rows.npy")
+    try:
+        import anndata
+    except ImportError:
+        return
+    with h5py.File(files / "o0.h5", "r") as f:
+        from anndata.io import read_elem
+
+        assert (read_elem(f["X"]) != mem).nnz == 0
+
+
+def test_dense_layout_rows_slice_and_stdin(files):
+    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", files / "d.h5", "--layout", "dense",
+               "--rows", "5:12", "--dtype", "float64"])
+    assert res.exit_code == 0, res.stderr
+    full = transform(load(files / "f.h5"), np.load(files / "rows.npy"), layout="dense", dtype="float64")
+    with h5py.File(files / "d.h5", "r") as f:
+        np.testing.assert_array_equal(f["X"][()], full[5:12])
+    buf = io.BytesIO()
+    np.save(buf, np.load(files / "rows.npy"))
+    res = CliRunner().invoke(main, ["transform", str(files / "f.h5"), "-", "-o", str(files / "s.h5")], input=buf.getvalue())
+    assert res.exit_code == 0, res.stderr
+    assert (read_csr(files / "s.h5") != sp.csr_matrix(full.astype(np.float32))).nnz == 0
+
+
+@pytest.mark.parametrize("case", ["width", "nan", "csv", "dataset", "foreign", "exists", "unwritable", "missing-features"])
+def test_bad_inputs_fail_cleanly(files, tmp_path, case):
+    out = tmp_path / "out.h5"
+    feats, rows = files / "f.h5", files / "rows.npy"
+    if case == "width":
+        np.save(tmp_path / "w.npy", np.ones((3, 10)))
+        rows, code, msg = tmp_path / "w.npy", 2, "rows have 10 values but skeleton"
+    elif case == "nan":
+        x = np.load(files / "rows.npy")
+        x[3, 5] = np.nan
+        np.save(tmp_path / "n.npy", x)
+        rows, code, msg = tmp_path / "n.npy", 1, "row 3, column 5: value is nan"
+    elif case == "csv":
+        (tmp_path / "c.csv").write_text(",".join(["1"] * 1728) + "\n" + ",".join(["1"] * 1727 + ["abc"]) + "\n")
+        rows, code, msg = tmp_path / "c.csv", 1, "c.csv:2: column 1727: 'abc' is not a number"
+    elif case == "dataset":
+        with h5py.File(tmp_path / "in.h5", "w") as f:
+            f["a"] = np.ones((2, 1728))
+        rows, code, msg = f"{tmp_path}/in.h5:/b", 2, "has no dataset '/b' (available: /a)"
+    elif case == "foreign":
+        with h5py.File(tmp_path / "foreign.h5", "w") as f:
+            f["a"] = 1
+        feats, code, msg = tmp_path / "foreign.h5", 1, "not an rfsgen feature file"
+    elif case == "missing-features":
+        feats, code, msg = tmp_path / "nope.h5", 1, "no such feature file"
+    elif case == "exists":
+        out.write_bytes(b"keep me")
+        code, msg = 2, "already exists; pass --overwrite"
+    else:
+        out, code, msg = tmp_path / "no" / "such" / "dir" / "o.h5", 1, "does not exist; create it first"
+    res = run(["transform", feats, rows, "-o", out])
+    assert res.exit_code == code, res.stderr
+    assert msg in res.stderr and res.stderr.count("\n") == 1
+    leftovers = [p.name for p in tmp_path.iterdir() if p.suffix in (".h5", ".part") and p.name.startswith((".out", "out"))]
+    if case == "exists":
+        assert out.read_bytes() == b"keep me"
+    else:
+        assert leftovers == []
+
+
+PEAK = r"""
+import resource, sys
+import numpy as np
+from rfsgen.transform import transform_file
+transform_file(sys.argv[1], sys.argv[2], sys.argv[3], chunk_rows=2000)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_rows(tmp_path):
+    s = load_skeleton(skeleton_path("tabular-circle"))
+    save(sample(s, 256, seed=1), tmp_path / "f.h5")
+    x = np.random.default_rng(0).standard_normal((200_000, 8)).astype(np.float32)
+    np.save(tmp_path / "big.npy", x)
+    np.save(tmp_path / "small.npy", x[:20_000])
+    peaks = []
+    for name in ("small", "big"):
+        res = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "f.h5"), str(tmp_path / f"{name}.npy"),
+                              str(tmp_path / f"{name}.out.h5")], capture_output=True, text=True, check=True)
+        peaks.append(int(res.stdout.strip()))
+    # 200k rows x 256 float32 columns is 205 MB of output; peak RSS must not follow it.
+    assert peaks[1] < peaks[0] * 1.15 + 20_000, peaks  # ru_maxrss is in KiB
