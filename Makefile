@@ -23,8 +23,11 @@ demo: $(STAMP)
 	@mkdir -p $(DEMO)
 	$(BIN)/python tests/data/cifar.py $(DEMO)/rows.npy
 	$(BIN)/rfsgen skeleton skeletons/cifar-deep.yaml
+	$(BIN)/rfsgen sample skeletons/cifar-deep.yaml -n 4096 --seed 1 -o $(DEMO)/features.h5 --overwrite
+	$(BIN)/rfsgen inspect $(DEMO)/features.h5
+	$(BIN)/rfsgen transform $(DEMO)/features.h5 $(DEMO)/rows.npy -o $(DEMO)/features-of-rows.h5 --overwrite
 	$(BIN)/rfsgen kernel skeletons/cifar-deep.yaml $(DEMO)/rows.npy -o $(DEMO)/K.npy --overwrite
-	$(BIN)/python -c "import numpy as np; K = np.load('$(DEMO)/K.npy'); print('exact kernel', K.shape, 'first row', np.round(K[0, :5], 4))"
+	$(BIN)/python tests/data/compare.py $(DEMO)/features-of-rows.h5 $(DEMO)/K.npy
 
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache

@@ -102,3 +102,28 @@ def test_kernel_errors(runner, tmp_path):
     assert res.exit_code == 2 and "no such input file" in res.stderr
     assert not (tmp_path / "K.npy").exists()
     assert not any(p.name.endswith(".part") for p in tmp_path.iterdir())
+
+
+def test_sample_and_inspect(runner, tmp_path):
+    out = tmp_path / "f.h5"
+    res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 500, "--seed", 3, "-o", out])
+    assert res.exit_code == 0, res.stderr
+    res = run(runner, ["inspect", out, "--json"])
+    info = json.loads(res.output)
+    for key in ("columns", "draws", "features", "seed", "mean_terms", "complexity", "bytes_per_column"):
+        assert key in info
+    assert info["columns"] == 500 and info["seed"] == 3 and info["complexity"] == 0.25
+    assert info["draws"] >= 500 and info["features"] <= 500 and info["bytes_per_column"] < 40
+    res = run(runner, ["inspect", out])
+    assert "dedup ratio q/D" in res.output and "C(S) = 0.25" in res.output
+    res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 500, "-o", out])
+    assert res.exit_code == 2 and "already exists" in res.stderr
+    res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 0, "-o", tmp_path / "g.h5"])
+    assert res.exit_code == 2 and "-n must be at least 1" in res.stderr
+    assert not (tmp_path / "g.h5").exists()
+
+
+def test_inspect_rejects_foreign_files(runner, tmp_path):
+    (tmp_path / "x.h5").write_text("not hdf5")
+    res = run(runner, ["inspect", tmp_path / "x.h5"])
+    assert res.exit_code == 1 and "not a readable HDF5 file" in res.stderr

@@ -64,7 +64,12 @@ def test_end_to_end_unbiased_on_real_cifar(name, cifar_rows):
 
 @pytest.mark.slow
 def test_error_falls_like_one_over_sqrt_d(cifar_rows):
-    """RMS error of the Gram matrix at D = 4096 is about half that at D = 1024 (ratio in [0.3, 0.7], 6 seeds)."""
+    """RMS error of the Gram matrix at D = 4096 vs D = 1024 (6 seeds): at least as fast as 1/sqrt(D).
+
+    Plain Monte Carlo would give a ratio of 0.5.  With deduplication the number of
+    draws q grows faster than D (q/D rises with D), so the error falls faster:
+    measured 0.31 on these rows.  Tolerance: ratio in [0.2, 0.6].
+    """
     s = load_skeleton(skeleton_path("shallow-gaussian"))
     x = cifar_rows[:32]
     exact = kernel(s, x)
@@ -77,7 +82,7 @@ def test_error_falls_like_one_over_sqrt_d(cifar_rows):
         return np.mean(errs)
 
     ratio = rms(4096) / rms(1024)
-    assert 0.3 <= ratio <= 0.7, ratio
+    assert 0.2 <= ratio <= 0.6, ratio
 
 
 @pytest.fixture(scope="module")
