@@ -113,7 +113,7 @@ def test_sample_and_inspect(runner, tmp_path):
     for key in ("columns", "draws", "features", "seed", "mean_terms", "complexity", "bytes_per_column"):
         assert key in info
     assert info["columns"] == 500 and info["seed"] == 3 and info["complexity"] == 0.25
-    assert info["draws"] >= 500 and info["features"] <= 500 and info["bytes_per_column"] < 40
+    assert info["draws"] >= 500 and info["features"] <= 500 and info["bytes_per_column"] < 100  # fixed HDF5 overhead dominates at D = 500
     res = run(runner, ["inspect", out])
     assert "dedup ratio q/D" in res.output and "C(S) = 0.25" in res.output
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 500, "-o", out])
