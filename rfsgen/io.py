@@ -379,8 +379,11 @@ def atomic_path(path, overwrite: bool = False):
     except OSError as e:
         raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except OSError as e:
         _remove(tmp)

@@ -127,3 +127,18 @@ def test_inspect_rejects_foreign_files(runner, tmp_path):
     (tmp_path / "x.h5").write_text("not hdf5")
     res = run(runner, ["inspect", tmp_path / "x.h5"])
     assert res.exit_code == 1 and "not a readable HDF5 file" in res.stderr
+
+
+def test_every_skeleton_error_through_the_cli(runner, tmp_path):
+    """Each skeleton error of test_skeleton.ERRORS exits 2 with one line naming the file and line."""
+    from test_skeleton import ERRORS
+
+    for i, (text, pattern) in enumerate(ERRORS):
+        p = tmp_path / f"e{i}.yaml"
+        p.write_text(text)
+        res = run(runner, ["skeleton", p])
+        assert res.exit_code == 2, (i, res.stderr)
+        assert res.stderr.count("\n") == 1
+        import re
+
+        assert re.search(pattern.replace("<s>", re.escape(str(p))), res.stderr), (i, res.stderr)
