@@ -295,14 +295,56 @@ def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> 
         out[cont, 0] = np.arange(first_draw, first_draw + n, dtype=np.uint64)[cont]
         out[cont, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no hashed key is forced to this value...
         out[~continuous, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)  # ...because hashed keys are even
-    return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
+    return out
+
+
+def _void(k1, k2):
+    return np.ascontiguousarray(np.stack([k1, k2], axis=1)).view(np.dtype((np.void, 16))).ravel()
+
+
+def _match(k1, k2, known1, known2, known_ids):
+    """Match a batch's 128-bit keys ``(k1, k2)`` against the known columns.
+
+    Returns ``(inv, first, old, u1, u2)``: for each draw the index of its unique
+    key, each unique key's first row in the batch, its known column id (-1 if
+    new) and the unique keys.  The fast path sorts only the first 64-bit half
+    and checks that the second half agrees; on any collision it falls back to
+    an exact 128-bit comparison.
+    """
+    u1, first, inv = np.unique(k1, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    u2 = k2[first]
+    if known1.size:
+        pos = np.minimum(np.searchsorted(known1, u1), known1.size - 1)
+        hit = known1[pos] == u1
+        clash = np.any(hit & (known2[pos] != u2))
+    else:
+        pos = np.zeros(u1.size, dtype=np.int64)
+        hit = np.zeros(u1.size, dtype=bool)
+        clash = False
+    if not clash and np.array_equal(k2, u2[inv]):
+        return inv, first, np.where(hit, known_ids[pos] if known1.size else -1, -1), u1, u2
+    v = _void(k1, k2)
+    u, first, inv = np.unique(v, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    u1, u2 = k1[first], k2[first]
+    kv = _void(known1, known2)
+    order = np.argsort(kv, kind="stable")
+    kv, kids = kv[order], known_ids[order]
+    old = np.full(u.size, -1, dtype=np.int64)
+    if kv.size:
+        pos = np.minimum(np.searchsorted(kv, u), kv.size - 1)
+        hit = kv[pos] == u
+        old[hit] = kids[pos[hit]]
+    return inv, first, old, u1, u2
 
 
 @dataclass
 class _Columns:
     """Columns found so far: their keys (sorted, with ids), counts and representative terms."""
 
-    keys: np.ndarray  # void16, sorted
+    k1: np.ndarray  # uint64 first key halves, sorted
+    k2: np.ndarray  # uint64 second halves
     ids: np.ndarray  # int64 column id of each key
     count: list
     kind: list
@@ -362,7 +404,8 @@ def sample(
     t = _tables(skeleton_for_walk)
     rng = np.random.default_rng(seed)
     max_draws = max_draws or max(200 * columns, 10**6)
-    cols = _Columns(np.zeros(0, dtype=np.dtype((np.void, 16))), np.zeros(0, np.int64), [], [], [], [], [], [], [])
+    e = np.zeros(0, dtype=np.uint64)
+    cols = _Columns(e, e, np.zeros(0, np.int64), [], [], [], [], [], [], [])
     counts = np.zeros(columns, dtype=np.int64)
     factors = 0.0
     factors_sq = 0.0
@@ -372,32 +415,31 @@ def sample(
     while True:
         b = _walk(skeleton_for_walk, t, rng, size)
         keys = _keys(b, drawn)
-        n_known = cols.keys.size
-        allk = np.concatenate([cols.keys, keys])
-        uniq, first, inv = np.unique(allk, return_index=True, return_inverse=True)
-        inv = inv.ravel()
-        is_new = first >= n_known
-        new_first = np.sort(first[is_new]) - n_known  # batch rows creating new columns, in draw order
+        inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
+        is_new = old < 0
+        new_first = np.sort(first[is_new])  # batch rows creating new columns, in draw order
         room = columns - cols.found
         limit = size if new_first.size < room else int(new_first[room - 1]) + 1
         new_rows = new_first[:room]
         # column id of every unique key: old ids, then new ones numbered by first occurrence
-        uid = np.full(uniq.size, -1, dtype=np.int64)
-        uid[~is_new] = cols.ids[np.searchsorted(cols.keys, uniq[~is_new])]
+        uid = old.copy()
         order = np.argsort(first[is_new], kind="stable")
         new_ids = np.empty(order.size, dtype=np.int64)
         new_ids[order] = cols.found + np.arange(order.size)
         uid[is_new] = new_ids
-        draw_ids = uid[inv[n_known:n_known + limit]]
+        draw_ids = uid[inv[:limit]]
         counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
         _take(b, t, new_rows, cols)
         if audit is not None:
             for d in range(limit):
                 a, z = b.ptr[d], b.ptr[d + 1]
                 audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
-        keep_new = is_new & (uid < columns)
-        cols.keys = uniq[~is_new | keep_new]
-        cols.ids = uid[~is_new | keep_new]
+        keep = np.flatnonzero(is_new & (uid < columns))
+        keep = keep[np.argsort(u1[keep], kind="stable")]
+        at = np.searchsorted(cols.k1, u1[keep])
+        cols.k1 = np.insert(cols.k1, at, u1[keep])
+        cols.k2 = np.insert(cols.k2, at, u2[keep])
+        cols.ids = np.insert(cols.ids, at, uid[keep])
         added = new_rows.size
         cols.found += added
         factors += float(b.factors[:limit].sum())

@@ -202,3 +202,17 @@ def test_inconsistent_contents(feature_file):
         f.attrs["draws"] = int(f.attrs["draws"]) + 1
     with pytest.raises(FeatureFileError, match="counts do not add up"):
         load(feature_file)
+
+
+def test_key_matching_survives_64_bit_collisions():
+    """Keys equal in their first half but not the second are different columns (exact fallback)."""
+    from rfsgen.sampler import _match
+
+    u = np.uint64
+    k1 = np.array([5, 5, 7, 5], dtype=u)
+    k2 = np.array([2, 4, 6, 2], dtype=u)  # rows 0 and 3 are the same key; row 1 collides on k1
+    inv, first, old, u1, u2 = _match(k1, k2, np.zeros(0, u), np.zeros(0, u), np.zeros(0, np.int64))
+    assert inv[0] == inv[3] and inv[0] != inv[1] and len(first) == 3 and np.all(old == -1)
+    known1, known2, ids = np.array([5, 9], dtype=u), np.array([4, 1], dtype=u), np.array([11, 12])
+    inv, first, old, u1, u2 = _match(np.array([5, 5, 9], dtype=u), np.array([2, 4, 1], dtype=u), known1, known2, ids)
+    assert old[inv].tolist() == [-1, 11, 12]
