@@ -29,5 +29,9 @@ demo: $(STAMP)
 	$(BIN)/rfsgen kernel skeletons/cifar-deep.yaml $(DEMO)/rows.npy -o $(DEMO)/K.npy --overwrite
 	$(BIN)/python tests/data/compare.py $(DEMO)/features-of-rows.h5 $(DEMO)/K.npy
 
+reproduce: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[plot]'
+	$(BIN)/python tests/reproduce/figure3.py --out reproduce-output
+
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache

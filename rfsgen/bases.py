@@ -53,7 +53,8 @@ class Base:
 
     @property
     def label(self) -> str:
-        shown = [(k, v) for k, v in self.params if k != "zero"]
+        defaults = {"zero": "error", "normalize_blocks": 0, "orthogonal": False}
+        shown = [(k, v) for k, v in self.params if defaults.get(k, object()) != v]
         inner = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
         return f"{self.name}({inner})" if inner else self.name
 
@@ -158,7 +159,21 @@ def _prepare_categorical(base, x, nodes, row0, source):
 
 
 def _prepare_vector(base, x, nodes, row0, source):
-    return x
+    block = dict(base.params).get("normalize_blocks", 0)
+    if not block:
+        return x
+    # Normalise each consecutive block of ``block`` columns (the RR rewrite of an exp
+    # node over sphere inputs: its window is the concatenation of unit vectors).
+    m, g, w = x.shape
+    xb = x.reshape(m, g, w // block, block)
+    norms = np.sqrt(np.einsum("mgkc,mgkc->mgk", xb, xb))
+    if (norms == 0).any():
+        r, gi, _ = np.argwhere(norms == 0)[0]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(gi)]}': a {block}-value block is all zeros "
+            "and cannot be normalized; remove or perturb such rows"
+        )
+    return (xb / norms[..., None]).reshape(m, g, w)
 
 
 def _prepare_sphere(base, x, nodes, row0, source):
@@ -283,6 +298,26 @@ def _sample_gaussian(base, rng, counts):
     return item, np.arange(item.size, dtype=np.int64), np.ones(item.size, np.int64), omega
 
 
+def _sample_gaussian_any(base, rng, counts):
+    if not base.param("orthogonal"):
+        return _sample_gaussian(base, rng, counts)
+    # Orthogonal random features (Yu et al. 2016): rows of stacked random orthogonal
+    # d x d blocks, each row rescaled by an independent chi(d) norm, so every row is
+    # marginally N(0, I) (unbiased) while rows within a block are orthogonal.
+    item = _items(counts)
+    d = base.width
+    n = item.size
+    blocks = -(-n // d) if n else 0
+    rows = []
+    for _ in range(blocks):  # one QR per d draws of this node
+        q, r = np.linalg.qr(rng.standard_normal((d, d)))
+        q = q * np.sign(np.diag(r))[None, :]
+        rows.append(q.T * np.sqrt(rng.chisquare(d, d))[:, None])
+    omega = np.concatenate(rows)[:n] if rows else np.zeros((0, d))
+    omega = omega * np.sqrt(counts[item])[:, None]
+    return item, np.arange(n, dtype=np.int64), np.ones(n, np.int64), omega
+
+
 def _sample_laplace(base, rng, counts):
     # The sum of c iid standard Cauchy variables is c times a standard Cauchy.
     item = _items(counts)
@@ -401,9 +436,28 @@ _register(BaseKind(
     1, False, _prepare_categorical, _gram_categorical, _sample_categorical, _conj_categorical,
     _atoms_categorical, modulus=lambda b: b.param("categories"),
 ))
+def _block_size(v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"'normalize_blocks' must be an integer >= 0, got {v!r}")
+    return int(v)
+
+
+def _flag(name):
+    def check(v):
+        if not isinstance(v, bool):
+            raise ValueError(f"'{name}' must be true or false, got {v!r}")
+        return v
+
+    return check
+
+
 _register(BaseKind(
-    "gaussian", "exp(-scale^2 |x - x'|^2 / 2)", {"scale": (1.0, _pos_float("scale"))}, None, True,
-    _prepare_vector, _gram_gaussian, _sample_gaussian, _conj_negate, _atoms_continuous,
+    "gaussian", "exp(-scale^2 |x - x'|^2 / 2)", {
+        "scale": (1.0, _pos_float("scale")),
+        "normalize_blocks": (0, _block_size),
+        "orthogonal": (False, _flag("orthogonal")),
+    }, None, True,
+    _prepare_vector, _gram_gaussian, _sample_gaussian_any, _conj_negate, _atoms_continuous,
 ))
 _register(BaseKind(
     "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale"))}, None, True,
@@ -445,6 +499,9 @@ def make_base(name: str, params: Mapping | None, width: int) -> Base:
             f"base '{name}' takes exactly {kind.fixed_width} column per node but the node has {width}; "
             "use 'per: column'"
         )
+    block = clean.get("normalize_blocks", 0)
+    if block and width % block:
+        raise ValueError(f"'normalize_blocks: {block}' does not divide the node's {width} columns")
     if width < kind.min_width:
         raise ValueError(f"base '{name}' needs at least {kind.min_width} columns per node, got {width}")
     return Base(name, tuple(sorted(clean.items())), width)

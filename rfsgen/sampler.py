@@ -143,6 +143,27 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) ->
     return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree)
 
 
+def _pair(b: _Batch) -> _Batch:
+    """Each draw twice in a row: complex ones with b = 0 then b = pi/2, real ones as they are.
+
+    The [cos, sin] pair of one frequency cancels the cos(theta + theta') noise a
+    single random phase carries (used by the ``orf`` scheme, as in Yu et al. 2016).
+    """
+    n = b.kind.size
+    lengths = np.diff(b.ptr)
+    twice = np.repeat(np.arange(n), 2)
+    idx = np.repeat(b.ptr[twice], lengths[twice]) + (
+        np.arange(2 * lengths.sum()) - np.repeat(np.cumsum(lengths[twice]) - lengths[twice], lengths[twice])
+    )
+    kind = np.repeat(b.kind, 2)
+    kind[1::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_SIN)
+    kind[0::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_COS)
+    ptr = np.zeros(2 * n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(lengths[twice])
+    return _Batch(kind=kind, ptr=ptr, node=b.node[idx], code=b.code[idx], power=b.power[idx], omega=b.omega,
+                  continuous=np.repeat(b.continuous, 2), factors=np.repeat(b.factors, 2), degree=np.repeat(b.degree, 2))
+
+
 def _choose_children(t, rng, draw, node, degree):
     """Pick ``degree`` children uniformly with replacement for every item."""
     fan = t.fanin[node]
@@ -413,7 +434,11 @@ def sample(
     drawn = 0
     size = min(MAX_BATCH, max(1024, columns))
     while True:
-        b = _walk(skeleton_for_walk, t, rng, size)
+        if scheme == "orf":
+            b = _pair(_walk(skeleton_for_walk, t, rng, (size + 1) // 2))
+            size = b.kind.size
+        else:
+            b = _walk(skeleton_for_walk, t, rng, size)
         keys = _keys(b, drawn)
         inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
         is_new = old < 0

@@ -1,0 +1,102 @@
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import DATA, ROOT, skeleton_path
+from rfsgen import UsageError, kernel, load_skeleton
+from rfsgen.approx import measures, parse_budgets
+from rfsgen.cli import main
+from rfsgen.sampler import sample
+from rfsgen.schemes import apply_scheme, rr_nodes
+from rfsgen.transform import transform
+
+
+def test_measures_by_hand():
+    exact = np.array([[1.0, 0.5], [0.5, 1.0]])
+    est = np.array([[1.1, 0.3], [0.3, 1.0]])
+    m = measures(exact, est)
+    # errors: 0.1, -0.2, -0.2, 0 -> mean |e| = 0.125, RMS = sqrt(0.09/4) = 0.15, max 0.2
+    assert m["mae"] == pytest.approx(0.125)
+    assert m["rmse"] == pytest.approx(0.15)
+    assert m["max_abs"] == pytest.approx(0.2)
+    # Pearson of (1, .5, .5, 1) and (1.1, .3, .3, 1): by hand
+    a, b = np.array([1.1, 0.3, 0.3, 1.0]), np.array([1, 0.5, 0.5, 1])
+    r = ((a - a.mean()) * (b - b.mean())).sum() / math.sqrt(((a - a.mean()) ** 2).sum() * ((b - b.mean()) ** 2).sum())
+    assert m["corr"] == pytest.approx(r)
+
+
+def test_budget_parsing():
+    assert parse_budgets("2^8..2^10") == [256, 512, 1024]
+    assert parse_budgets("100,300") == [100, 300]
+    with pytest.raises(UsageError):
+        parse_budgets("lots")
+
+
+def test_rr_rewrite_keeps_the_kernel(cifar_rows):
+    for name, n_targets in (("shallow-gaussian", 1), ("cifar-deep", 100)):
+        s = load_skeleton(skeleton_path(name))
+        assert len(rr_nodes(s)) == n_targets
+        for scheme in ("rr", "orf"):
+            np.testing.assert_allclose(kernel(apply_scheme(s, scheme), cifar_rows[:6]), kernel(s, cifar_rows[:6]), atol=1e-13)
+    with pytest.raises(UsageError, match="scheme 'rr' applies to no node"):
+        apply_scheme(load_skeleton(skeleton_path("tabular-circle")), "rr")
+
+
+def test_rr_on_shallow_is_rahimi_recht():
+    s = load_skeleton(skeleton_path("shallow-gaussian"))
+    fs = sample(s, 300, seed=1, scheme="rr")
+    assert fs.draws == 300 and np.all(fs.count == 1) and np.all(np.diff(fs.ptr) == 1)
+    orf = sample(s, 300, seed=1, scheme="orf")
+    assert orf.draws == 300 and np.array_equal(orf.kind, np.tile([1, 2], 150))  # [cos, sin] per frequency
+    assert fs.omega.size == 300 * 1728  # one N(0, I) frequency over the whole normalized row per column
+    assert np.all(fs.kind > 0)
+
+
+@pytest.mark.slow
+def test_rr_and_orf_unbiased_and_orf_has_lower_variance(cifar_rows):
+    s = load_skeleton(skeleton_path("shallow-gaussian"))
+    x = cifar_rows[:12]
+    exact = kernel(s, x)
+    off = ~np.eye(12, dtype=bool)
+    spread = {}
+    for scheme in ("rr", "orf"):
+        g = np.array([(lambda p: p @ p.T)(transform(sample(s, 512, seed=k, scheme=scheme), x, layout="dense", dtype="float64"))
+                      for k in range(40)])
+        mean, se = g.mean(0), g.std(0, ddof=1) / math.sqrt(len(g))
+        assert np.all(np.abs(mean - exact)[off] <= 4 * se[off] + 1e-12), scheme
+        spread[scheme] = np.mean((g - exact) ** 2)
+    assert spread["orf"] < spread["rr"], spread
+
+
+def test_approx_cli_json(tmp_path, cifar_rows):
+    np.save(tmp_path / "rows.npy", cifar_rows[:20])
+    res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64,128",
+                                    "--trials", "2", "--rows", "10", "--scheme", "rfs", "--scheme", "rr", "--json", "-q"])
+    assert res.exit_code == 0, res.stderr
+    recs = json.loads(res.stdout)
+    assert len(recs) == 4
+    for r in recs:
+        for k in ("scheme", "features", "trials", "rows", "mae", "rmse", "max_abs", "corr", "draws",
+                  "mae_std", "rmse_std", "max_abs_std", "corr_std"):
+            assert k in r
+        assert r["trials"] == 2 and r["rows"] == 10 and 0 < r["mae"] <= r["rmse"] <= r["max_abs"]
+    res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64",
+                                    "--rows", "50"])
+    assert res.exit_code == 2 and "--rows 50 is more than the 20 rows" in res.stderr
+
+
+def test_reproduction_runs_on_a_small_configuration(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "reproduce"))
+    import figure3
+
+    rc = figure3.main(["--data", str(DATA / "cifar10_test_0-63.npy"), "--out", str(tmp_path), "--trials", "2",
+                       "--rows", "32", "--budgets", "256,512", "--no-plot"])
+    assert rc == 0
+    out = json.loads((tmp_path / "figure3.json").read_text())
+    assert {r["scheme"] for r in out["shallow-gaussian"]} == {"rfs", "rr", "orf"}
+    assert {r["scheme"] for r in out["cifar-deep"]} == {"rfs", "rr"}
+    assert figure3.main(["--data", str(tmp_path / "missing.npy"), "--out", str(tmp_path)]) == 2
