@@ -99,42 +99,59 @@ class Transformer:
             self.groups.append(_GroupAtoms(g, atoms, gi, codes, mag))
         self.n_atoms = n_atoms
         mag_atoms = np.array(mag_atoms, dtype=np.int64)
-        self.Pm = self.P[mag_atoms] if mag_atoms.size else None
-        if self.Pm is not None:
-            touched = np.asarray(self.Pm.getnnz(axis=0)) > 0
-            self.mag_cols = np.flatnonzero(touched)
-            self.Pm = self.Pm[:, self.mag_cols].tocsr()
-        self.phase = np.where(fs.kind == 2, math.pi / 2, 0.0)
-        self.scale = fs.scale
-        self.PT = self.P.T.tocsr()
-        self.PmT = self.Pm.T.tocsr() if self.Pm is not None else None
+        self.n_mag = mag_atoms.size
+        # Work in the output precision: powers are small integers, exact in float32.
+        wd = np.float32 if self.dtype == np.float32 else np.float64
+        self.work = wd
+        self.PT = self.P.T.tocsr().astype(wd)
+        # Log-magnitude powers over all D columns (rows of zeros give exp(0) = 1), so the
+        # magnitudes multiply in place.
+        self.PmT = self.P[mag_atoms].T.tocsr().astype(wd) if mag_atoms.size else None
+        self.phase = np.where(fs.kind == 2, math.pi / 2, 0.0).astype(wd)[:, None]
+        self.scale = fs.scale.astype(wd)[:, None]
 
     @property
     def columns(self) -> int:
         return self.fs.columns
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
-        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``."""
+        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``.
+
+        Computed feature-major (D x m), where the sparse products and the in-place
+        cos/exp are cheapest, then transposed in cache-sized tiles.
+        """
         xp = prepare_inputs(self.skeleton, x, row0, source)
         m = x.shape[0]
-        angles = np.zeros((m, self.n_atoms))
-        logmag = np.zeros((m, self.Pm.shape[0])) if self.Pm is not None else None
+        ang_t = np.zeros((self.n_atoms, m))
+        log_t = np.zeros((self.n_mag, m)) if self.PmT is not None else None
         for ga in self.groups:
             base = self.skeleton.input_groups[ga.group][0]
             ang, mag = base.atoms(xp[ga.group], ga.gi, ga.codes)
-            angles[:, ga.atoms] = ang
+            ang_t[ga.atoms] = ang.T
             if ga.mag is not None:
-                logmag[:, ga.mag] = mag
-        # theta^T = P^T angles^T: one sparse-times-dense product per chunk.
-        theta = (self.PT @ angles.T).T
+                log_t[ga.mag] = mag.T
+        if self.work == np.float32:
+            # Reduce angles to [-pi, pi] in float64 before rounding them to float32.
+            ang_t -= (2 * math.pi) * np.rint(ang_t * (1 / (2 * math.pi)))
+        theta = self.PT @ ang_t.astype(self.work)  # (D, m): one sparse-times-dense product
         theta += self.phase
-        out = np.cos(theta)
+        np.cos(theta, out=theta)
         if self.PmT is not None:
             with np.errstate(invalid="ignore"):
-                lm = (self.PmT @ logmag.T).T
-            out[:, self.mag_cols] *= np.exp(lm)
-        out *= self.scale
-        return out.astype(self.dtype, copy=False)
+                lm = self.PmT @ log_t.astype(self.work)
+            np.exp(lm, out=lm)
+            theta *= lm
+        theta *= self.scale
+        return _transpose(theta, self.dtype)
+
+
+def _transpose(a: np.ndarray, dtype, block: int = 256) -> np.ndarray:
+    """``a.T`` as a C-contiguous array of ``dtype``, copied in square tiles (cache-friendly)."""
+    out = np.empty((a.shape[1], a.shape[0]), dtype=dtype)
+    for i in range(0, a.shape[0], block):
+        for j in range(0, a.shape[1], block):
+            out[j:j + block, i:i + block] = a[i:i + block, j:j + block].T
+    return out
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
