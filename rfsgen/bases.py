@@ -294,7 +294,9 @@ def _sample_sphere(base, rng, counts):
 
 def _sample_gaussian(base, rng, counts):
     item = _items(counts)
-    omega = rng.standard_normal((item.size, base.width)) * np.sqrt(counts[item])[:, None]
+    omega = rng.standard_normal((item.size, base.width))
+    if np.any(counts[item] != 1):
+        omega *= np.sqrt(counts[item])[:, None]
     return item, np.arange(item.size, dtype=np.int64), np.ones(item.size, np.int64), omega
 
 

@@ -292,7 +292,7 @@ def describe(fs: FeatureSet, path=None) -> dict:
     from .sampler import term_keys
 
     keys = term_keys(np.zeros(fs.columns, np.uint8), fs.ptr, fs.node, fs.code, fs.power, has_cont)
-    n_features = int(np.unique(keys).size)
+    n_features = int(np.unique(keys, axis=0).shape[0]) if fs.columns else 0
     usage = np.bincount(fs.node, minlength=len(skel.nodes)) if fs.node.size else np.zeros(len(skel.nodes), int)
     top = np.argsort(-usage, kind="stable")[:5]
     file_bytes = os.path.getsize(path) if path and os.path.exists(str(path)) else None

@@ -385,8 +385,15 @@ def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
     ci = np.flatnonzero(t.continuous[node])
     if ci.size:
         w = t.width[node[ci]]
-        gather = np.repeat(code[ci], w) + (np.arange(w.sum()) - np.repeat(np.cumsum(w) - w, w))
-        cols.omega.append(b.omega[gather])
+        start = code[ci]
+        w0 = int(w[0])
+        if np.all(w == w0) and b.omega.size % w0 == 0 and not np.any(start % w0):
+            # One width everywhere (every rr/orf skeleton shipped): gather whole rows,
+            # which is several times faster than an element-wise index.
+            cols.omega.append(b.omega.reshape(-1, w0)[start // w0].ravel())
+        else:
+            gather = np.repeat(start, w) + (np.arange(w.sum()) - np.repeat(np.cumsum(w) - w, w))
+            cols.omega.append(b.omega[gather])
         code[ci] = -1 - np.arange(ci.size)  # placeholder, renumbered at the end
     cols.kind.append(b.kind[rows])
     cols.lengths.append(lengths)
