@@ -33,5 +33,9 @@ reproduce: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[plot]'
 	$(BIN)/python tests/reproduce/figure3.py --out reproduce-output
 
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python tests/bench/bench.py --out bench-output
+
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DEMO) bench-output reproduce-output build *.egg-info .pytest_cache

@@ -1,0 +1,370 @@
+"""rfsgen benchmarks against scikit-learn's RBFSampler (``make bench``).
+
+Prints a table and writes ``bench-output/bench.json``.  Not collected by the test
+suite.  Measures, on the machine it runs on:
+
+* sampling: columns/s and peak RSS for cifar-deep at D = 1e5 and 1e6 (subprocess);
+* in-memory transform at D = 1e4 on 1e4 rows of 24x24x3 float32, for both shipped
+  skeletons, against ``RBFSampler(n_components=1e4)`` fit + transform on the same rows,
+  run alternately (A B A B ...), medians and ratios;
+* end to end through the CLI (``rfsgen sample`` + ``rfsgen transform``, dense and csr)
+  on 5e4 rows against ``peer_rbf.py`` (RBFSampler + h5py), alternately;
+* storage: feature-file bytes against RBFSampler's fitted weights;
+* exact kernel: 128 x 128 rows of cifar-deep;
+* the floor: numpy cos over an output-sized float32 array plus writing its bytes to HDF5;
+* transform peak RSS at 1e4 and 1e5 rows (same chunk size).
+
+Data: real CIFAR-10 rows from ``../shared/data/cifar10/cifar10_exact_subset.npz``
+(5000 images, tiled to the sizes above, preprocessed like the paper: HWC, center crop
+24x24, per-image standardization).  Without that file the 64 test rows shipped in
+``tests/data`` are tiled instead (timings do not depend on the pixel values); to use
+the full set, download ``cifar-10-python.tar.gz`` from
+https://www.cs.toronto.edu/~kriz/cifar.html and pass ``--data`` a ``.npy`` of its
+channel-planar uint8 rows.
+
+    python tests/bench/bench.py [--quick] [--only sample,memory,e2e,...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+
+import cifar  # noqa: E402
+
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subset.npz"
+SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
+PY = sys.executable
+RFSGEN = [PY, "-m", "rfsgen"]
+SECTIONS = ("sample", "memory", "e2e", "storage", "kernel", "floor", "rss")
+
+
+# ----------------------------------------------------------------------------- helpers
+def load_rows(data: str | None, n: int) -> tuple[np.ndarray, str]:
+    """``n`` preprocessed float32 rows (n, 1728) and a note on where they came from."""
+    if data:
+        raw = np.load(data)
+        note = f"{raw.shape[0]} rows of {data}"
+    elif DEFAULT_DATA.exists():
+        z = np.load(DEFAULT_DATA)
+        raw = np.concatenate([z["test_data"], z["train_data"]])
+        note = f"{raw.shape[0]} CIFAR-10 images from {DEFAULT_DATA.relative_to(ROOT.parent)}"
+    else:
+        raw = np.load(ROOT / "tests" / "data" / "cifar10_test_0-63.npy")
+        note = (f"only the 64 CIFAR-10 rows in tests/data ({DEFAULT_DATA} is missing; see this script's "
+                "docstring for how to get more)")
+        print(f"bench: {note}", file=sys.stderr)
+    x = cifar.preprocess(raw.astype(np.uint8)).astype(np.float32)
+    reps = -(-n // x.shape[0])
+    return np.tile(x, (reps, 1))[:n], note + (f", tiled to {n}" if reps > 1 else "")
+
+
+# A small launcher process: on Linux a child's peak RSS starts from its parent's at
+# fork time, so children forked straight from this (large) process would all report
+# at least its size.  The launcher is small, forks the real command and reports its rusage.
+_LAUNCHER = (
+    "import os,subprocess,sys; p=subprocess.Popen(sys.argv[1:]); _,st,ru=os.wait4(p.pid,0); "
+    "sys.stderr.write('\\nRSS_KIB=%d\\n' % ru.ru_maxrss); sys.exit(os.waitstatus_to_exitcode(st))"
+)
+
+
+def run_rss(argv) -> tuple[float, float, str]:
+    """Run a command; (wall seconds, its peak RSS in MiB, its stdout)."""
+    t = time.perf_counter()
+    p = subprocess.run([PY, "-c", _LAUNCHER] + [str(a) for a in argv], capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if p.returncode:
+        raise SystemExit(f"bench: {' '.join(map(str, argv))} failed:\n{p.stderr}")
+    rss = int(p.stderr.rsplit("RSS_KIB=", 1)[1]) / 1024
+    return seconds, rss, p.stdout
+
+
+def alternate(fns: dict, repeats: int) -> dict:
+    """Run each callable in turn, ``repeats`` rounds (A B A B ...); all timings per name."""
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def med(v):
+    return statistics.median(v)
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import h5py
+    import scipy
+    import sklearn
+
+    return {
+        "cpu": model or platform.processor(), "cores": os.cpu_count(), "memory_gib": round(mem, 1),
+        "python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+        "h5py": h5py.__version__, "sklearn": sklearn.__version__, "platform": platform.platform(),
+    }
+
+
+# ----------------------------------------------------------------------------- sections
+def bench_sample(args, tmp, res):
+    out = []
+    for d in args.sample_sizes:
+        code = (
+            "import json,time; from rfsgen import load_skeleton, sample; "
+            f"s=load_skeleton({str(SKELETONS['cifar-deep'])!r}); t=time.perf_counter(); "
+            f"fs=sample(s,{d},seed=1); t=time.perf_counter()-t; "
+            "print(json.dumps({'seconds':t,'draws':fs.draws}))"
+        )
+        _, rss, stdout = run_rss([PY, "-c", code])
+        r = json.loads(stdout)
+        r.update(columns=d, columns_per_s=d / r["seconds"], rss_mib=rss)
+        out.append(r)
+        print(f"  sample cifar-deep D={d:>8}: {r['seconds']:.2f} s, {r['columns_per_s']:,.0f} columns/s, "
+              f"q={r['draws']}, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+    res["sample"] = out
+
+
+def bench_memory(args, tmp, res):
+    from sklearn.kernel_approximation import RBFSampler
+
+    from rfsgen import load_skeleton, sample, transform
+
+    x, _ = load_rows(args.data, args.rows)
+    out = []
+    for name, path in SKELETONS.items():
+        fs = sample(load_skeleton(path), args.columns, seed=1)
+        transform(fs, x[:256], layout="dense")  # warm up imports and caches
+
+        def ours():
+            transform(fs, x, layout="dense")
+
+        def peer():
+            RBFSampler(n_components=args.columns, gamma=1.0 / (8 * x.shape[1]), random_state=0).fit(x).transform(x)
+
+        times = alternate({"rfsgen": ours, "rbfsampler": peer}, args.repeats)
+        r = {
+            "skeleton": name, "rows": x.shape[0], "columns": args.columns,
+            "rfsgen_s": med(times["rfsgen"]), "rbfsampler_s": med(times["rbfsampler"]), "runs": times,
+        }
+        r["rows_per_s"] = x.shape[0] / r["rfsgen_s"]
+        r["speedup"] = r["rbfsampler_s"] / r["rfsgen_s"]
+        out.append(r)
+        print(f"  in-memory {name:>16}: rfsgen {r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s), "
+              f"RBFSampler {r['rbfsampler_s']:.3f} s, peer/rfsgen = {r['speedup']:.2f}x", flush=True)
+    res["memory"] = out
+
+
+def bench_e2e(args, tmp, res):
+    x, _ = load_rows(args.data, args.e2e_rows)
+    rows = tmp / "rows.npy"
+    np.save(rows, x)
+    del x
+    feats = tmp / "f.h5"
+    skel = SKELETONS["cifar-deep"]
+
+    def rfsgen_job(layout):
+        def job():
+            s1, r1, _ = run_rss(RFSGEN + ["sample", skel, "-n", args.columns, "--seed", 1, "-o", feats, "--overwrite"])
+            s2, r2, _ = run_rss(RFSGEN + ["transform", feats, rows, "-o", tmp / f"out-{layout}.h5", "--layout",
+                                          layout, "--quiet", "--overwrite"])
+            os.unlink(tmp / f"out-{layout}.h5")
+            return {"sample_s": s1, "transform_s": s2, "seconds": s1 + s2, "rss_mib": max(r1, r2)}
+        return job
+
+    def peer_job():
+        s, r, stdout = run_rss([PY, ROOT / "tests" / "bench" / "peer_rbf.py", rows, tmp / "peer.h5", "-n", args.columns,
+                                "--gamma", 1.0 / (8 * 1728)])
+        os.unlink(tmp / "peer.h5")
+        return {"seconds": s, "rss_mib": r, "phases": json.loads(stdout)}
+
+    jobs = {"rfsgen_dense": rfsgen_job("dense"), "rfsgen_csr": rfsgen_job("csr"), "rbfsampler_h5py": peer_job}
+    runs = {k: [] for k in jobs}
+    for _ in range(args.e2e_repeats):
+        for k, fn in jobs.items():
+            runs[k].append(fn())
+    startup, _, _ = run_rss(RFSGEN + ["--version"])
+    out = {"rows": args.e2e_rows, "columns": args.columns, "runs": runs, "rfsgen_startup_s": startup}
+    for k, v in runs.items():
+        out[f"{k}_s"] = med([r["seconds"] for r in v])
+        out[f"{k}_rss_mib"] = max(r["rss_mib"] for r in v)
+    out["speedup_dense"] = out["rbfsampler_h5py_s"] / out["rfsgen_dense_s"]
+    out["speedup_csr"] = out["rbfsampler_h5py_s"] / out["rfsgen_csr_s"]
+    phases = runs["rbfsampler_h5py"][-1]["phases"]
+    print(f"  end to end {args.e2e_rows} rows: rfsgen dense {out['rfsgen_dense_s']:.2f} s "
+          f"(sample {med([r['sample_s'] for r in runs['rfsgen_dense']]):.2f} s, "
+          f"RSS {out['rfsgen_dense_rss_mib']:.0f} MiB), csr {out['rfsgen_csr_s']:.2f} s, "
+          f"RBFSampler+h5py {out['rbfsampler_h5py_s']:.2f} s (fit+transform {phases['fit_transform']:.2f} s, "
+          f"write {phases['write']:.2f} s, RSS {out['rbfsampler_h5py_rss_mib']:.0f} MiB); "
+          f"peer/rfsgen dense {out['speedup_dense']:.2f}x, csr {out['speedup_csr']:.2f}x; "
+          f"rfsgen start-up {startup:.2f} s", flush=True)
+    res["e2e"] = out
+
+
+def bench_storage(args, tmp, res):
+    from sklearn.kernel_approximation import RBFSampler
+
+    from rfsgen import load_skeleton, sample
+    from rfsgen.features import save
+
+    out = []
+    x = np.zeros((2, 1728), np.float32)
+    peer = RBFSampler(n_components=args.columns, random_state=0).fit(x)
+    peer_bytes = peer.random_weights_.nbytes + peer.random_offset_.nbytes
+    for name, path in SKELETONS.items():
+        fs = sample(load_skeleton(path), args.columns, seed=1)
+        p = tmp / f"{name}.h5"
+        save(fs, p, overwrite=True)
+        size = p.stat().st_size
+        out.append({"skeleton": name, "columns": args.columns, "feature_file_bytes": size,
+                    "rbfsampler_weight_bytes": peer_bytes, "ratio": peer_bytes / size})
+        print(f"  storage {name:>16}: feature file {size:,} B, RBFSampler weights (float32) {peer_bytes:,} B, "
+              f"{peer_bytes / size:,.0f}x smaller", flush=True)
+    res["storage"] = out
+
+
+def bench_kernel(args, tmp, res):
+    from rfsgen import kernel, load_skeleton
+
+    x, _ = load_rows(args.data, 128)
+    skel = load_skeleton(SKELETONS["cifar-deep"])
+    times = alternate({"kernel": lambda: kernel(skel, x.astype(np.float64))}, 3)["kernel"]
+    res["kernel"] = {"rows": 128, "seconds": med(times), "runs": times}
+    print(f"  exact kernel cifar-deep 128x128: {med(times):.2f} s", flush=True)
+
+
+def bench_floor(args, tmp, res):
+    import h5py
+
+    a = np.random.default_rng(0).standard_normal((args.rows, args.columns), dtype=np.float32)
+
+    def cos():
+        np.cos(a, out=a)
+
+    def write():
+        with h5py.File(tmp / "floor.h5", "w") as f:
+            f.create_dataset("X", data=a)
+
+    t = alternate({"cos": cos, "write": write}, args.repeats)
+    os.unlink(tmp / "floor.h5")
+    r = {"rows": args.rows, "columns": args.columns, "cos_s": med(t["cos"]), "write_s": med(t["write"])}
+    r["floor_s"] = r["cos_s"] + r["write_s"]
+    mem = {m["skeleton"]: m["rfsgen_s"] for m in res.get("memory", [])}
+    r["memory_over_cos"] = {k: v / r["cos_s"] for k, v in mem.items()}
+    r["memory_over_floor"] = {k: v / r["floor_s"] for k, v in mem.items()}
+    res["floor"] = r
+    print(f"  floor {args.rows}x{args.columns} float32: cos {r['cos_s']:.3f} s + HDF5 write {r['write_s']:.3f} s"
+          + "".join(f"; {k} in-memory / floor = {v:.2f}x" for k, v in r["memory_over_floor"].items()), flush=True)
+
+
+def bench_rss(args, tmp, res):
+    feats = tmp / "rss-features.h5"
+    run_rss(RFSGEN + ["sample", SKELETONS["cifar-deep"], "-n", args.rss_columns, "--seed", 1, "-o", feats,
+                      "--overwrite"])
+    base, _ = load_rows(args.data, 10_000)
+    out = []
+    for n in args.rss_rows:
+        rows = tmp / f"rss-{n}.npy"
+        np.save(rows, np.tile(base, (-(-n // base.shape[0]), 1))[:n])
+        s, rss, _ = run_rss(RFSGEN + ["transform", feats, rows, "-o", tmp / "rss-out.h5", "--layout", "csr",
+                                      "--chunk-rows", 1024, "--quiet", "--overwrite"])
+        os.unlink(tmp / "rss-out.h5")
+        os.unlink(rows)
+        out.append({"rows": n, "columns": args.rss_columns, "seconds": s, "rss_mib": rss})
+        print(f"  transform RSS {n:>7} rows x {args.rss_columns} columns (csr, chunk 1024): {rss:.0f} MiB, "
+              f"{s:.1f} s", flush=True)
+    res["rss"] = out
+
+
+# ----------------------------------------------------------------------------- main
+def table(res) -> str:
+    lines = ["| measure | rfsgen | peer / floor | ratio |", "|---|---|---|---|"]
+    for r in res.get("sample", []):
+        lines.append(f"| sample cifar-deep, D = {r['columns']:.0e} | {r['seconds']:.2f} s, "
+                     f"{r['columns_per_s']:,.0f} col/s, {r['rss_mib']:.0f} MiB | | |")
+    for r in res.get("memory", []):
+        lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
+                     f"{r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
+                     f"{r['speedup']:.2f}x faster |")
+    if "e2e" in res:
+        e = res["e2e"]
+        for lay in ("dense", "csr"):
+            lines.append(f"| CLI sample + transform {lay}, {e['rows']} rows, D = {e['columns']} | "
+                         f"{e[f'rfsgen_{lay}_s']:.2f} s, {e[f'rfsgen_{lay}_rss_mib']:.0f} MiB | RBFSampler + h5py "
+                         f"{e['rbfsampler_h5py_s']:.2f} s, {e['rbfsampler_h5py_rss_mib']:.0f} MiB | "
+                         f"{e[f'speedup_{lay}']:.2f}x faster |")
+    for r in res.get("storage", []):
+        lines.append(f"| feature file {r['skeleton']}, D = {r['columns']} | {r['feature_file_bytes']:,} B | "
+                     f"RBFSampler weights {r['rbfsampler_weight_bytes']:,} B | {r['ratio']:,.0f}x smaller |")
+    if "kernel" in res:
+        lines.append(f"| exact kernel cifar-deep, 128 x 128 | {res['kernel']['seconds']:.2f} s | | |")
+    if "floor" in res:
+        f = res["floor"]
+        for k, v in f["memory_over_floor"].items():
+            lines.append(f"| in-memory {k} vs floor (cos {f['cos_s']:.3f} s + write {f['write_s']:.3f} s) | | "
+                         f"{f['floor_s']:.3f} s | {v:.2f}x the floor |")
+    for r in res.get("rss", []):
+        lines.append(f"| transform peak RSS, {r['rows']} rows, D = {r['columns']} | {r['rss_mib']:.0f} MiB | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "bench-output"))
+    ap.add_argument("--data", default=None, help=".npy of channel-planar uint8 CIFAR rows (default: shared data)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--quick", action="store_true", help="small sizes, to check the script itself")
+    args = ap.parse_args(argv)
+    args.columns, args.rows, args.repeats = 10_000, 10_000, 5
+    args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
+    args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
+    if args.quick:
+        args.columns, args.rows, args.repeats = 1000, 1000, 2
+        args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
+        args.rss_rows, args.rss_columns = (1000, 4000), 500
+    only = [s for s in args.only.split(",") if s]
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
+    _, data_note = load_rows(args.data, 1)
+    res = {"date": datetime.date.today().isoformat(), "machine": machine(), "data": data_note,
+           "command": "make bench" if not argv and len(sys.argv) == 1 else " ".join(sys.argv)}
+    print(f"rfsgen bench on {res['machine']['cpu']} ({res['machine']['cores']} cores, "
+          f"{res['machine']['memory_gib']} GiB), {res['date']}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rfsgen-bench-") as tmp:
+        for name in SECTIONS:
+            if name in only:
+                globals()[f"bench_{name}"](args, Path(tmp), res)
+    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    print("\n" + table(res))
+    print(f"\nwrote {out / 'bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
