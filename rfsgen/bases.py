@@ -17,7 +17,7 @@ laplace       row of the omega table 1                                vectors ad
 
 Each :class:`Base` knows its exact kernel (batched over nodes of one group), how
 to validate and prepare input values, how to draw ``count`` factors at once, how
-to conjugate a factor, and the angle/log-magnitude of a factor on input rows
+to conjugate a factor, and the complex value of a factor on input rows
 (the transform's "atoms").  Adding a base means adding one entry to
 :data:`REGISTRY`.
 """
@@ -100,15 +100,15 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def atoms(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray):
-        """Angle and log-magnitude of factors (power 1) on prepared rows.
+    def values(self, xt: np.ndarray, gi: np.ndarray, codes: np.ndarray):
+        """Complex values of factors (power 1) on prepared rows, feature-major.
 
-        ``xp`` is prepared float64 ``(m, G, width)`` for the group, ``gi`` int64
-        ``(a,)`` the node of each atom within the group, ``codes`` its code
+        ``xt`` is the prepared group as float64 ``(G, width, m)``, ``gi`` int64
+        ``(a,)`` the node of each factor within the group, ``codes`` its code
         (continuous bases: the ``(a, width)`` omega rows).  Returns float64
-        ``(m, a)`` angles and log-magnitudes (``None`` for unit-modulus bases).
+        ``(a, m)`` real and imaginary parts (imaginary ``None`` for real factors).
         """
-        return self.kind.atoms(self, xp, gi, codes)
+        return self.kind.values(self, xt, gi, codes)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class BaseKind:
     gram: Callable
     sample: Callable
     conjugate: Callable
-    atoms: Callable
+    values: Callable
     modulus: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
@@ -166,7 +166,7 @@ def _prepare_vector(base, x, nodes, row0, source):
     # node over sphere inputs: its window is the concatenation of unit vectors).
     m, g, w = x.shape
     xb = x.reshape(m, g, w // block, block)
-    norms = np.sqrt(np.einsum("mgkc,mgkc->mgk", xb, xb))
+    norms = np.sqrt((xb * xb).sum(axis=-1))  # same rounding for a row alone or in a chunk
     if (norms == 0).any():
         r, gi, _ = np.argwhere(norms == 0)[0]
         raise DataError(
@@ -177,7 +177,7 @@ def _prepare_vector(base, x, nodes, row0, source):
 
 
 def _prepare_sphere(base, x, nodes, row0, source):
-    norms = np.sqrt(np.einsum("mgc,mgc->mg", x, x))
+    norms = np.sqrt((x * x).sum(axis=-1))  # same rounding for a row alone or in a chunk
     zero = norms == 0
     if zero.any():
         if base.param("zero") == "error":
@@ -346,50 +346,52 @@ def _conj_sphere(base, code, power):
     return code, power
 
 
-# ---------------------------------------------------------------------- transform atoms
-# atoms(base, xp, gi, codes): xp is prepared float64 (m, G, width) for the group, gi (a,)
-# the node index within the group and codes (a,) each atom's code (continuous bases:
-# the (a, width) omega table).  Returns float64 (m, a) angles and log-magnitudes
-# (None for unit-modulus bases).
-def _atoms_binary(base, xp, gi, codes):
-    return np.where(xp[:, gi, 0] < 0, math.pi, 0.0), None
+# ---------------------------------------------------------------------- transform values
+# values(base, xt, gi, codes): xt is the prepared group, float64 feature-major (G, width, m);
+# gi (a,) the node of each atom within the group and codes (a,) its code (continuous
+# bases: the (a, width) omega rows).  Returns the factors' real and imaginary parts,
+# float64 (a, m) each (imaginary None for real-valued factors).  Feature-major, so
+# gathering an atom is a contiguous row copy.
+def _values_binary(base, xt, gi, codes):
+    return xt[gi, 0], None
 
 
-def _atoms_circle(base, xp, gi, codes):
-    return xp[:, gi, 0], None
+def _cis(theta):
+    return np.cos(theta), np.sin(theta)
 
 
-def _atoms_categorical(base, xp, gi, codes):
-    return xp[:, gi, 0] * (2 * math.pi / base.param("categories")), None
+def _values_circle(base, xt, gi, codes):
+    return _cis(xt[gi, 0])
 
 
-def _atoms_sphere(base, xp, gi, codes):
+def _values_categorical(base, xt, gi, codes):
+    return _cis(xt[gi, 0] * (2 * math.pi / base.param("categories")))
+
+
+def _values_sphere(base, xt, gi, codes):
     d = base.width
-    with np.errstate(divide="ignore"):
-        if base.param("scheme") == "pair":
-            j = codes // 2
-            s = np.where(codes % 2 == 1, -1.0, 1.0)
-            re = xp[:, gi, j]
-            im = xp[:, gi, (j + 1) % d] * s
-            ang = np.arctan2(im, re)
-            logmag = 0.5 * np.log((re * re + im * im) * (d / 2))
-        else:
-            v = xp[:, gi, codes]
-            ang = np.where(v < 0, math.pi, 0.0)
-            logmag = np.log(np.abs(v) * math.sqrt(d))
-    return ang, logmag
+    if base.param("scheme") == "pair":
+        j = codes // 2
+        c = math.sqrt(d / 2)
+        sign = np.where(codes % 2 == 1, -c, c)[:, None]
+        return xt[gi, j] * c, xt[gi, (j + 1) % d] * sign
+    return xt[gi, codes] * math.sqrt(d), None
 
 
-def _atoms_continuous(base, xp, gi, omega):
+def _values_continuous(base, xt, gi, omega):
     scale = base.param("scale")
-    if base.width == 1:
-        return xp[:, gi, 0] * (omega[:, 0] * scale), None
-    out = np.empty((xp.shape[0], gi.size))
+    theta = np.empty((gi.size, xt.shape[2]))
     order = np.argsort(gi, kind="stable")
     bounds = np.flatnonzero(np.diff(gi[order])) + 1
+    m = xt.shape[2]
+    if m == 1:
+        # BLAS computes a single row with a matrix-vector kernel that rounds
+        # differently; a duplicated row keeps the matrix-matrix kernel, so a row's
+        # value does not depend on the chunk it arrives in.
+        return tuple(v[:, :1] for v in _values_continuous(base, np.concatenate([xt, xt], axis=2), gi, omega))
     for sel in np.split(order, bounds):  # one BLAS product per node that has terms
-        out[:, sel] = xp[:, gi[sel[0]], :] @ (omega[sel].T * scale)
-    return out, None
+        theta[sel] = (omega[sel] * scale) @ xt[gi[sel[0]]]
+    return _cis(theta)
 
 
 # ---------------------------------------------------------------------- registry
@@ -426,17 +428,17 @@ def _register(kind: BaseKind) -> None:
 
 _register(BaseKind(
     "binary", "x x' on values in {-1, +1}", {}, 1, False,
-    _prepare_binary, _gram_product, _sample_binary, _conj_identity, _atoms_binary,
+    _prepare_binary, _gram_product, _sample_binary, _conj_identity, _values_binary,
     modulus=lambda b: 2,
 ))
 _register(BaseKind(
     "circle", "cos(scale (v - v'))", {"scale": (1.0, _pos_float("scale"))}, 1, False,
-    _prepare_circle, _gram_circle, _sample_circle, _conj_negate, _atoms_circle,
+    _prepare_circle, _gram_circle, _sample_circle, _conj_negate, _values_circle,
 ))
 _register(BaseKind(
     "categorical", "[x = x'] on integers 0..categories-1", {"categories": (REQUIRED, _categories)},
     1, False, _prepare_categorical, _gram_categorical, _sample_categorical, _conj_categorical,
-    _atoms_categorical, modulus=lambda b: b.param("categories"),
+    _values_categorical, modulus=lambda b: b.param("categories"),
 ))
 def _block_size(v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -459,18 +461,18 @@ _register(BaseKind(
         "normalize_blocks": (0, _block_size),
         "orthogonal": (False, _flag("orthogonal")),
     }, None, True,
-    _prepare_vector, _gram_gaussian, _sample_gaussian_any, _conj_negate, _atoms_continuous,
+    _prepare_vector, _gram_gaussian, _sample_gaussian_any, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
     "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale"))}, None, True,
-    _prepare_vector, _gram_laplace, _sample_laplace, _conj_negate, _atoms_continuous,
+    _prepare_vector, _gram_laplace, _sample_laplace, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
     "sphere", "<x/|x|, x'/|x'|>", {
         "scheme": ("pair", _choice("scheme", ("pair", "coordinate"))),
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
-    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _atoms_sphere,
+    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _values_sphere,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

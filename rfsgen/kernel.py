@@ -41,7 +41,7 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
     out = []
     for base, ids, cols in skeleton.input_groups:
         labels = [skeleton.nodes[i].label for i in ids]
-        out.append(base.prepare(x[:, cols], labels, row0, source))
+        out.append(base.prepare(np.ascontiguousarray(x[:, cols]), labels, row0, source))
     return out
 
 

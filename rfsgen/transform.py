@@ -1,23 +1,25 @@
 """Transform: rows through a feature file into feature columns, in memory or streamed to HDF5.
 
-Every column is ``scale_j * exp(L_j(x)) * cos(theta_j(x) + b_j)`` where
+Every column is ``scale_j * Re(e^{i b_j} * prod_k z_k(x)^{p_k})``: a product of a few
+*factors*, each an atom's complex value raised to an integer power.  An atom is an
+input node with a code (a circle angle, a categorical frequency, a sphere pair or
+coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of rows:
 
-* ``theta = A(x) @ P``: ``A`` holds the angle of every distinct *atom* (an input
-  node with a code, or one continuous omega) on each row, ``P`` (sparse, atoms x
-  D) the integer powers of each column's terms -- one sparse-times-dense product
-  per chunk turns per-node angles into feature phases;
-* ``L = M(x) @ Pm``: the same for log-magnitudes, only for atoms whose factor is
-  not of unit modulus (sphere);
-* gaussian/laplace angles are one BLAS product per node over its columns.
+* each base computes its atoms' values feature-major (atoms x rows), gaussian and
+  laplace angles as one BLAS product per node;
+* distinct (atom, power) factors are raised to their powers once;
+* one compiled loop (:mod:`rfsgen._compiled`) multiplies each column's factors for
+  tiles of rows, in float64, and stores ``scale * Re`` (or ``-Im`` for the b = pi/2
+  phase) in the output dtype.
 
-The output is deterministic from the feature file: identical whatever the chunk
-size, byte-identical across runs.
+No cosine or logarithm is evaluated per output value.  The output is deterministic
+from the feature file: identical whatever the chunk size or thread count,
+byte-identical across runs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,17 +39,16 @@ COMPRESSIONS = ("none", "gzip", "lzf")
 @dataclass
 class _GroupAtoms:
     group: int  # index into skeleton.input_groups
-    atoms: np.ndarray  # int64 atom indices (columns of A)
-    gi: np.ndarray  # node index within the group
-    codes: np.ndarray  # codes, or (a, width) omega rows for continuous bases
-    mag: np.ndarray | None  # positions (columns of M) of these atoms, if the base has magnitudes
+    rows: slice  # this group's atoms (rows of the value arrays)
+    gi: np.ndarray  # int64 (a,): node index within the group of each atom
+    codes: np.ndarray  # int64 (a,) codes, or float64 (a, width) omega rows for continuous bases
 
 
 class Transformer:
     """Evaluates a :class:`FeatureSet` on chunks of rows.
 
     Build once per feature set; :meth:`chunk` maps float ``(m, width)`` rows to
-    a float ``(m, D)`` array of dtype ``dtype``.
+    a C-ordered ``(m, D)`` array of dtype ``dtype``.
     """
 
     def __init__(self, fs: FeatureSet, dtype=np.float32):
@@ -62,96 +63,61 @@ class Transformer:
         for g, (_, ids, _) in enumerate(skel.input_groups):
             group_of[ids] = g
             index_in_group[ids] = np.arange(ids.size)
-        lengths = np.diff(fs.ptr)
-        col = np.repeat(np.arange(fs.columns), lengths)
-        node, code, power = fs.node, fs.code, fs.power
-        is_cont = cont[node] if node.size else np.zeros(0, dtype=bool)
+        node, code = fs.node.astype(np.int64), fs.code.astype(np.int64)
+        n_terms = node.size
+        is_cont = cont[node] if n_terms else np.zeros(0, dtype=bool)
         # Integer terms share atoms (node, code); continuous terms are atoms of their own.
-        ti = np.flatnonzero(~is_cont)
-        span = int(code[ti].max()) + 1 if ti.size else 1
-        uniq, inv = np.unique(node[ti] * span + code[ti], return_inverse=True)
-        a_node = np.concatenate([uniq // span, node[is_cont]])
-        a_code = np.concatenate([uniq % span, code[is_cont]])
-        term_atom = np.empty(node.size, dtype=np.int64)
-        term_atom[ti] = inv.ravel()
-        term_atom[is_cont] = uniq.size + np.arange(int(is_cont.sum()))
-        n_atoms = a_node.size
-        self.P = sp.csr_matrix(
-            (power.astype(np.float64), (term_atom, col)), shape=(n_atoms, fs.columns)
-        )
+        # Sorting by group first makes each group's atoms one block of rows.
+        keys = np.stack([group_of[node], node, np.where(is_cont, 0, code), np.where(is_cont, np.arange(n_terms), -1)])
+        if n_terms:
+            uniq, first, term_atom = np.unique(keys, axis=1, return_index=True, return_inverse=True)
+        else:
+            uniq, first, term_atom = keys, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.atom = term_atom.ravel().astype(np.int64)
+        self.power = fs.power.astype(np.int64)
+        self.ptr = fs.ptr.astype(np.int64)
+        self.n_atoms = uniq.shape[1]
+        a_node, a_code = node[first], code[first]
         self.groups: list[_GroupAtoms] = []
-        mag_atoms = []
         for g, (base, _, _) in enumerate(skel.input_groups):
-            atoms = np.flatnonzero(group_of[a_node] == g)
-            if not atoms.size:
+            sel = np.flatnonzero(uniq[0] == g)
+            if not sel.size:
                 continue
-            gi = index_in_group[a_node[atoms]]
             if base.continuous:
-                w = base.width
-                codes = fs.omega[a_code[atoms][:, None] + np.arange(w)[None, :]]
+                codes = fs.omega[a_code[sel][:, None] + np.arange(base.width)[None, :]]
             else:
-                codes = a_code[atoms]
-            has_mag = base.name == "sphere"
-            mag = None
-            if has_mag:
-                mag = np.arange(len(mag_atoms), len(mag_atoms) + atoms.size)
-                mag_atoms.extend(atoms.tolist())
-            self.groups.append(_GroupAtoms(g, atoms, gi, codes, mag))
-        self.n_atoms = n_atoms
-        mag_atoms = np.array(mag_atoms, dtype=np.int64)
-        self.n_mag = mag_atoms.size
-        # Work in the output precision: powers are small integers, exact in float32.
-        wd = np.float32 if self.dtype == np.float32 else np.float64
-        self.work = wd
-        self.PT = self.P.T.tocsr().astype(wd)
-        # Log-magnitude powers over all D columns (rows of zeros give exp(0) = 1), so the
-        # magnitudes multiply in place.
-        self.PmT = self.P[mag_atoms].T.tocsr().astype(wd) if mag_atoms.size else None
-        self.phase = np.where(fs.kind == 2, math.pi / 2, 0.0).astype(wd)[:, None]
-        self.scale = fs.scale.astype(wd)[:, None]
+                codes = a_code[sel]
+            rows = slice(int(sel[0]), int(sel[-1]) + 1)
+            self.groups.append(_GroupAtoms(g, rows, index_in_group[a_node[sel]], codes))
+        self.take_imag = np.ascontiguousarray(fs.kind == 2)
+        self.scale = np.ascontiguousarray(fs.scale, dtype=np.float64)
 
     @property
     def columns(self) -> int:
         return self.fs.columns
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
-        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``.
+        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``."""
+        from ._compiled import columns
 
-        Computed feature-major (D x m), where the sparse products and the in-place
-        cos/exp are cheapest, then transposed in cache-sized tiles.
-        """
         xp = prepare_inputs(self.skeleton, x, row0, source)
         m = x.shape[0]
-        ang_t = np.zeros((self.n_atoms, m))
-        log_t = np.zeros((self.n_mag, m)) if self.PmT is not None else None
+        parts = []
         for ga in self.groups:
             base = self.skeleton.input_groups[ga.group][0]
-            ang, mag = base.atoms(xp[ga.group], ga.gi, ga.codes)
-            ang_t[ga.atoms] = ang.T
-            if ga.mag is not None:
-                log_t[ga.mag] = mag.T
-        if self.work == np.float32:
-            # Reduce angles to [-pi, pi] in float64 before rounding them to float32.
-            ang_t -= (2 * math.pi) * np.rint(ang_t * (1 / (2 * math.pi)))
-        theta = self.PT @ ang_t.astype(self.work)  # (D, m): one sparse-times-dense product
-        theta += self.phase
-        np.cos(theta, out=theta)
-        if self.PmT is not None:
-            with np.errstate(invalid="ignore"):
-                lm = self.PmT @ log_t.astype(self.work)
-            np.exp(lm, out=lm)
-            theta *= lm
-        theta *= self.scale
-        return _transpose(theta, self.dtype)
-
-
-def _transpose(a: np.ndarray, dtype, block: int = 256) -> np.ndarray:
-    """``a.T`` as a C-contiguous array of ``dtype``, copied in square tiles (cache-friendly)."""
-    out = np.empty((a.shape[1], a.shape[0]), dtype=dtype)
-    for i in range(0, a.shape[0], block):
-        for j in range(0, a.shape[1], block):
-            out[j:j + block, i:i + block] = a[i:i + block, j:j + block].T
-    return out
+            xt = np.ascontiguousarray(xp[ga.group].transpose(1, 2, 0))  # (G, width, m)
+            re, im = base.values(xt, ga.gi, ga.codes)
+            parts.append((re, np.zeros_like(re) if im is None else im))
+        if len(parts) == 1:
+            zr, zi = parts[0]
+        else:
+            zr = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, m))
+            zi = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m))
+        out = np.empty((m, self.columns), dtype=self.dtype)
+        if m and self.columns:
+            columns(np.ascontiguousarray(zr), np.ascontiguousarray(zi), self.ptr, self.atom, self.power,
+                    self.take_imag, self.scale, out)
+        return out
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
