@@ -120,7 +120,7 @@ def _put(f, name, data, compress=True):
         return
     chunk = (int(min(data.size, 1 << 18)),)
     if compress:
-        kw.update(compression="gzip", compression_opts=4, shuffle=True)
+        kw.update(compression="gzip", compression_opts=9, shuffle=True)
     f.create_dataset(name, data=data, chunks=chunk, **kw)
 
 
@@ -157,10 +157,28 @@ def _write(f, fs: FeatureSet):
     _put(f, "column_count", _narrow(fs.count))
     _put(f, "column_kind", fs.kind.astype(np.uint8))
     _put(f, "column_terms", _narrow(np.diff(fs.ptr)))
-    _put(f, "term_node", _narrow(fs.node))
+    # Terms are sorted within a column, so node ids are stored as differences from the
+    # previous term of the same column: small numbers that compress ~10% better.
+    _put(f, "term_node", _narrow(_node_deltas(fs.node, fs.ptr)))
+    f["term_node"].attrs["encoding"] = "delta-within-column"
     _put(f, "term_code", _narrow(fs.code))
     _put(f, "term_power", _narrow(fs.power))
     _put(f, "omega", fs.omega.astype(np.float64), compress=False)
+
+
+def _node_deltas(node: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    d = np.diff(np.asarray(node, dtype=np.int64), prepend=0)
+    lengths = np.diff(ptr)
+    starts = ptr[:-1][lengths > 0]
+    d[starts] = node[starts]
+    return d
+
+
+def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    lengths = np.diff(ptr)
+    cs = np.cumsum(d)
+    starts = ptr[:-1][lengths > 0]
+    return cs - np.repeat(cs[starts] - d[starts], lengths[lengths > 0])
 
 
 # ----------------------------------------------------------------------------- reading
@@ -199,6 +217,8 @@ def load(path) -> FeatureSet:
             raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{missing[0]}'); re-create it")
         try:
             data = {k: f[k][()] for k in REQUIRED}
+            enc = f["term_node"].attrs.get("encoding", "plain")
+            data["term_node_encoding"] = enc.decode() if isinstance(enc, bytes) else str(enc)
         except OSError:
             raise FeatureFileError(f"{p}: checksum mismatch while reading: the file is corrupted; re-create it") from None
         attrs = {k: f.attrs[k] for k in f.attrs}
@@ -227,6 +247,15 @@ def _from_arrays(p, attrs, data) -> FeatureSet:
         kind = data["column_kind"].astype(np.uint8)
         lengths = data["column_terms"].astype(np.int64)
         node = data["term_node"].astype(np.int64)
+        if data["term_node_encoding"] not in ("plain", "delta-within-column"):
+            raise FeatureFileError(f"{p}: unknown term_node encoding {data['term_node_encoding']!r}; "
+                                   "re-create the file with this rfsgen")
+        if data["term_node_encoding"] == "delta-within-column":
+            ptr = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=ptr[1:])
+            if ptr[-1] != node.size:
+                raise FeatureFileError(f"{p}: column_terms and term_node disagree (file is inconsistent); re-create it")
+            node = _node_from_deltas(node, ptr)
         code = data["term_code"].astype(np.int64)
         power = data["term_power"].astype(np.int64)
         omega = data["omega"].astype(np.float64)
