@@ -176,8 +176,18 @@ def _prepare_vector(base, x, nodes, row0, source):
     return (xb / norms[..., None]).reshape(m, g, w)
 
 
+def _sum_squares(x):
+    """Sum of squares over the last axis; the same rounding for a row alone or in a chunk."""
+    if x.shape[-1] > 16:
+        return (x * x).sum(axis=-1)
+    acc = x[..., 0] * x[..., 0]  # a few columns: numpy's reduction over a short axis is slow
+    for k in range(1, x.shape[-1]):
+        acc += x[..., k] * x[..., k]
+    return acc
+
+
 def _prepare_sphere(base, x, nodes, row0, source):
-    norms = np.sqrt((x * x).sum(axis=-1))  # same rounding for a row alone or in a chunk
+    norms = np.sqrt(_sum_squares(x))
     zero = norms == 0
     if zero.any():
         if base.param("zero") == "error":
@@ -374,8 +384,9 @@ def _values_sphere(base, xt, gi, codes):
         j = codes // 2
         c = math.sqrt(d / 2)
         sign = np.where(codes % 2 == 1, -c, c)[:, None]
-        return xt[gi, j] * c, xt[gi, (j + 1) % d] * sign
-    return xt[gi, codes] * math.sqrt(d), None
+        flat = xt.reshape(-1, xt.shape[2])  # (G * d, m): whole-row gathers are fast
+        return flat[gi * d + j] * c, flat[gi * d + (j + 1) % d] * sign
+    return xt.reshape(-1, xt.shape[2])[gi * d + codes] * math.sqrt(d), None
 
 
 def _values_continuous(base, xt, gi, omega):

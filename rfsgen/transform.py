@@ -96,8 +96,12 @@ class Transformer:
     def columns(self) -> int:
         return self.fs.columns
 
-    def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
-        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``."""
+    def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:
+        """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``.
+
+        ``out``, if given, is a C-contiguous ``(m, D)`` array of ``self.dtype`` to fill
+        (reusing one buffer saves the page faults of a fresh 10-100 MB array per chunk).
+        """
         from ._compiled import columns
 
         xp = prepare_inputs(self.skeleton, x, row0, source)
@@ -113,11 +117,41 @@ class Transformer:
         else:
             zr = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, m))
             zi = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m))
-        out = np.empty((m, self.columns), dtype=self.dtype)
+        if out is None:
+            out = np.empty((m, self.columns), dtype=self.dtype)
+        elif out.shape != (m, self.columns) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if m and self.columns:
             columns(np.ascontiguousarray(zr), np.ascontiguousarray(zi), self.ptr, self.atom, self.power,
                     self.take_imag, self.scale, out)
         return out
+
+    def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None):
+        """Yield ``(row0, values)`` over an input source; ``values`` is a reused buffer,
+        valid until the next step."""
+        buf = None
+        for row0, block in src.chunks(chunk_rows, start, stop):
+            m = block.shape[0]
+            if buf is None or buf.shape[0] < m:
+                buf = np.empty((m, self.columns), dtype=self.dtype)
+            yield row0, self.chunk(block, row0, src.name, out=buf[:m])
+
+
+def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
+    """CSR pieces of a dense chunk: ``(data, indices, counts per row)`` without exact zeros.
+
+    Compositional features are almost never exactly zero, so the common case is
+    one check and views, not a gather.  ``full_indices`` may hold a cached
+    ``tile(arange(D), m)`` of sufficient length.
+    """
+    m, d = vals.shape
+    nz = vals != 0
+    if nz.all():
+        if full_indices is None or full_indices.size < m * d:
+            full_indices = np.tile(np.arange(d, dtype=np.int32 if d < 2**31 else np.int64), m)
+        return vals.reshape(-1), full_indices[:m * d], np.full(m, d, dtype=np.int64)
+    r, c = np.nonzero(nz)
+    return vals[r, c], c.astype(np.int32 if d < 2**31 else np.int64), np.bincount(r, minlength=m)
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
@@ -133,17 +167,28 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
     chunk_rows = chunk_rows or default_chunk_rows(fs.columns)
     with open_input(x) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
+        D = fs.columns
+        if layout == "dense" and src.n_rows is not None:
+            out = np.empty((src.n_rows, D), dtype=DTYPES[dtype])
+            for row0, block in src.chunks(chunk_rows):
+                tr.chunk(block, row0, src.name, out=out[row0:row0 + block.shape[0]])
+                if progress:
+                    progress(block.shape[0])
+            return out
         parts = []
-        for row0, block in src.chunks(chunk_rows):
-            vals = tr.chunk(block, row0, src.name)
-            parts.append(sp.csr_matrix(vals) if layout == "csr" else vals)
+        for _, vals in tr.chunks(src, chunk_rows):
+            parts.append(vals.copy() if layout == "dense" else tuple(a.copy() for a in _sparse_parts(vals)))
             if progress:
-                progress(block.shape[0])
-    if layout == "csr":
-        if not parts:
-            return sp.csr_matrix((0, fs.columns), dtype=DTYPES[dtype])
-        return sp.vstack(parts, format="csr")
-    return np.concatenate(parts) if parts else np.zeros((0, fs.columns), DTYPES[dtype])
+                progress(vals.shape[0])
+    if layout == "dense":
+        return np.concatenate(parts) if parts else np.zeros((0, D), DTYPES[dtype])
+    if not parts:
+        return sp.csr_matrix((0, D), dtype=DTYPES[dtype])
+    indptr = np.zeros(sum(p[2].size for p in parts) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate([p[2] for p in parts]), out=indptr[1:])
+    data = np.concatenate([p[0] for p in parts])
+    indices = np.concatenate([p[1] for p in parts])
+    return sp.csr_matrix((data, indices, indptr), shape=(indptr.size - 1, D))
 
 
 def default_chunk_rows(columns: int) -> int:
@@ -170,21 +215,27 @@ class _Appender:
         kw = {} if compression == "none" else {"compression": compression}
         self.ds = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(block,),
                                        track_times=False, **kw)
-        self.buf = []
-        self.buffered = 0
+        self.pending = np.empty(block, dtype=dtype)
+        self.n_pending = 0
         self.size = 0
 
     def add(self, a):
-        if a.size:
-            self.buf.append(a)
-            self.buffered += a.size
-        if self.buffered >= self.block:
-            data = np.concatenate(self.buf)
-            full = (data.size // self.block) * self.block
-            self._write(data[:full])
-            rest = data[full:]
-            self.buf = [rest] if rest.size else []
-            self.buffered = rest.size
+        """Append ``a`` (copied: the caller may reuse its buffer)."""
+        a = a.reshape(-1)
+        i = 0
+        if self.n_pending:
+            i = min(self.block - self.n_pending, a.size)
+            self.pending[self.n_pending:self.n_pending + i] = a[:i]
+            self.n_pending += i
+            if self.n_pending < self.block:
+                return
+            self._write(self.pending)
+            self.n_pending = 0
+        full = ((a.size - i) // self.block) * self.block
+        self._write(a[i:i + full])
+        rest = a[i + full:]
+        self.pending[:rest.size] = rest
+        self.n_pending = rest.size
 
     def _write(self, data):
         if not data.size:
@@ -194,9 +245,8 @@ class _Appender:
         self.size += data.size
 
     def close(self):
-        if self.buf:
-            self._write(np.concatenate(self.buf))
-        self.buf = []
+        self._write(self.pending[:self.n_pending])
+        self.n_pending = 0
 
 
 def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
@@ -253,27 +303,27 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     if layout == "dense":
         if known and compression == "none":
             ds = f.create_dataset("X", shape=(stop - start, D), dtype=dtype, track_times=False)
-            for row0, block in src.chunks(chunk_rows, start, stop):
-                ds[row0 - start:row0 - start + block.shape[0]] = tr.chunk(block, row0, src.name)
-                n_rows += block.shape[0]
+            for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+                ds[row0 - start:row0 - start + vals.shape[0]] = vals
+                n_rows += vals.shape[0]
                 if progress:
-                    progress(block.shape[0])
+                    progress(vals.shape[0])
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
             ds = f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
                                   chunks=(rows_per_block, D), track_times=False, **kw)
             pending = np.zeros((0, D), dtype=dtype)
-            for row0, block in src.chunks(chunk_rows, start, stop):
-                pending = np.concatenate([pending, tr.chunk(block, row0, src.name)])
-                n_rows += block.shape[0]
+            for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+                pending = np.concatenate([pending, vals])
+                n_rows += vals.shape[0]
                 full = (pending.shape[0] // rows_per_block) * rows_per_block
                 if full:  # whole HDF5 chunks only, so bytes do not depend on chunk_rows
                     ds.resize((ds.shape[0] + full, D))
                     ds[-full:] = pending[:full]
                     pending = pending[full:]
                 if progress:
-                    progress(block.shape[0])
+                    progress(vals.shape[0])
             if pending.shape[0]:
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
@@ -284,17 +334,16 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     data = _Appender(g, "data", dtype, block, compression)
     indices = _Appender(g, "indices", index_dtype, block, compression)
     indptr_parts = [np.zeros(1, dtype=np.int64)]
-    for row0, blk in src.chunks(chunk_rows, start, stop):
-        vals = tr.chunk(blk, row0, src.name)
-        r, c = np.nonzero(vals)
-        data.add(vals[r, c])
-        indices.add(c.astype(index_dtype))
-        counts = np.bincount(r, minlength=vals.shape[0])
+    full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
+    for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+        d, i, counts = _sparse_parts(vals, full_indices)
+        data.add(d)
+        indices.add(i)
         indptr_parts.append(nnz + np.cumsum(counts))
-        nnz += int(r.size)
-        n_rows += blk.shape[0]
+        nnz += int(d.size)
+        n_rows += vals.shape[0]
         if progress:
-            progress(blk.shape[0])
+            progress(vals.shape[0])
     data.close()
     indices.close()
     indptr = np.concatenate(indptr_parts)
