@@ -126,15 +126,16 @@ class Transformer:
                     self.take_imag, self.scale, out)
         return out
 
-    def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None):
-        """Yield ``(row0, values)`` over an input source; ``values`` is a reused buffer,
-        valid until the next step."""
-        buf = None
-        for row0, block in src.chunks(chunk_rows, start, stop):
+    def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
+        """Yield ``(row0, values)`` over an input source.  ``values`` cycles through
+        ``buffers`` reused arrays: it stays valid for ``buffers - 1`` further steps."""
+        bufs = [None] * buffers
+        for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
             m = block.shape[0]
-            if buf is None or buf.shape[0] < m:
-                buf = np.empty((m, self.columns), dtype=self.dtype)
-            yield row0, self.chunk(block, row0, src.name, out=buf[:m])
+            k = i % buffers
+            if bufs[k] is None or bufs[k].shape[0] < m:
+                bufs[k] = np.empty((m, self.columns), dtype=self.dtype)
+            yield row0, self.chunk(block, row0, src.name, out=bufs[k][:m])
 
 
 def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
@@ -295,6 +296,85 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
 
 
+def _overlapped(chunks, put, progress) -> int:
+    """Run ``put(row0, values)`` for every chunk in one writer thread, so that writing
+    chunk k overlaps computing chunk k + 1 (the compiled loop and numpy release the
+    GIL).  Writes stay in order; ``chunks`` must keep each buffer valid for one more
+    step (``buffers=2``).  Returns the number of rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n_rows = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-write") as ex:
+        pending = None
+        try:
+            for row0, vals in chunks:
+                if pending is not None:
+                    pending.result()  # the buffer of the next chunk is free once this is done
+                pending = ex.submit(put, row0, vals)
+                n_rows += vals.shape[0]
+                if progress:
+                    progress(vals.shape[0])
+            if pending is not None:
+                pending.result()
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+                try:
+                    pending.result()
+                except BaseException:
+                    pass
+            raise
+    return n_rows
+
+
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) -> int:
+    """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
+    a writer thread fills with ``os.pwrite`` while the next chunk is computed.
+
+    HDF5 only places the dataset; its bytes are the same as writing through h5py,
+    but ``pwrite`` releases the GIL (h5py holds it for the whole write), so
+    writing overlaps the computation.
+    """
+    import os
+
+    import h5py
+
+    n = stop - start
+    D = tr.columns
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # place the data area now...
+    ds = f.create_dataset("X", shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
+                          fill_time="never")  # ...without writing zeros into it first
+    offset = ds.id.get_offset()
+    if not n or not D or offset is None:
+        return _fill(ds, tr, src, start, stop, chunk_rows, progress)
+    f.flush()
+    row_bytes = D * np.dtype(dtype).itemsize
+    fd = os.open(f.filename, os.O_WRONLY)
+    try:
+        def put(row0, vals):
+            data = memoryview(vals).cast("B")
+            pos = offset + (row0 - start) * row_bytes
+            while data:  # pwrite may write less than asked
+                k = os.pwrite(fd, data, pos)
+                data, pos = data[k:], pos + k
+
+        return _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    finally:
+        os.close(fd)
+
+
+def _fill(ds, tr, src, start, stop, chunk_rows, progress) -> int:
+    """Write chunks through h5py (empty or unplaced datasets)."""
+    n_rows = 0
+    for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+        ds[row0 - start:row0 - start + vals.shape[0]] = vals
+        n_rows += vals.shape[0]
+        if progress:
+            progress(vals.shape[0])
+    return n_rows
+
+
 def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress):
     D = tr.columns
     known = stop is not None
@@ -302,12 +382,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            ds = f.create_dataset("X", shape=(stop - start, D), dtype=dtype, track_times=False)
-            for row0, vals in tr.chunks(src, chunk_rows, start, stop):
-                ds[row0 - start:row0 - start + vals.shape[0]] = vals
-                n_rows += vals.shape[0]
-                if progress:
-                    progress(vals.shape[0])
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress)
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
@@ -333,17 +408,17 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     index_dtype = np.int32 if D < 2**31 else np.int64
     data = _Appender(g, "data", dtype, block, compression)
     indices = _Appender(g, "indices", index_dtype, block, compression)
-    indptr_parts = [np.zeros(1, dtype=np.int64)]
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
-    for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+    indptr_parts = [np.zeros(1, dtype=np.int64)]
+
+    def put(row0, vals):
         d, i, counts = _sparse_parts(vals, full_indices)
         data.add(d)
         indices.add(i)
-        indptr_parts.append(nnz + np.cumsum(counts))
-        nnz += int(d.size)
-        n_rows += vals.shape[0]
-        if progress:
-            progress(vals.shape[0])
+        indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
+
+    n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    nnz = int(indptr_parts[-1][-1])
     data.close()
     indices.close()
     indptr = np.concatenate(indptr_parts)

@@ -151,6 +151,19 @@ def test_cli_csr_matches_memory_and_is_chunk_invariant(files):
         assert (read_elem(f["X"]) != mem).nnz == 0
 
 
+def test_cli_dense_is_chunk_invariant_and_matches_memory(files):
+    outs = []
+    for i, chunk in enumerate((40, 7, 1)):
+        out = files / f"d{i}.h5"
+        res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--chunk-rows", chunk, "--layout", "dense"])
+        assert res.exit_code == 0, res.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    with h5py.File(files / "d0.h5", "r") as f:
+        X = f["X"][()]
+    np.testing.assert_array_equal(X, transform(load(files / "f.h5"), np.load(files / "rows.npy"), layout="dense"))
+
+
 def test_dense_layout_rows_slice_and_stdin(files):
     res = run(["transform", files / "f.h5", files / "rows.npy", "-o", files / "d.h5", "--layout", "dense",
                "--rows", "5:12", "--dtype", "float64"])
