@@ -75,10 +75,38 @@ class ArraySource(InputSource):
 
     def chunks(self, chunk_rows, start=0, stop=None):
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        read = self._file_reader()
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
-            block = np.asarray(self.array[a:b], dtype=np.float64)
+            block = read(a, b) if read else np.asarray(self.array[a:b], dtype=np.float64)
             yield a, block.reshape(b - a, self.width)
+
+    def _file_reader(self):
+        """For a C-ordered memory-mapped ``.npy``: read rows with ``pread`` instead of
+        touching the map, whose pages would count towards resident memory and grow
+        with the number of rows read."""
+        arr = self.array
+        if not isinstance(arr, np.memmap) or not arr.flags.c_contiguous or arr.filename is None:
+            return None
+        import os
+
+        fd = os.open(arr.filename, os.O_RDONLY)
+        prev = self._closer
+        self._closer = lambda: (os.close(fd), prev and prev())
+        row_bytes = self.width * arr.dtype.itemsize
+
+        def read(a, b):
+            buf = np.empty((b - a) * self.width, dtype=arr.dtype)
+            view = memoryview(buf).cast("B")
+            pos, got = arr.offset + a * row_bytes, 0
+            while got < view.nbytes:
+                k = os.preadv(fd, [view[got:]], pos + got)
+                if k == 0:
+                    raise InputError(f"{self.name}: file ended early (truncated?); re-create it")
+                got += k
+            return buf.astype(np.float64)
+
+        return read
 
     def close(self):
         if self._closer:
