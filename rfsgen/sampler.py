@@ -35,7 +35,7 @@ from .features import FeatureSet
 from .skeleton import InputNode, Skeleton
 
 KIND_REAL, KIND_COS, KIND_SIN = 0, 1, 2
-MAX_BATCH = 1 << 21
+MAX_BATCH = 1 << 18  # measured: 1.2x faster than 2^21 (cache), 2^16 no better
 
 
 @dataclass
@@ -84,10 +84,45 @@ def _tables(skel: Skeleton) -> _Tables:
     return _Tables(is_input, act_index, acts, fanin, ptr, children, group_of, skel.input_groups, continuous, width)
 
 
+def _sort_order(key: np.ndarray) -> np.ndarray:
+    """A stable sorting permutation of non-negative int64 ``key``.
+
+    Keys below 2^32 (every batch's (draw, node) keys) go through two 16-bit radix
+    passes, several times faster than a comparison sort of int64.
+    """
+    if key.size and int(key.max()) < 2**32:
+        k = key.astype(np.uint32)
+        order = np.argsort((k & 0xFFFF).astype(np.uint16), kind="stable")
+        return order[np.argsort((k[order] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(key, kind="stable")
+
+
+def _term_order(code, node, draw, n_nodes) -> np.ndarray:
+    """``np.lexsort((code, node, draw))`` for non-negative keys, by two :func:`_sort_order` passes."""
+    if code.size and int(code.min()) < 0:
+        return np.lexsort((code, node, draw))
+    by_code = _sort_order(code)
+    return by_code[_sort_order((draw * n_nodes + node)[by_code])]
+
+
+def _unique_inverse(key: np.ndarray):
+    """``np.unique(key, return_inverse=True)`` for non-negative int64 keys, via :func:`_sort_order`."""
+    if not key.size:
+        return key, np.zeros(0, dtype=np.int64)
+    order = _sort_order(key)
+    sk = key[order]
+    new = np.empty(sk.size, dtype=bool)
+    new[0] = True
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
+    inv = np.empty(key.size, dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return sk[new], inv
+
+
 def _aggregate(draw, node, mult, n_nodes):
     """Merge items with equal (draw, node), summing multiplicities; sorted by (draw, node)."""
     key = draw * n_nodes + node
-    uniq, inv = np.unique(key, return_inverse=True)
+    uniq, inv = _unique_inverse(key)
     total = np.bincount(inv, weights=mult, minlength=uniq.size)
     # Multiplicities can exceed 2**53 only with absurd degrees; keep int64 exact when small.
     if total.size and total.max() < 2**53:
@@ -129,7 +164,7 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) ->
             break
         degree = np.empty(draw.size, dtype=np.int64)
         acts = t.act_index[node]
-        for a in np.unique(acts):
+        for a in np.flatnonzero(np.bincount(acts)):  # a few activations: no sort needed
             sel = np.flatnonzero(acts == a)
             act = t.activations[a]
             m = mult[sel]
@@ -173,7 +208,10 @@ def _choose_children(t, rng, draw, node, degree):
     parts = []
     if small.size:
         rep = np.repeat(small, degree[small])
-        pick = rng.integers(0, fan[rep])
+        fans = fan[rep]
+        f0 = int(fans[0]) if fans.size else 1
+        # Items of one layer share a fan-in; a scalar bound is much faster to draw.
+        pick = rng.integers(0, f0, fans.size) if not np.any(fans != f0) else rng.integers(0, fans)
         child = t.children[t.child_ptr[node[rep]] + pick]
         parts.append((draw[rep], child, np.ones(rep.size, dtype=np.int64)))
     if big.any():
@@ -218,7 +256,7 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree) -> _Batch
         d, v, c, p = (np.concatenate(x) for x in zip(*parts))
     else:
         d = v = c = p = np.zeros(0, dtype=np.int64)
-    order = np.lexsort((c, v, d))
+    order = _term_order(c, v, d, n_nodes)
     d, v, c, p = d[order], v[order], c[order], p[order]
     ptr = np.zeros(n_draws + 1, dtype=np.int64)
     ptr[1:] = np.cumsum(np.bincount(d, minlength=n_draws))
@@ -246,23 +284,21 @@ def _canonicalise(skel, t, b: _Batch, phase):
         if sel.size:
             cc[sel], cp[sel] = base.conjugate(b.code[sel], b.power[sel])
     term_draw = np.repeat(np.arange(n), lengths)
-    order = np.lexsort((cc, b.node, term_draw))
+    order = _term_order(cc, b.node, term_draw, len(skel.nodes))
     cc, cp = cc[order], cp[order]  # b.node is unchanged by the sort within a draw
-    real = ~cont.copy()
+    # A feature is real when it equals its conjugate; otherwise keep the smaller form,
+    # comparing (code, power) at the first term where the two differ (nodes agree).
+    diff = np.flatnonzero((cc != b.code) | (cp != b.power))
+    d_of = term_draw[diff]
+    head = np.ones(diff.size, dtype=bool)
+    head[1:] = d_of[1:] != d_of[:-1]
+    at, draws = diff[head], d_of[head]
+    smaller = (cc[at] < b.code[at]) | ((cc[at] == b.code[at]) & (cp[at] < b.power[at]))
+    real = ~cont
+    real[draws] = False
     use_conj = np.zeros(n, dtype=bool)
-    for length in np.unique(lengths[~cont]):
-        if length == 0:
-            continue
-        rows = np.flatnonzero((lengths == length) & ~cont)
-        idx = b.ptr[rows][:, None] + np.arange(length)[None, :]
-        a = np.stack([b.node[idx], b.code[idx], b.power[idx]], axis=2).reshape(rows.size, -1)
-        c = np.stack([b.node[idx], cc[idx], cp[idx]], axis=2).reshape(rows.size, -1)
-        diff = a != c
-        has = diff.any(axis=1)
-        first = diff.argmax(axis=1)
-        r = np.arange(rows.size)
-        real[rows] = ~has
-        use_conj[rows] = has & (c[r, first] < a[r, first])
+    use_conj[draws] = smaller
+    use_conj &= ~cont
     sel = np.repeat(use_conj, lengths)
     b.code = np.where(sel, cc, b.code)
     b.power = np.where(sel, cp, b.power)
