@@ -301,21 +301,21 @@ def bench_rss(args, tmp, res):
 
 # ----------------------------------------------------------------------------- main
 def table(res) -> str:
-    lines = ["| measure | rfsgen | peer / floor | ratio |", "|---|---|---|---|"]
+    lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
     for r in res.get("sample", []):
         lines.append(f"| sample cifar-deep, D = {r['columns']:.0e} | {r['seconds']:.2f} s, "
                      f"{r['columns_per_s']:,.0f} col/s, {r['rss_mib']:.0f} MiB | | |")
     for r in res.get("memory", []):
         lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
                      f"{r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
-                     f"{r['speedup']:.2f}x faster |")
+                     f"{r['speedup']:.2f} |")
     if "e2e" in res:
         e = res["e2e"]
         for lay in ("dense", "csr"):
             lines.append(f"| CLI sample + transform {lay}, {e['rows']} rows, D = {e['columns']} | "
                          f"{e[f'rfsgen_{lay}_s']:.2f} s, {e[f'rfsgen_{lay}_rss_mib']:.0f} MiB | RBFSampler + h5py "
                          f"{e['rbfsampler_h5py_s']:.2f} s, {e['rbfsampler_h5py_rss_mib']:.0f} MiB | "
-                         f"{e[f'speedup_{lay}']:.2f}x faster |")
+                         f"{e[f'speedup_{lay}']:.2f} |")
     for r in res.get("storage", []):
         lines.append(f"| feature file {r['skeleton']}, D = {r['columns']} | {r['feature_file_bytes']:,} B | "
                      f"RBFSampler weights {r['rbfsampler_weight_bytes']:,} B | {r['ratio']:,.0f}x smaller |")
