@@ -164,6 +164,41 @@ def test_cli_dense_is_chunk_invariant_and_matches_memory(files):
     np.testing.assert_array_equal(X, transform(load(files / "f.h5"), np.load(files / "rows.npy"), layout="dense"))
 
 
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_full_disk_in_the_writer_thread_fails_cleanly(files, tmp_path, monkeypatch, layout):
+    import errno
+    import os
+
+    import h5py._hl.dataset as h5ds
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # dense writes its data area with os.pwrite, csr appends through h5py
+    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(h5ds.Dataset, "__setitem__", full)
+    out = tmp_path / "o.h5"
+    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--layout", layout, "--chunk-rows", 8])
+    assert res.exit_code == 1
+    assert "no space left on device" in res.stderr and str(out) in res.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_npy_rows_are_read_without_the_memory_map(files, tmp_path):
+    from rfsgen.io import open_input
+
+    x = np.load(files / "rows.npy")
+    with open_input(str(files / "rows.npy")) as src:
+        got = np.concatenate([b for _, b in src.chunks(7, 3, 31)])
+    np.testing.assert_array_equal(got, x[3:31].astype(np.float64))
+    # a truncated file is reported, not read as garbage
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes((files / "rows.npy").read_bytes()[:-5000])
+    res = run(["transform", files / "f.h5", cut, "-o", tmp_path / "o.h5"])
+    assert res.exit_code != 0 and "cut.npy" in res.stderr
+    assert not (tmp_path / "o.h5").exists()
+
+
 def test_dense_layout_rows_slice_and_stdin(files):
     res = run(["transform", files / "f.h5", files / "rows.npy", "-o", files / "d.h5", "--layout", "dense",
                "--rows", "5:12", "--dtype", "float64"])
