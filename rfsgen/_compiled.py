@@ -1,6 +1,7 @@
-"""The transform's one compiled loop (numba): products of factor values into columns.
+"""rfsgen's compiled loops (numba): the transform's products of factor values into
+columns, and the sampler's per-draw hashing.
 
-Kept apart so that everything else imports without a compiler.  numba is a required
+Kept apart so that the rest imports without compiling anything.  numba is a required
 dependency (not optional) so that the output never depends on whether it is
 installed; see the README's Performance section for the measurements behind it.
 """
@@ -103,3 +104,41 @@ def _power(zr, zi, p, fr, fi):  # pragma: no cover - compiled
                 ar = x
         fr[t] = rr
         fi[t] = ri
+
+
+# ----------------------------------------------------------------------------- sampler keys
+_SALTS = (np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344))
+_C0 = np.uint64(0x100000001B3)
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix(x):  # pragma: no cover - compiled
+    """splitmix64 finaliser (wrapping uint64 arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M2
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M3
+    return x ^ (x >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def draw_keys(kind, ptr, node, code, power, out):  # pragma: no cover - compiled
+    """Two 64-bit hashes per draw of (kind, its sorted terms) into ``out`` (n, 2) uint64.
+
+    The same arithmetic as the numpy formulation it replaced (``rfsgen.sampler.term_keys``),
+    bit for bit: term t of a draw contributes mix(base_t ^ mix(t + salt)) to a wrapping sum.
+    """
+    for i in range(kind.size):
+        a = ptr[i]
+        z = ptr[i + 1]
+        for half in range(2):
+            salt = _SALTS[half]
+            acc = np.uint64(0)
+            for q in range(a, z):
+                base = (np.uint64(node[q]) * _C0) ^ (np.uint64(code[q]) * _M1) ^ (np.uint64(power[q]) * _M3)
+                acc += _mix(base ^ _mix(np.uint64(q - a) + salt))
+            head = _mix(np.uint64(kind[i]) + np.uint64(z - a) * _M1 + salt)
+            out[i, half] = _mix(acc ^ head)

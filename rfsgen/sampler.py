@@ -305,20 +305,6 @@ def _canonicalise(skel, t, b: _Batch, phase):
     b.kind = np.where(real, KIND_REAL, np.where(phase == 1, KIND_SIN, KIND_COS)).astype(np.uint8)
 
 
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xBF58476D1CE4E5B9)
-_M3 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, vectorised on uint64 (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M2
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M3
-    return x ^ (x >> np.uint64(31))
-
-
 def _keys(b: _Batch, first_draw: int) -> np.ndarray:
     return term_keys(b.kind, b.ptr, b.node, b.code, b.power, b.continuous, first_draw)
 
@@ -330,24 +316,13 @@ def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> 
     two different features share both 64-bit halves is about n^2 / 2^129.  Draws with
     a continuous term are unique by construction and get a key made from their index.
     """
+    from ._compiled import draw_keys
+
     n = kind.size
-    lengths = np.diff(ptr)
+    out = np.empty((n, 2), dtype=np.uint64)
+    draw_keys(np.ascontiguousarray(kind), np.ascontiguousarray(ptr, dtype=np.int64), np.ascontiguousarray(node, dtype=np.int64),
+              np.ascontiguousarray(code, dtype=np.int64), np.ascontiguousarray(power, dtype=np.int64), out)
     with np.errstate(over="ignore"):
-        pos = (np.arange(node.size) - np.repeat(ptr[:-1], lengths)).astype(np.uint64)
-        base = (
-            node.astype(np.uint64) * np.uint64(0x100000001B3)
-            ^ code.astype(np.uint64) * _M1
-            ^ power.astype(np.uint64) * _M3
-        )
-        out = np.empty((n, 2), dtype=np.uint64)
-        for half, salt in enumerate((np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344))):
-            t = _mix(base ^ _mix(pos + salt))
-            acc = np.zeros(n, dtype=np.uint64)
-            nz = lengths > 0
-            if t.size:
-                acc[nz] = np.add.reduceat(t, ptr[:-1][nz])
-            head = _mix(kind.astype(np.uint64) + lengths.astype(np.uint64) * _M1 + salt)
-            out[:, half] = _mix(acc ^ head)
         cont = np.flatnonzero(continuous)
         out[cont, 0] = np.arange(first_draw, first_draw + n, dtype=np.uint64)[cont]
         out[cont, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no hashed key is forced to this value...
