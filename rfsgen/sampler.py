@@ -159,22 +159,27 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) ->
         leaf = t.is_input[node]
         if leaf.any():
             leaves.append((draw[leaf], node[leaf], mult[leaf]))
-        draw, node, mult = draw[~leaf], node[~leaf], mult[~leaf]
-        if not draw.size:
-            break
+            draw, node, mult = draw[~leaf], node[~leaf], mult[~leaf]
+            if not draw.size:
+                break
         degree = np.empty(draw.size, dtype=np.int64)
         acts = t.act_index[node]
-        for a in np.flatnonzero(np.bincount(acts)):  # a few activations: no sort needed
-            sel = np.flatnonzero(acts == a)
+        present = np.flatnonzero(np.bincount(acts))  # a few activations: no sort needed
+        for a in present:
+            # Usually a whole level shares one activation: skip the selection then.
+            sel = np.flatnonzero(acts == a) if present.size > 1 else np.arange(draw.size)
             act = t.activations[a]
             m = mult[sel]
-            degree[sel] = act.sample_degrees(rng, sel.size) if np.all(m == 1) else act.sum_degrees(rng, m)
+            one = m == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
+            if one.all():
+                degree[sel] = act.sample_degrees(rng, sel.size)
+                continue
+            degree[sel[one]] = act.sample_degrees(rng, int(one.sum()))
+            degree[sel[~one]] = act.sum_degrees(rng, m[~one])
         if first:
             out_degree[draw] = degree
             first = False
         draw, node, mult = _choose_children(t, rng, draw, node, degree)
-        if draw.size:
-            draw, node, mult = _aggregate(draw, node, mult, n_nodes)
     return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree)
 
 
@@ -202,20 +207,22 @@ def _pair(b: _Batch) -> _Batch:
 def _choose_children(t, rng, draw, node, degree):
     """Pick ``degree`` children uniformly with replacement for every item."""
     fan = t.fanin[node]
-    active = degree > 0
-    big = active & (degree > 8 * fan)
-    small = np.flatnonzero(active & ~big)
+    big = degree > 8 * fan
     parts = []
-    if small.size:
-        rep = np.repeat(small, degree[small])
-        fans = fan[rep]
-        f0 = int(fans[0]) if fans.size else 1
-        # Items of one layer share a fan-in; a scalar bound is much faster to draw.
-        pick = rng.integers(0, f0, fans.size) if not np.any(fans != f0) else rng.integers(0, fans)
-        child = t.children[t.child_ptr[node[rep]] + pick]
-        parts.append((draw[rep], child, np.ones(rep.size, dtype=np.int64)))
+    # Items with huge degrees draw multinomial counts below; the rest pick one child per unit.
+    small_deg = np.where(big, 0, degree) if big.any() else degree
+    total = int(small_deg.sum())
+    if total:
+        active = fan[small_deg > 0]
+        f0 = int(active[0])
+        if np.any(active != f0):
+            pick = rng.integers(0, np.repeat(fan, small_deg))
+        else:
+            pick = rng.integers(0, f0, total)  # one layer shares a fan-in: a scalar bound is much faster
+        child = t.children[np.repeat(t.child_ptr[node], small_deg) + pick]
+        parts.append((np.repeat(draw, small_deg), child, np.ones(total, dtype=np.int64)))
     if big.any():
-        bi = np.flatnonzero(big)
+        bi = np.flatnonzero(big & (degree > 0))
         for v in np.unique(node[bi]):  # one multinomial call per node with huge degrees (rare)
             sel = bi[node[bi] == v]
             k = int(t.fanin[v])
@@ -225,6 +232,8 @@ def _choose_children(t, rng, draw, node, degree):
     if not parts:
         e = np.zeros(0, dtype=np.int64)
         return e, e, e
+    if len(parts) == 1:
+        return parts[0]
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
