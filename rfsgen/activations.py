@@ -124,6 +124,9 @@ def _arcsin_c(kmax: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- activation
+GUIDE = 1 << 12  # buckets of the degree samplers' guide tables
+
+
 @dataclass(frozen=True, eq=False)
 class Activation:
     """An immutable conjugate activation (see module docstring)."""
@@ -147,6 +150,9 @@ class Activation:
         cdf = np.cumsum(self.coefficients)
         cdf.setflags(write=False)
         object.__setattr__(self, "_cdf", cdf)
+        # Guide table for inverse-CDF lookups: values in [g/G, (g+1)/G) have their answer
+        # in guide[g]..guide[g+1], usually one or two steps instead of a 15-step search.
+        object.__setattr__(self, "_guide", np.searchsorted(cdf, np.arange(GUIDE + 1) / GUIDE, side="right"))
 
     @property
     def tail_mass(self) -> float:
@@ -172,12 +178,29 @@ class Activation:
         total = self._cdf[-1]
         if self.tail is None:
             # The table is the whole (renormalised) distribution.
-            idx = np.searchsorted(self._cdf, u * total, side="right")
-            return np.minimum(idx, self.coefficients.size - 1).astype(np.int64)
-        idx = np.searchsorted(self._cdf, u, side="right").astype(np.int64)
+            idx = self._search(u * total)
+            return np.minimum(idx, self.coefficients.size - 1)
+        idx = self._search(u)
         in_tail = u >= total
         if np.any(in_tail):
             idx[in_tail] = self.tail.sample(rng, int(in_tail.sum()))
+        return idx
+
+    def _search(self, v: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(cdf, v, side="right")`` (int64) for ``v`` in [0, 1], via the guide table."""
+        cdf, guide = self._cdf, self._guide
+        g = np.minimum((v * GUIDE).astype(np.int64), GUIDE - 1)  # exact: GUIDE is a power of two
+        idx = guide[g]
+        hi = guide[g + 1]
+        todo = np.flatnonzero(idx < hi)
+        for _ in range(4):  # a few linear steps settle almost every value...
+            if not todo.size:
+                return idx
+            step = cdf[np.minimum(idx[todo], cdf.size - 1)] <= v[todo]
+            idx[todo] += step
+            todo = todo[step & (idx[todo] < hi[todo])]
+        if todo.size:  # ...the rest (fine-grained far tail of the table) by binary search
+            idx[todo] = np.searchsorted(cdf, v[todo], side="right")
         return idx
 
     def sum_degrees(self, rng: np.random.Generator, m: np.ndarray) -> np.ndarray:

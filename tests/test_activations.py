@@ -156,3 +156,15 @@ def test_parameter_errors():
         make_activation("exp", {"gamma": 1})
     with pytest.raises(ValueError, match="needs parameter 'degree'"):
         make_activation("polynomial", {})
+
+
+@pytest.mark.parametrize("name", ["relu", "step", "tanh", "gelu"])
+def test_guide_table_search_equals_binary_search(name):
+    act = make_activation(name, {})
+    cdf = act._cdf
+    v = np.concatenate([
+        np.random.default_rng(4).random(200_000),
+        [0.0, 1.0, cdf[0], cdf[-1], np.nextafter(cdf[-1], 0.0), np.nextafter(cdf[1], 1.0)],
+        cdf[::97], 1.0 - np.logspace(-16, -1, 200),  # exact table values and the fine far tail
+    ])
+    np.testing.assert_array_equal(act._search(v), np.searchsorted(cdf, v, side="right"))
