@@ -125,13 +125,19 @@ def _mix(x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def draw_keys(kind, ptr, node, code, power, out):  # pragma: no cover - compiled
+def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pragma: no cover - compiled
     """Two 64-bit hashes per draw of (kind, its sorted terms) into ``out`` (n, 2) uint64.
 
     The same arithmetic as the numpy formulation it replaced (``rfsgen.sampler.term_keys``),
     bit for bit: term t of a draw contributes mix(base_t ^ mix(t + salt)) to a wrapping sum.
+    Hashed keys get an even second half; a draw with a continuous term is unique by
+    construction and gets (first_draw + i, all ones) instead.
     """
     for i in range(kind.size):
+        if continuous[i]:
+            out[i, 0] = np.uint64(first_draw + i)
+            out[i, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)
+            continue
         a = ptr[i]
         z = ptr[i + 1]
         for half in range(2):
@@ -142,3 +148,4 @@ def draw_keys(kind, ptr, node, code, power, out):  # pragma: no cover - compiled
                 acc += _mix(base ^ _mix(np.uint64(q - a) + salt))
             head = _mix(np.uint64(kind[i]) + np.uint64(z - a) * _M1 + salt)
             out[i, half] = _mix(acc ^ head)
+        out[i, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)

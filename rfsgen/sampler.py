@@ -330,12 +330,8 @@ def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> 
     n = kind.size
     out = np.empty((n, 2), dtype=np.uint64)
     draw_keys(np.ascontiguousarray(kind), np.ascontiguousarray(ptr, dtype=np.int64), np.ascontiguousarray(node, dtype=np.int64),
-              np.ascontiguousarray(code, dtype=np.int64), np.ascontiguousarray(power, dtype=np.int64), out)
-    with np.errstate(over="ignore"):
-        cont = np.flatnonzero(continuous)
-        out[cont, 0] = np.arange(first_draw, first_draw + n, dtype=np.uint64)[cont]
-        out[cont, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no hashed key is forced to this value...
-        out[~continuous, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)  # ...because hashed keys are even
+              np.ascontiguousarray(code, dtype=np.int64), np.ascontiguousarray(power, dtype=np.int64),
+              np.ascontiguousarray(continuous, dtype=np.bool_), int(first_draw), out)
     return out
 
 
