@@ -28,7 +28,6 @@ from typing import Callable, Mapping
 import numpy as np
 from scipy import special
 
-from .errors import SkeletonError
 
 #: Tail mass below which an infinite series is truncated (when it has no exact tail sampler).
 TOLERANCE = 1e-9

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from .errors import InputError
 from .io import check_finite
-from .skeleton import InputNode, Skeleton
+from .skeleton import Skeleton
 
 DEFAULT_MEMORY = 512 * 2**20
 

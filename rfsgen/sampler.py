@@ -24,7 +24,6 @@ order inside a batch), so the D-th new column is found at a defined draw and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -147,7 +146,6 @@ class _Batch:
 
 
 def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) -> _Batch:
-    n_nodes = len(skel.nodes)
     phase = rng.integers(0, 2, n_draws)
     draw = np.arange(n_draws, dtype=np.int64)
     node = np.full(n_draws, skel.output, dtype=np.int64)

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from conftest import SKELETONS, SMALL_SKELETONS, skeleton_path
