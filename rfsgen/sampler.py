@@ -446,6 +446,25 @@ def sample(
     t = _tables(skeleton_for_walk)
     rng = np.random.default_rng(seed)
     max_draws = max_draws or max(200 * columns, 10**6)
+
+    def walk(n):
+        if scheme == "orf":
+            return _pair(_walk(skeleton_for_walk, t, rng, (n + 1) // 2))
+        return _walk(skeleton_for_walk, t, rng, n)
+
+    # One thread walks batch k + 1 while this one matches batch k (numpy releases the
+    # GIL in its array work).  Only the walker touches ``rng``, and batch sizes follow
+    # from results up to batch k - 1, so the draws do not depend on timing.
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = min(MAX_BATCH, max(1024, columns))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-walk") as ex:
+        pending = ex.submit(walk, size)
+        return _consume(skeleton, t, ex, walk, pending, size, columns, seed, scheme, progress, max_draws, audit)
+
+
+def _consume(skeleton, t, ex, walk, pending, next_size, columns, seed, scheme, progress, max_draws, audit):
+    """The matching half of :func:`sample`: takes walked batches in order until D columns."""
     e = np.zeros(0, dtype=np.uint64)
     cols = _Columns(e, e, np.zeros(0, np.int64), [], [], [], [], [], [], [])
     counts = np.zeros(columns, dtype=np.int64)
@@ -453,13 +472,10 @@ def sample(
     factors_sq = 0.0
     degree_hist = np.zeros(65, dtype=np.int64)
     drawn = 0
-    size = min(MAX_BATCH, max(1024, columns))
     while True:
-        if scheme == "orf":
-            b = _pair(_walk(skeleton_for_walk, t, rng, (size + 1) // 2))
-            size = b.kind.size
-        else:
-            b = _walk(skeleton_for_walk, t, rng, size)
+        b = pending.result()
+        size = b.kind.size
+        pending = ex.submit(walk, next_size)
         keys = _keys(b, drawn)
         inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
         is_new = old < 0
@@ -502,7 +518,9 @@ def sample(
                 f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
             )
         rate = max(added, 1) / size
-        size = int(min(MAX_BATCH, max(1024, 1.25 * (columns - cols.found) / rate)))
+        # the batch after the one being walked: aim at the columns still missing after it
+        next_size = int(min(MAX_BATCH, max(1024, 1.25 * max(columns - cols.found - rate * next_size, 0) / rate)))
+    pending.cancel()
     stats = {
         "mean_factors_per_draw": factors / drawn,
         "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,
