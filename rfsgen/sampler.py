@@ -416,6 +416,33 @@ def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
     cols.power.append(b.power[idx])
 
 
+class _WalkAhead:
+    """Walks batch k + 1 in a worker thread while the caller matches batch k (numpy
+    releases the GIL in its array work).  Only the worker touches the generator, and
+    the caller fixes each batch's size from results up to batch k - 1, so the draws
+    never depend on timing."""
+
+    def __init__(self, walk, size: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._walk = walk
+        self._ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-walk")
+        self._pending = self._ex.submit(walk, size)
+
+    def take(self, next_size: int):
+        """The walked batch; starts walking one of ``next_size`` draws."""
+        batch = self._pending.result()
+        self._pending = self._ex.submit(self._walk, next_size)
+        return batch
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._pending.cancel()
+        self._ex.shutdown(wait=True)
+
+
 def sample(
     skeleton: Skeleton,
     columns: int,
@@ -452,19 +479,6 @@ def sample(
             return _pair(_walk(skeleton_for_walk, t, rng, (n + 1) // 2))
         return _walk(skeleton_for_walk, t, rng, n)
 
-    # One thread walks batch k + 1 while this one matches batch k (numpy releases the
-    # GIL in its array work).  Only the walker touches ``rng``, and batch sizes follow
-    # from results up to batch k - 1, so the draws do not depend on timing.
-    from concurrent.futures import ThreadPoolExecutor
-
-    size = min(MAX_BATCH, max(1024, columns))
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-walk") as ex:
-        pending = ex.submit(walk, size)
-        return _consume(skeleton, t, ex, walk, pending, size, columns, seed, scheme, progress, max_draws, audit)
-
-
-def _consume(skeleton, t, ex, walk, pending, next_size, columns, seed, scheme, progress, max_draws, audit):
-    """The matching half of :func:`sample`: takes walked batches in order until D columns."""
     e = np.zeros(0, dtype=np.uint64)
     cols = _Columns(e, e, np.zeros(0, np.int64), [], [], [], [], [], [], [])
     counts = np.zeros(columns, dtype=np.int64)
@@ -472,55 +486,55 @@ def _consume(skeleton, t, ex, walk, pending, next_size, columns, seed, scheme, p
     factors_sq = 0.0
     degree_hist = np.zeros(65, dtype=np.int64)
     drawn = 0
-    while True:
-        b = pending.result()
-        size = b.kind.size
-        pending = ex.submit(walk, next_size)
-        keys = _keys(b, drawn)
-        inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
-        is_new = old < 0
-        new_first = np.sort(first[is_new])  # batch rows creating new columns, in draw order
-        room = columns - cols.found
-        limit = size if new_first.size < room else int(new_first[room - 1]) + 1
-        new_rows = new_first[:room]
-        # column id of every unique key: old ids, then new ones numbered by first occurrence
-        uid = old.copy()
-        order = np.argsort(first[is_new], kind="stable")
-        new_ids = np.empty(order.size, dtype=np.int64)
-        new_ids[order] = cols.found + np.arange(order.size)
-        uid[is_new] = new_ids
-        draw_ids = uid[inv[:limit]]
-        counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
-        _take(b, t, new_rows, cols)
-        if audit is not None:
-            for d in range(limit):
-                a, z = b.ptr[d], b.ptr[d + 1]
-                audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
-        keep = np.flatnonzero(is_new & (uid < columns))
-        keep = keep[np.argsort(u1[keep], kind="stable")]
-        at = np.searchsorted(cols.k1, u1[keep])
-        cols.k1 = np.insert(cols.k1, at, u1[keep])
-        cols.k2 = np.insert(cols.k2, at, u2[keep])
-        cols.ids = np.insert(cols.ids, at, uid[keep])
-        added = new_rows.size
-        cols.found += added
-        factors += float(b.factors[:limit].sum())
-        factors_sq += float(np.square(b.factors[:limit]).sum())
-        degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
-        drawn += limit
-        if progress:
-            progress(added)
-        if cols.found >= columns:
-            break
-        if drawn >= max_draws:
-            raise SamplerError(
-                f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
-                f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
-            )
-        rate = max(added, 1) / size
-        # the batch after the one being walked: aim at the columns still missing after it
-        next_size = int(min(MAX_BATCH, max(1024, 1.25 * max(columns - cols.found - rate * next_size, 0) / rate)))
-    pending.cancel()
+    next_size = min(MAX_BATCH, max(1024, columns))
+    with _WalkAhead(walk, next_size) as batches:
+        while True:
+            b = batches.take(next_size)
+            size = b.kind.size
+            keys = _keys(b, drawn)
+            inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
+            is_new = old < 0
+            new_first = np.sort(first[is_new])  # batch rows creating new columns, in draw order
+            room = columns - cols.found
+            limit = size if new_first.size < room else int(new_first[room - 1]) + 1
+            new_rows = new_first[:room]
+            # column id of every unique key: old ids, then new ones numbered by first occurrence
+            uid = old.copy()
+            order = np.argsort(first[is_new], kind="stable")
+            new_ids = np.empty(order.size, dtype=np.int64)
+            new_ids[order] = cols.found + np.arange(order.size)
+            uid[is_new] = new_ids
+            draw_ids = uid[inv[:limit]]
+            counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
+            _take(b, t, new_rows, cols)
+            if audit is not None:
+                for d in range(limit):
+                    a, z = b.ptr[d], b.ptr[d + 1]
+                    audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
+            keep = np.flatnonzero(is_new & (uid < columns))
+            keep = keep[np.argsort(u1[keep], kind="stable")]
+            at = np.searchsorted(cols.k1, u1[keep])
+            cols.k1 = np.insert(cols.k1, at, u1[keep])
+            cols.k2 = np.insert(cols.k2, at, u2[keep])
+            cols.ids = np.insert(cols.ids, at, uid[keep])
+            added = new_rows.size
+            cols.found += added
+            factors += float(b.factors[:limit].sum())
+            factors_sq += float(np.square(b.factors[:limit]).sum())
+            degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
+            drawn += limit
+            if progress:
+                progress(added)
+            if cols.found >= columns:
+                break
+            if drawn >= max_draws:
+                raise SamplerError(
+                    f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
+                    f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
+                )
+            rate = max(added, 1) / size
+            # the batch after the one being walked: aim at the columns still missing after it
+            next_size = int(min(MAX_BATCH, max(1024, 1.25 * max(columns - cols.found - rate * next_size, 0) / rate)))
     stats = {
         "mean_factors_per_draw": factors / drawn,
         "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,

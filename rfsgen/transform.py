@@ -304,26 +304,18 @@ def _overlapped(chunks, put, progress) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     n_rows = 0
+    # On an error the executor still waits for the write in flight before unwinding.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-write") as ex:
         pending = None
-        try:
-            for row0, vals in chunks:
-                if pending is not None:
-                    pending.result()  # the buffer of the next chunk is free once this is done
-                pending = ex.submit(put, row0, vals)
-                n_rows += vals.shape[0]
-                if progress:
-                    progress(vals.shape[0])
+        for row0, vals in chunks:
             if pending is not None:
-                pending.result()
-        except BaseException:
-            if pending is not None:
-                pending.cancel()
-                try:
-                    pending.result()
-                except BaseException:
-                    pass
-            raise
+                pending.result()  # the buffer of the next chunk is free once this is done
+            pending = ex.submit(put, row0, vals)
+            n_rows += vals.shape[0]
+            if progress:
+                progress(vals.shape[0])
+        if pending is not None:
+            pending.result()
     return n_rows
 
 
@@ -346,8 +338,8 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) ->
     ds = f.create_dataset("X", shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
                           fill_time="never")  # ...without writing zeros into it first
     offset = ds.id.get_offset()
-    if not n or not D or offset is None:
-        return _fill(ds, tr, src, start, stop, chunk_rows, progress)
+    if not n or not D or offset is None:  # nothing to place: an empty dataset
+        return sum(vals.shape[0] for _, vals in tr.chunks(src, chunk_rows, start, stop))
     f.flush()
     row_bytes = D * np.dtype(dtype).itemsize
     fd = os.open(f.filename, os.O_WRONLY)
@@ -362,17 +354,6 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) ->
         return _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     finally:
         os.close(fd)
-
-
-def _fill(ds, tr, src, start, stop, chunk_rows, progress) -> int:
-    """Write chunks through h5py (empty or unplaced datasets)."""
-    n_rows = 0
-    for row0, vals in tr.chunks(src, chunk_rows, start, stop):
-        ds[row0 - start:row0 - start + vals.shape[0]] = vals
-        n_rows += vals.shape[0]
-        if progress:
-            progress(vals.shape[0])
-    return n_rows
 
 
 def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress):
