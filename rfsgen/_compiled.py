@@ -11,72 +11,95 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-TILE = 8  # rows per tile: one 64-byte cache line of float64 per factor
+from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
+from ._vector import cmul, gather, scale, transpose_out
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def columns(zr, zi, ptr, atom, power, take_imag, scale, out):  # pragma: no cover - compiled
-    """out[r, j] = scale[j] * Re (or -Im) of prod_{q in ptr[j]:ptr[j+1]} z[atom[q], r] ** power[q].
+def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, threads):  # pragma: no cover - compiled
+    """Products of factor values into output columns, for all rows of ``src``.
 
-    zr, zi: float64 (n_atoms, m), the atoms' values feature-major; ptr: int64 (D + 1);
-    atom, power: int64 (nnz); take_imag: bool (D,) (a column cos(theta + pi/2) is -Im);
-    scale: float64 (D,); out: float32/float64 (m, D), C order.
+    Inputs (the static ones built once by :class:`rfsgen.transform.Transformer`):
 
-    Rows go in tiles of TILE: a tile's atom values are first copied into a small
-    contiguous buffer (one cache line per atom, no TLB misses), every column's
-    complex product runs across the tile's rows in SIMD lanes, in float64, into a
-    column-major tile that is then written out row by row.  Negative
-    powers occur only for unit-modulus factors, where z^-k = conj(z)^k.  Each output
-    value depends only on its own row: the result does not depend on threads or on
-    how rows are chunked.
+    * ``src`` float64 ``(m, s)`` C order: the rows' source values;
+    * atom ``k`` is ``cr[k] * src[:, ir[k]] + 1j * ci[k] * src[:, ii[k]]`` (real when
+      ``ii[k] < 0``); ``ir, ii`` int64 ``(a,)``, ``cr, ci`` float64 ``(a,)``;
+    * factor ``f`` is atom ``f`` for ``f < a`` and atom ``xatom[e]`` raised to
+      ``xpow[e]`` for ``f = a + e`` (int64 ``(e,)`` each);
+    * columns are stored in an order of positions (by number of factors, so that the
+      loop's branches are predictable): position ``p`` multiplies factors
+      ``fidx[fptr[p]:fptr[p + 1]]`` in that order, then stores ``sc[p]`` times the
+      real part, or the imaginary part when ``imag[p]``; ``pos[j]`` is the position
+      of output column ``j``.  int64 ``fidx (nnz,)``, ``fptr (D + 1,)``, ``pos (D,)``;
+      float64 ``sc (D,)``; bool ``imag (D,)``;
+    * ``out`` float32 or float64 ``(m, D)`` C order, overwritten;
+    * ``threads``: how many parts the tiles are split into (``numba.get_num_threads()``;
+      asking numba inside the loop would make it uncacheable).
+
+    Rows go in tiles of 8: a tile's atoms are gathered into lane rows (8 float64 per
+    atom, one cache line), each column's complex product runs in 8-lane vector
+    operations in float64 (:mod:`rfsgen._vector`), the scaled result goes into a
+    column-major tile in the output dtype, and 8 x 8 blocks of the tile are
+    transposed into the output rows.  Negative powers occur only for unit-modulus
+    factors, where z^-k = conj(z)^k.  Each output value depends only on its own row
+    and is computed the same way whatever the thread count or number of rows.
     """
     m, d = out.shape
-    n_atoms = zr.shape[0]
+    n_atoms = ir.size
+    n_factors = n_atoms + xatom.size
+    one = n_factors  # an extra lane row holding the factor 1 (columns without terms)
     n_tiles = (m + TILE - 1) // TILE
-    for b in numba.prange(n_tiles):
-        r0 = b * TILE
-        n = min(TILE, m - r0)
-        br = np.zeros((n_atoms, TILE))
-        bi = np.zeros((n_atoms, TILE))
-        for k in range(n_atoms):
-            for t in range(n):
-                br[k, t] = zr[k, r0 + t]
-                bi[k, t] = zi[k, r0 + t]
+    workers = max(1, min(threads, n_tiles))
+    d8 = d - d % TILE
+    for w in numba.prange(workers):
+        fr = np.empty((n_factors + 1, TILE))
+        fi = np.empty((n_factors + 1, TILE))
+        fr[one] = 1.0
+        fi[one] = 0.0
+        pr = np.empty((1, TILE))
+        pi = np.empty((1, TILE))
         tile = np.empty((d, TILE), dtype=out.dtype)
-        pr = np.empty(TILE)
-        pi = np.empty(TILE)
-        fr = np.empty(TILE)
-        fi = np.empty(TILE)
-        for j in range(d):
-            for t in range(TILE):
-                pr[t] = 1.0
-                pi[t] = 0.0
-            for q in range(ptr[j], ptr[j + 1]):
-                k = atom[q]
-                if power[q] == 1:
-                    for t in range(TILE):
-                        a = br[k, t]
-                        c = bi[k, t]
-                        x = pr[t] * a - pi[t] * c
-                        pi[t] = pr[t] * c + pi[t] * a
-                        pr[t] = x
+        part = np.zeros((TILE, src.shape[1]))  # the last, partial tile's rows, zero-padded
+        for b in range(w * n_tiles // workers, (w + 1) * n_tiles // workers):
+            r0 = b * TILE
+            n = min(TILE, m - r0)
+            rows = src
+            first = r0
+            if n < TILE:
+                part[:n] = src[r0:r0 + n]
+                rows = part
+                first = 0
+            for k in range(n_atoms):
+                gather(rows, first, ir[k], cr[k], fr, k)
+                if ii[k] >= 0:
+                    gather(rows, first, ii[k], ci[k], fi, k)
                 else:
-                    _power(br[k], bi[k], power[q], fr, fi)
-                    for t in range(TILE):
-                        x = pr[t] * fr[t] - pi[t] * fi[t]
-                        pi[t] = pr[t] * fi[t] + pi[t] * fr[t]
-                        pr[t] = x
-            s = scale[j]
-            if take_imag[j]:
+                    fi[k] = 0.0
+            for e in range(xatom.size):
+                _power(fr[xatom[e]], fi[xatom[e]], xpow[e], fr[n_atoms + e], fi[n_atoms + e])
+            for p in range(d):
+                q0 = fptr[p]
+                q1 = fptr[p + 1]
+                if q1 - q0 == 1:  # the common case: no product at all
+                    scale(fi if imag[p] else fr, fidx[q0], sc[p], tile, p)
+                    continue
+                if q1 == q0:
+                    cmul(fr, fi, one, fr, fi, one, pr, pi, 0)
+                else:
+                    cmul(fr, fi, fidx[q0], fr, fi, fidx[q0 + 1], pr, pi, 0)
+                    for q in range(q0 + 2, q1):
+                        cmul(pr, pi, 0, fr, fi, fidx[q], pr, pi, 0)
+                scale(pi if imag[p] else pr, 0, sc[p], tile, p)
+            if n == TILE:
+                for j in range(0, d8, TILE):
+                    transpose_out(tile, pos, j, out, r0)
                 for t in range(TILE):
-                    tile[j, t] = -s * pi[t]
+                    for j in range(d8, d):
+                        out[r0 + t, j] = tile[pos[j], t]
             else:
-                for t in range(TILE):
-                    tile[j, t] = s * pr[t]
-        # Rows of the tile go out as contiguous runs.
-        for t in range(n):
-            for j in range(d):
-                out[r0 + t, j] = tile[j, t]
+                for t in range(n):
+                    for j in range(d):
+                        out[r0 + t, j] = tile[pos[j], t]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -104,6 +127,37 @@ def _power(zr, zi, p, fr, fi):  # pragma: no cover - compiled
                 ar = x
         fr[t] = rr
         fi[t] = ri
+
+
+# ----------------------------------------------------------------------------- input preparation
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def gather_columns(x, cols, out):  # pragma: no cover - compiled
+    """``out[r, k] = x[r, cols[k]]`` as float64: x float32/float64 ``(m, w)``, cols int64 ``(s,)``,
+    out float64 ``(m, s)``.  One pass instead of numpy's fancy indexing plus a conversion."""
+    for r in numba.prange(x.shape[0]):
+        for k in range(cols.size):
+            out[r, k] = x[r, cols[k]]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def normalize_small(x, norms):  # pragma: no cover - compiled
+    """Divide each short vector ``x[r, g, :]`` (float64 ``(m, G, w)``, in place) by its
+    Euclidean norm, stored in ``norms (m, G)``; zero vectors are left alone.
+
+    The sum of squares runs left to right, like ``rfsgen.bases._sum_squares`` for
+    w <= 16, so the result is the same to the last bit.
+    """
+    m, g, w = x.shape
+    for r in numba.prange(m):
+        for j in range(g):
+            acc = x[r, j, 0] * x[r, j, 0]
+            for k in range(1, w):
+                acc += x[r, j, k] * x[r, j, k]
+            nrm = np.sqrt(acc)
+            norms[r, j] = nrm
+            if nrm != 0.0:
+                for k in range(w):
+                    x[r, j, k] = x[r, j, k] / nrm
 
 
 # ----------------------------------------------------------------------------- sampler keys

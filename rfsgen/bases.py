@@ -73,14 +73,17 @@ class Base:
         return self.kind.norm_bound(self)
 
     # ------------------------------------------------------------------ numerics
-    def prepare(self, x: np.ndarray, nodes: list[str], row0: int, source: str) -> np.ndarray:
+    def prepare(self, x: np.ndarray, nodes: list[str], row0: int, source: str, overwrite: bool = False) -> np.ndarray:
         """Validate and transform raw values.
 
         ``x`` is float64 ``(m, G, width)``: m rows, G nodes of this base.  Returns
         the prepared float64 array of the same shape (normalised for sphere,
-        scaled angle for circle, ...).  Raises :class:`DataError` naming the row
+        scaled angle for circle, ...), which may be ``x`` itself, overwritten, when
+        ``overwrite`` is true.  Raises :class:`DataError` naming the row
         (0-based, offset by ``row0``), the node and ``source``.
         """
+        if not overwrite:
+            x = x.copy()
         return self.kind.prepare(self, x, nodes, row0, source)
 
     def gram(self, xp: np.ndarray, yp: np.ndarray) -> np.ndarray:
@@ -100,15 +103,24 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def values(self, xt: np.ndarray, gi: np.ndarray, codes: np.ndarray):
-        """Complex values of factors (power 1) on prepared rows, feature-major.
+    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray):
+        """Complex values of factors (power 1) on prepared rows.
 
-        ``xt`` is the prepared group as float64 ``(G, width, m)``, ``gi`` int64
-        ``(a,)`` the node of each factor within the group, ``codes`` its code
-        (continuous bases: the ``(a, width)`` omega rows).  Returns float64
-        ``(a, m)`` real and imaginary parts (imaginary ``None`` for real factors).
+        ``xp`` is the prepared group, float64 ``(m, G, width)``; ``gi`` int64 ``(a,)``
+        the node of each factor within the group, ``codes`` its code (continuous
+        bases: the ``(a, width)`` omega rows).  Returns float64 ``(m, a)`` real and
+        imaginary parts (imaginary ``None`` for real factors).
         """
-        return self.kind.values(self, xt, gi, codes)
+        return self.kind.values(self, xp, gi, codes)
+
+    def linear(self, gi: np.ndarray, codes: np.ndarray):
+        """For bases whose factors are linear in the prepared values (sphere), how
+        to read them: int64 ``ir, ii`` and float64 ``cr, ci``, each ``(a,)``, with
+        factor ``k = cr[k] x[ir[k]] + 1j ci[k] x[ii[k]]`` on a row ``x`` of the group
+        flattened to ``G * width`` values (``ii[k] = -1``: real).  ``None`` otherwise.
+        """
+        rule = self.kind.linear
+        return None if rule is None else rule(self, np.asarray(gi, dtype=np.int64), np.asarray(codes, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,7 @@ class BaseKind:
     sample: Callable
     conjugate: Callable
     values: Callable
+    linear: Callable | None = None
     modulus: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
@@ -187,7 +200,14 @@ def _sum_squares(x):
 
 
 def _prepare_sphere(base, x, nodes, row0, source):
-    norms = np.sqrt(_sum_squares(x))
+    if x.shape[-1] <= 16 and x.flags.c_contiguous:
+        from ._compiled import normalize_small
+
+        norms = np.empty(x.shape[:-1])
+        normalize_small(x, norms)  # in place, the same rounding as below
+    else:
+        norms = np.sqrt(_sum_squares(x))
+        np.divide(x, norms[..., None], out=x, where=norms[..., None] != 0)
     zero = norms == 0
     if zero.any():
         if base.param("zero") == "error":
@@ -196,9 +216,8 @@ def _prepare_sphere(base, x, nodes, row0, source):
                 f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': the vector is all zeros and "
                 "cannot be normalized; add 'zero: uniform' to the node to map it to (1,...,1)/sqrt(d)"
             )
-        out = np.where(zero[..., None], 1.0 / math.sqrt(base.width), x / np.where(zero, 1.0, norms)[..., None])
-        return out
-    return x / norms[..., None]
+        x[zero] = 1.0 / math.sqrt(base.width)
+    return x
 
 
 # ---------------------------------------------------------------------- exact kernels
@@ -357,51 +376,59 @@ def _conj_sphere(base, code, power):
 
 
 # ---------------------------------------------------------------------- transform values
-# values(base, xt, gi, codes): xt is the prepared group, float64 feature-major (G, width, m);
-# gi (a,) the node of each atom within the group and codes (a,) its code (continuous
-# bases: the (a, width) omega rows).  Returns the factors' real and imaginary parts,
-# float64 (a, m) each (imaginary None for real-valued factors).  Feature-major, so
-# gathering an atom is a contiguous row copy.
-def _values_binary(base, xt, gi, codes):
-    return xt[gi, 0], None
+# values(base, xp, gi, codes): xp is the prepared group, float64 (m, G, width); gi (a,)
+# the node of each atom within the group and codes (a,) its code (continuous bases:
+# the (a, width) omega rows).  Returns the factors' real and imaginary parts, float64
+# (m, a) each, row-major (imaginary None for real-valued factors).
+#
+# linear(base, gi, codes), for bases whose factors are linear in the prepared values:
+# (ir, cr, ii, ci) such that factor k is cr[k] x[ir[k]] + i ci[k] x[ii[k]] on a row x of
+# the group flattened to G * width values (ii[k] = -1: real).  The transform then
+# reads the prepared rows directly and never materialises the factor values.
+def _values_binary(base, xp, gi, codes):
+    return xp[:, gi, 0], None
 
 
 def _cis(theta):
     return np.cos(theta), np.sin(theta)
 
 
-def _values_circle(base, xt, gi, codes):
-    return _cis(xt[gi, 0])
+def _values_circle(base, xp, gi, codes):
+    return _cis(xp[:, gi, 0])
 
 
-def _values_categorical(base, xt, gi, codes):
-    return _cis(xt[gi, 0] * (2 * math.pi / base.param("categories")))
+def _values_categorical(base, xp, gi, codes):
+    return _cis(xp[:, gi, 0] * (2 * math.pi / base.param("categories")))
 
 
-def _values_sphere(base, xt, gi, codes):
+def _linear_sphere(base, gi, codes):
     d = base.width
     if base.param("scheme") == "pair":
         j = codes // 2
         c = math.sqrt(d / 2)
-        sign = np.where(codes % 2 == 1, -c, c)[:, None]
-        flat = xt.reshape(-1, xt.shape[2])  # (G * d, m): whole-row gathers are fast
-        return flat[gi * d + j] * c, flat[gi * d + (j + 1) % d] * sign
-    return xt.reshape(-1, xt.shape[2])[gi * d + codes] * math.sqrt(d), None
+        return gi * d + j, np.full(gi.size, c), gi * d + (j + 1) % d, np.where(codes % 2 == 1, -c, c)
+    return gi * d + codes, np.full(gi.size, math.sqrt(d)), np.full(gi.size, -1), np.zeros(gi.size)
 
 
-def _values_continuous(base, xt, gi, omega):
+def _values_linear(base, xp, gi, codes):
+    ir, cr, ii, ci = base.kind.linear(base, gi, codes)
+    flat = xp.reshape(xp.shape[0], -1)
+    return cr * flat[:, ir], (ci * flat[:, ii] if (ii >= 0).any() else None)
+
+
+def _values_continuous(base, xp, gi, omega):
     scale = base.param("scale")
-    theta = np.empty((gi.size, xt.shape[2]))
-    order = np.argsort(gi, kind="stable")
-    bounds = np.flatnonzero(np.diff(gi[order])) + 1
-    m = xt.shape[2]
+    m = xp.shape[0]
     if m == 1:
         # BLAS computes a single row with a matrix-vector kernel that rounds
         # differently; a duplicated row keeps the matrix-matrix kernel, so a row's
         # value does not depend on the chunk it arrives in.
-        return tuple(v[:, :1] for v in _values_continuous(base, np.concatenate([xt, xt], axis=2), gi, omega))
+        return tuple(v[:1] for v in _values_continuous(base, np.concatenate([xp, xp]), gi, omega))
+    theta = np.empty((m, gi.size))
+    order = np.argsort(gi, kind="stable")
+    bounds = np.flatnonzero(np.diff(gi[order])) + 1
     for sel in np.split(order, bounds):  # one BLAS product per node that has terms
-        theta[sel] = (omega[sel] * scale) @ xt[gi[sel[0]]]
+        theta[:, sel] = np.ascontiguousarray(xp[:, gi[sel[0]]]) @ (omega[sel] * scale).T
     return _cis(theta)
 
 
@@ -483,7 +510,7 @@ _register(BaseKind(
         "scheme": ("pair", _choice("scheme", ("pair", "coordinate"))),
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
-    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _values_sphere,
+    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

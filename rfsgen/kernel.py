@@ -25,12 +25,17 @@ DEFAULT_MEMORY = 512 * 2**20
 def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str = "<array>") -> list:
     """Validate rows and apply each input group's preparation.
 
-    ``x`` is float64 ``(m, width)``.  Returns a list aligned with
-    ``skeleton.input_groups`` of prepared ``(m, G, base.width)`` arrays.  Raises
+    ``x`` is float ``(m, width)`` (float32 and float64 are read as they are, other
+    dtypes converted).  Returns a list aligned with ``skeleton.input_groups`` of
+    prepared float64 ``(m, G, base.width)`` arrays.  Raises
     :class:`~rfsgen.errors.DataError` naming the row/column/node for NaN/inf or
     out-of-domain values.
     """
-    x = np.asarray(x, dtype=np.float64)
+    from ._compiled import gather_columns
+
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
     if x.ndim != 2 or x.shape[1] != skeleton.width:
         got = x.shape[1] if x.ndim == 2 else x.shape
         raise InputError(
@@ -38,10 +43,13 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
             "pass matching rows or fix the skeleton's input"
         )
     check_finite(x, row0, source)
+    x = np.ascontiguousarray(x)
     out = []
     for base, ids, cols in skeleton.input_groups:
         labels = [skeleton.nodes[i].label for i in ids]
-        out.append(base.prepare(np.ascontiguousarray(x[:, cols]), labels, row0, source))
+        gathered = np.empty((x.shape[0], ids.size, base.width))
+        gather_columns(x, np.ascontiguousarray(cols, dtype=np.int64).reshape(-1), gathered.reshape(x.shape[0], -1))
+        out.append(base.prepare(gathered, labels, row0, source, overwrite=True))
     return out
 
 

@@ -39,9 +39,10 @@ COMPRESSIONS = ("none", "gzip", "lzf")
 @dataclass
 class _GroupAtoms:
     group: int  # index into skeleton.input_groups
-    rows: slice  # this group's atoms (rows of the value arrays)
     gi: np.ndarray  # int64 (a,): node index within the group of each atom
     codes: np.ndarray  # int64 (a,) codes, or float64 (a, width) omega rows for continuous bases
+    offset: int  # first column of this group's values in the source rows
+    linear: bool  # source columns are the prepared values themselves (else [re | im])
 
 
 class Transformer:
@@ -67,34 +68,87 @@ class Transformer:
         n_terms = node.size
         is_cont = cont[node] if n_terms else np.zeros(0, dtype=bool)
         # Integer terms share atoms (node, code); continuous terms are atoms of their own.
-        # Sorting by group first makes each group's atoms one block of rows.
+        # Sorting by group first makes each group's atoms one block.
         keys = np.stack([group_of[node], node, np.where(is_cont, 0, code), np.where(is_cont, np.arange(n_terms), -1)])
         if n_terms:
             uniq, first, term_atom = np.unique(keys, axis=1, return_index=True, return_inverse=True)
         else:
             uniq, first, term_atom = keys, np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self.atom = term_atom.ravel().astype(np.int64)
-        self.power = fs.power.astype(np.int64)
-        self.ptr = fs.ptr.astype(np.int64)
-        self.n_atoms = uniq.shape[1]
+        term_atom = term_atom.ravel().astype(np.int64)
+        n_atoms = uniq.shape[1]
         a_node, a_code = node[first], code[first]
+        # How the compiled loop reads atom k from a chunk's source rows (see
+        # rfsgen._compiled.columns): linear bases point into the prepared values,
+        # the others into [re | im] blocks the base computes per chunk.
+        ir, ii = np.zeros(n_atoms, np.int64), np.full(n_atoms, -1, np.int64)
+        cr, ci = np.ones(n_atoms), np.zeros(n_atoms)
         self.groups: list[_GroupAtoms] = []
-        for g, (base, _, _) in enumerate(skel.input_groups):
+        width = 0
+        for g, (base, ids, _) in enumerate(skel.input_groups):
             sel = np.flatnonzero(uniq[0] == g)
             if not sel.size:
                 continue
-            if base.continuous:
-                codes = fs.omega[a_code[sel][:, None] + np.arange(base.width)[None, :]]
+            gi = index_in_group[a_node[sel]]
+            codes = fs.omega[a_code[sel][:, None] + np.arange(base.width)[None, :]] if base.continuous else a_code[sel]
+            lin = base.linear(gi, codes) if not base.continuous else None
+            if lin is not None:
+                ir[sel], cr[sel], ii[sel], ci[sel] = lin[0] + width, lin[1], np.where(lin[2] >= 0, lin[2] + width, -1), lin[3]
+                self.groups.append(_GroupAtoms(g, gi, codes, width, True))
+                width += ids.size * base.width
             else:
-                codes = a_code[sel]
-            rows = slice(int(sel[0]), int(sel[-1]) + 1)
-            self.groups.append(_GroupAtoms(g, rows, index_in_group[a_node[sel]], codes))
-        self.take_imag = np.ascontiguousarray(fs.kind == 2)
-        self.scale = np.ascontiguousarray(fs.scale, dtype=np.float64)
+                ir[sel] = width + np.arange(sel.size)
+                ii[sel] = width + sel.size + np.arange(sel.size)
+                ci[sel] = 1.0
+                self.groups.append(_GroupAtoms(g, gi, codes, width, False))
+                width += 2 * sel.size
+        self.source_width = width
+        self.ir, self.cr, self.ii, self.ci = ir, cr, ii, ci
+        # Distinct (atom, power != 1) pairs become extra factors, raised once per tile.
+        power = fs.power.astype(np.int64)
+        factor = term_atom.copy()
+        odd = power != 1
+        if odd.any():
+            pairs, inverse = np.unique(np.stack([term_atom[odd], power[odd]]), axis=1, return_inverse=True)
+            factor[odd] = n_atoms + inverse.ravel()
+            self.xatom, self.xpow = pairs[0].copy(), pairs[1].copy()
+        else:
+            self.xatom, self.xpow = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        # Columns in order of their number of factors (stable): the loop's branches
+        # then follow long runs.  pos[j] is where column j sits in that order.
+        counts = np.diff(fs.ptr.astype(np.int64))
+        order = np.argsort(np.minimum(counts, 3), kind="stable")
+        self.pos = np.empty(order.size, np.int64)
+        self.pos[order] = np.arange(order.size)
+        self.fptr = np.zeros(order.size + 1, np.int64)
+        np.cumsum(counts[order], out=self.fptr[1:])
+        starts = fs.ptr[:-1].astype(np.int64)[order]
+        self.fidx = factor[np.repeat(starts - self.fptr[:-1], counts[order]) + np.arange(self.fptr[-1])]
+        imag = fs.kind == 2  # cos(theta + pi/2) = -Im
+        self.imag = np.ascontiguousarray(imag[order])
+        self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
 
     @property
     def columns(self) -> int:
         return self.fs.columns
+
+    def source(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
+        """Validated, prepared rows as the compiled loop reads them: float64 ``(m, s)``."""
+        xp = prepare_inputs(self.skeleton, x, row0, source)
+        m = x.shape[0]
+        if len(self.groups) == 1 and self.groups[0].linear:
+            return np.ascontiguousarray(xp[self.groups[0].group].reshape(m, -1))
+        src = np.empty((m, self.source_width))
+        for ga in self.groups:
+            base = self.skeleton.input_groups[ga.group][0]
+            if ga.linear:
+                flat = xp[ga.group].reshape(m, -1)
+                src[:, ga.offset:ga.offset + flat.shape[1]] = flat
+            else:
+                re, im = base.values(xp[ga.group], ga.gi, ga.codes)
+                a = ga.gi.size
+                src[:, ga.offset:ga.offset + a] = re
+                src[:, ga.offset + a:ga.offset + 2 * a] = 0.0 if im is None else im
+        return src
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:
         """Feature values for rows ``x`` (float ``(m, width)``) as ``(m, D)`` of ``self.dtype``.
@@ -102,28 +156,19 @@ class Transformer:
         ``out``, if given, is a C-contiguous ``(m, D)`` array of ``self.dtype`` to fill
         (reusing one buffer saves the page faults of a fresh 10-100 MB array per chunk).
         """
+        import numba
+
         from ._compiled import columns
 
-        xp = prepare_inputs(self.skeleton, x, row0, source)
+        src = self.source(x, row0, source)
         m = x.shape[0]
-        parts = []
-        for ga in self.groups:
-            base = self.skeleton.input_groups[ga.group][0]
-            xt = np.ascontiguousarray(xp[ga.group].transpose(1, 2, 0))  # (G, width, m)
-            re, im = base.values(xt, ga.gi, ga.codes)
-            parts.append((re, np.zeros_like(re) if im is None else im))
-        if len(parts) == 1:
-            zr, zi = parts[0]
-        else:
-            zr = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, m))
-            zi = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m))
         if out is None:
             out = np.empty((m, self.columns), dtype=self.dtype)
         elif out.shape != (m, self.columns) or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if m and self.columns:
-            columns(np.ascontiguousarray(zr), np.ascontiguousarray(zi), self.ptr, self.atom, self.power,
-                    self.take_imag, self.scale, out)
+            columns(src, self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr,
+                    self.sc, self.imag, self.pos, out, numba.get_num_threads())
         return out
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):

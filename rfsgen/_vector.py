@@ -1,0 +1,175 @@
+"""Eight-lane float64 vector operations for the transform loop, as numba intrinsics.
+
+Why these exist: numba compiles with LLVM's SLP vectoriser switched off, and LLVM
+fully unrolls a constant 8-iteration lane loop before its loop vectoriser runs, so
+a loop such as ``for t in range(8): re[t] = a[t] * b[t] - ...`` ends up as eight
+scalar multiplies.  These intrinsics emit the ``<8 x double>`` operations
+directly.  They use plain IEEE ``fmul``/``fadd``/``fsub`` (no fast-math flags, so
+no fused multiply-add and no reassociation): every lane computes exactly what the
+scalar expression would, bit for bit.
+
+Conventions: a "lane row" is the 8 consecutive elements starting at ``a[i, 0]`` of a
+C-contiguous 2-D array (the caller guarantees at least 8 columns).  No bounds
+checks are made; the caller's indices are trusted.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 8
+_F64 = ir.DoubleType()
+_V64 = ir.VectorType(_F64, LANES)
+_I32 = ir.IntType(32)
+
+
+def _is_matrix(t, dtype=None) -> bool:
+    return isinstance(t, types.Array) and t.ndim == 2 and t.layout == "C" and (dtype is None or t.dtype == dtype)
+
+
+def _index(context, builder, value, ty):
+    return context.cast(builder, value, ty, types.intp)
+
+
+def _item_ptr(context, builder, aryty, ary, *indices):
+    arr = context.make_array(aryty)(context, builder, ary)
+    return cgutils.get_item_pointer(context, builder, aryty, arr, list(indices), wraparound=False)
+
+
+def _load_row(context, builder, aryty, ary, i):
+    """The lane row ``ary[i, 0:8]`` as ``<8 x dtype>``."""
+    zero = context.get_constant(types.intp, 0)
+    ptr = _item_ptr(context, builder, aryty, ary, i, zero)
+    vt = ir.VectorType(context.get_data_type(aryty.dtype), LANES)
+    return builder.load(builder.bitcast(ptr, vt.as_pointer()), align=aryty.dtype.bitwidth // 8)
+
+
+def _store_row(context, builder, aryty, ary, i, vec):
+    """``ary[i, 0:8] = vec`` (float64 lanes rounded to a float32 array's dtype)."""
+    zero = context.get_constant(types.intp, 0)
+    ptr = _item_ptr(context, builder, aryty, ary, i, zero)
+    vt = ir.VectorType(context.get_data_type(aryty.dtype), LANES)
+    if vt != vec.type:
+        vec = builder.fptrunc(vec, vt)
+    builder.store(vec, builder.bitcast(ptr, vt.as_pointer()), align=aryty.dtype.bitwidth // 8)
+
+
+def _splat(builder, x):
+    v = builder.insert_element(ir.Constant(_V64, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V64, ir.Undefined), ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+@intrinsic
+def cmul(typingctx, ar, ai, i, br, bi, j, cr, ci, k):
+    """``(cr[k], ci[k]) = (ar[i] + i ai[i]) * (br[j] + i bi[j])`` on lane rows of float64.
+
+    Real part ``ar*br - ai*bi``, imaginary ``ar*bi + ai*br``, in that order.
+    """
+    if not all(_is_matrix(t, types.float64) for t in (ar, ai, br, bi, cr, ci)):
+        return None
+    sig = types.void(ar, ai, i, br, bi, j, cr, ci, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ii, jj, kk = (_index(context, builder, args[n], t[n]) for n in (2, 5, 8))
+        x = _load_row(context, builder, t[0], args[0], ii)
+        y = _load_row(context, builder, t[1], args[1], ii)
+        u = _load_row(context, builder, t[3], args[3], jj)
+        w = _load_row(context, builder, t[4], args[4], jj)
+        re = builder.fsub(builder.fmul(x, u), builder.fmul(y, w))
+        im = builder.fadd(builder.fmul(x, w), builder.fmul(y, u))
+        _store_row(context, builder, t[6], args[6], kk, re)
+        _store_row(context, builder, t[7], args[7], kk, im)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def scale(typingctx, src, i, s, dst, k):
+    """``dst[k] = s * src[i]`` on lane rows; float64 products rounded to ``dst``'s dtype."""
+    if not (_is_matrix(src, types.float64) and _is_matrix(dst) and dst.dtype in (types.float32, types.float64)):
+        return None
+    sig = types.void(src, i, s, dst, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        x = _load_row(context, builder, t[0], args[0], _index(context, builder, args[1], t[1]))
+        sv = _splat(builder, context.cast(builder, args[2], t[2], types.float64))
+        _store_row(context, builder, t[3], args[3], _index(context, builder, args[4], t[4]), builder.fmul(sv, x))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def gather(typingctx, src, r0, col, c, dst, k):
+    """``dst[k, t] = c * src[r0 + t, col]`` for the 8 lanes t: one column of 8 rows."""
+    if not (_is_matrix(src, types.float64) and _is_matrix(dst, types.float64)):
+        return None
+    sig = types.void(src, r0, col, c, dst, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        arr = context.make_array(t[0])(context, builder, args[0])
+        first = cgutils.get_item_pointer(context, builder, t[0], arr, [
+            _index(context, builder, args[1], t[1]), _index(context, builder, args[2], t[2])], wraparound=False)
+        row_bytes = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
+        base = builder.bitcast(first, ir.IntType(8).as_pointer())
+        vec = ir.Constant(_V64, ir.Undefined)
+        for lane in range(LANES):
+            ptr = builder.gep(base, [builder.mul(row_bytes, ir.Constant(row_bytes.type, lane))])
+            x = builder.load(builder.bitcast(ptr, _F64.as_pointer()), align=8)
+            vec = builder.insert_element(vec, x, ir.Constant(_I32, lane))
+        cv = _splat(builder, context.cast(builder, args[3], t[3], types.float64))
+        _store_row(context, builder, t[4], args[4], _index(context, builder, args[5], t[5]), builder.fmul(cv, vec))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _transpose(builder, rows):
+    """Transpose a square block held as a list of vectors (log2(n) rounds of shuffles)."""
+    n = len(rows)
+    step = 1
+    while step < n:
+        new = list(rows)
+        for i in range(n):
+            if i & step:
+                continue
+            lo = [c if not c & step else n + c - step for c in range(n)]
+            hi = [c + step if not c & step else n + c for c in range(n)]
+            new[i] = builder.shuffle_vector(rows[i], rows[i + step], ir.Constant(ir.VectorType(_I32, n), lo))
+            new[i + step] = builder.shuffle_vector(rows[i], rows[i + step], ir.Constant(ir.VectorType(_I32, n), hi))
+        rows = new
+        step *= 2
+    return rows
+
+
+@intrinsic
+def transpose_out(typingctx, tile, pos, j, out, r0):
+    """``out[r0 + t, j + c] = tile[pos[j + c], t]`` for t, c < 8: an 8 x 8 block moved
+    from the column-major tile into 8 output rows."""
+    if not (_is_matrix(tile) and _is_matrix(out) and tile.dtype == out.dtype
+            and isinstance(pos, types.Array) and pos.ndim == 1 and isinstance(pos.dtype, types.Integer)):
+        return None
+    sig = types.void(tile, pos, j, out, r0)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        jj = _index(context, builder, args[2], t[2])
+        rr = _index(context, builder, args[4], t[4])
+        rows = []
+        for c in range(LANES):
+            p = _item_ptr(context, builder, t[1], args[1], builder.add(jj, context.get_constant(types.intp, c)))
+            rows.append(_load_row(context, builder, t[0], args[0], _index(context, builder, builder.load(p), t[1].dtype)))
+        vt = rows[0].type
+        for lane, vec in enumerate(_transpose(builder, rows)):
+            ptr = _item_ptr(context, builder, t[3], args[3], builder.add(rr, context.get_constant(types.intp, lane)), jj)
+            builder.store(vec, builder.bitcast(ptr, vt.as_pointer()), align=t[3].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
