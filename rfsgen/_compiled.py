@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
-from ._vector import cmul, gather, scale, transpose_out
+from ._vector import gather, product, transpose_out
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
@@ -56,8 +56,6 @@ def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, th
         fi = np.empty((n_factors + 1, TILE))
         fr[one] = 1.0
         fi[one] = 0.0
-        pr = np.empty((1, TILE))
-        pi = np.empty((1, TILE))
         tile = np.empty((d, TILE), dtype=out.dtype)
         part = np.zeros((TILE, src.shape[1]))  # the last, partial tile's rows, zero-padded
         for b in range(w * n_tiles // workers, (w + 1) * n_tiles // workers):
@@ -80,16 +78,10 @@ def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, th
             for p in range(d):
                 q0 = fptr[p]
                 q1 = fptr[p + 1]
-                if q1 - q0 == 1:  # the common case: no product at all
-                    scale(fi if imag[p] else fr, fidx[q0], sc[p], tile, p)
-                    continue
-                if q1 == q0:
-                    cmul(fr, fi, one, fr, fi, one, pr, pi, 0)
+                if q1 > q0:
+                    product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
                 else:
-                    cmul(fr, fi, fidx[q0], fr, fi, fidx[q0 + 1], pr, pi, 0)
-                    for q in range(q0 + 2, q1):
-                        cmul(pr, pi, 0, fr, fi, fidx[q], pr, pi, 0)
-                scale(pi if imag[p] else pr, 0, sc[p], tile, p)
+                    product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
             if n == TILE:
                 for j in range(0, d8, TILE):
                     transpose_out(tile, pos, j, out, r0)
@@ -140,24 +132,52 @@ def gather_columns(x, cols, out):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def normalize_small(x, norms):  # pragma: no cover - compiled
-    """Divide each short vector ``x[r, g, :]`` (float64 ``(m, G, w)``, in place) by its
-    Euclidean norm, stored in ``norms (m, G)``; zero vectors are left alone.
+def normalize(x, norms):  # pragma: no cover - compiled
+    """Divide each vector ``x[r, g, :]`` (float64 ``(m, G, w)``, C order, in place) by its
+    Euclidean norm, stored in ``norms`` float64 ``(m, G)``; zero vectors are left alone.
 
-    The sum of squares runs left to right, like ``rfsgen.bases._sum_squares`` for
-    w <= 16, so the result is the same to the last bit.
+    The sum of squares runs left to right for w <= 16; longer vectors use 8 running
+    sums (element k goes to sum k mod 8) added as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)),
+    which vectorises and keeps the rounding error near log-depth.  Either way a
+    vector's norm depends only on its own values.
     """
     m, g, w = x.shape
     for r in numba.prange(m):
         for j in range(g):
-            acc = x[r, j, 0] * x[r, j, 0]
-            for k in range(1, w):
-                acc += x[r, j, k] * x[r, j, k]
+            v = x[r, j]
+            if w <= 16:
+                acc = v[0] * v[0]
+                for k in range(1, w):
+                    acc += v[k] * v[k]
+            else:
+                s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+                n8 = w - w % 8
+                for k in range(0, n8, 8):
+                    s0 += v[k] * v[k]
+                    s1 += v[k + 1] * v[k + 1]
+                    s2 += v[k + 2] * v[k + 2]
+                    s3 += v[k + 3] * v[k + 3]
+                    s4 += v[k + 4] * v[k + 4]
+                    s5 += v[k + 5] * v[k + 5]
+                    s6 += v[k + 6] * v[k + 6]
+                    s7 += v[k + 7] * v[k + 7]
+                tail = np.zeros(8)
+                for k in range(n8, w):
+                    tail[k - n8] = v[k] * v[k]
+                s0 += tail[0]
+                s1 += tail[1]
+                s2 += tail[2]
+                s3 += tail[3]
+                s4 += tail[4]
+                s5 += tail[5]
+                s6 += tail[6]
+                s7 += tail[7]
+                acc = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
             nrm = np.sqrt(acc)
             norms[r, j] = nrm
             if nrm != 0.0:
                 for k in range(w):
-                    x[r, j, k] = x[r, j, k] / nrm
+                    v[k] = v[k] / nrm
 
 
 # ----------------------------------------------------------------------------- sampler keys

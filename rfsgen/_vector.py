@@ -63,49 +63,6 @@ def _splat(builder, x):
 
 
 @intrinsic
-def cmul(typingctx, ar, ai, i, br, bi, j, cr, ci, k):
-    """``(cr[k], ci[k]) = (ar[i] + i ai[i]) * (br[j] + i bi[j])`` on lane rows of float64.
-
-    Real part ``ar*br - ai*bi``, imaginary ``ar*bi + ai*br``, in that order.
-    """
-    if not all(_is_matrix(t, types.float64) for t in (ar, ai, br, bi, cr, ci)):
-        return None
-    sig = types.void(ar, ai, i, br, bi, j, cr, ci, k)
-
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        ii, jj, kk = (_index(context, builder, args[n], t[n]) for n in (2, 5, 8))
-        x = _load_row(context, builder, t[0], args[0], ii)
-        y = _load_row(context, builder, t[1], args[1], ii)
-        u = _load_row(context, builder, t[3], args[3], jj)
-        w = _load_row(context, builder, t[4], args[4], jj)
-        re = builder.fsub(builder.fmul(x, u), builder.fmul(y, w))
-        im = builder.fadd(builder.fmul(x, w), builder.fmul(y, u))
-        _store_row(context, builder, t[6], args[6], kk, re)
-        _store_row(context, builder, t[7], args[7], kk, im)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def scale(typingctx, src, i, s, dst, k):
-    """``dst[k] = s * src[i]`` on lane rows; float64 products rounded to ``dst``'s dtype."""
-    if not (_is_matrix(src, types.float64) and _is_matrix(dst) and dst.dtype in (types.float32, types.float64)):
-        return None
-    sig = types.void(src, i, s, dst, k)
-
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        x = _load_row(context, builder, t[0], args[0], _index(context, builder, args[1], t[1]))
-        sv = _splat(builder, context.cast(builder, args[2], t[2], types.float64))
-        _store_row(context, builder, t[3], args[3], _index(context, builder, args[4], t[4]), builder.fmul(sv, x))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def gather(typingctx, src, r0, col, c, dst, k):
     """``dst[k, t] = c * src[r0 + t, col]`` for the 8 lanes t: one column of 8 rows."""
     if not (_is_matrix(src, types.float64) and _is_matrix(dst, types.float64)):
@@ -126,6 +83,48 @@ def gather(typingctx, src, r0, col, c, dst, k):
             vec = builder.insert_element(vec, x, ir.Constant(_I32, lane))
         cv = _splat(builder, context.cast(builder, args[3], t[3], types.float64))
         _store_row(context, builder, t[4], args[4], _index(context, builder, args[5], t[5]), builder.fmul(cv, vec))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def product(typingctx, fr, fi, first, fidx, q0, q1, imag, s, dst, k):
+    """One column for 8 lanes: ``P = F[first] * F[fidx[q0]] * ... * F[fidx[q1 - 1]]``
+    (complex, left to right, with ``F = fr + i fi`` lane rows), then
+    ``dst[k] = s * (Im P if imag else Re P)`` in ``dst``'s dtype.
+
+    The running product stays in registers (a memory round trip through a 512-bit
+    store and reload per factor costs more than the multiply).
+    """
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64) and _is_matrix(dst)
+            and dst.dtype in (types.float32, types.float64)
+            and isinstance(fidx, types.Array) and fidx.ndim == 1 and isinstance(fidx.dtype, types.Integer)):
+        return None
+    sig = types.void(fr, fi, first, fidx, q0, q1, imag, s, dst, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        start = _index(context, builder, args[0 + 2], t[2])
+        x = _load_row(context, builder, t[0], args[0], start)
+        y = _load_row(context, builder, t[1], args[1], start)
+        acc_r = cgutils.alloca_once_value(builder, x)
+        acc_i = cgutils.alloca_once_value(builder, y)
+        lo = _index(context, builder, args[4], t[4])
+        hi = _index(context, builder, args[5], t[5])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(types.intp, 1), inc=True) as (q, _):
+            fp = _item_ptr(context, builder, t[3], args[3], q)
+            f = _index(context, builder, builder.load(fp), t[3].dtype)
+            u = _load_row(context, builder, t[0], args[0], f)
+            w = _load_row(context, builder, t[1], args[1], f)
+            xr = builder.load(acc_r)
+            xi = builder.load(acc_i)
+            builder.store(builder.fsub(builder.fmul(xr, u), builder.fmul(xi, w)), acc_r)
+            builder.store(builder.fadd(builder.fmul(xr, w), builder.fmul(xi, u)), acc_i)
+        take_imag = context.cast(builder, args[6], t[6], types.boolean)
+        v = builder.select(take_imag, builder.load(acc_i), builder.load(acc_r))
+        sv = _splat(builder, context.cast(builder, args[7], t[7], types.float64))
+        _store_row(context, builder, t[8], args[8], _index(context, builder, args[9], t[9]), builder.fmul(sv, v))
         return context.get_dummy_value()
 
     return sig, codegen

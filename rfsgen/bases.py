@@ -189,25 +189,12 @@ def _prepare_vector(base, x, nodes, row0, source):
     return (xb / norms[..., None]).reshape(m, g, w)
 
 
-def _sum_squares(x):
-    """Sum of squares over the last axis; the same rounding for a row alone or in a chunk."""
-    if x.shape[-1] > 16:
-        return (x * x).sum(axis=-1)
-    acc = x[..., 0] * x[..., 0]  # a few columns: numpy's reduction over a short axis is slow
-    for k in range(1, x.shape[-1]):
-        acc += x[..., k] * x[..., k]
-    return acc
-
-
 def _prepare_sphere(base, x, nodes, row0, source):
-    if x.shape[-1] <= 16 and x.flags.c_contiguous:
-        from ._compiled import normalize_small
+    from ._compiled import normalize
 
-        norms = np.empty(x.shape[:-1])
-        normalize_small(x, norms)  # in place, the same rounding as below
-    else:
-        norms = np.sqrt(_sum_squares(x))
-        np.divide(x, norms[..., None], out=x, where=norms[..., None] != 0)
+    x = np.ascontiguousarray(x)
+    norms = np.empty(x.shape[:-1])
+    normalize(x, norms)  # in place; a row's values never depend on the rest of its chunk
     zero = norms == 0
     if zero.any():
         if base.param("zero") == "error":

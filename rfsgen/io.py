@@ -6,7 +6,8 @@ skipped), and ``-`` for standard input (``.npy`` bytes or CSV/TSV text,
 detected).  Arrays with more than two dimensions are flattened per row
 (row-major), so ``(N, H, W, C)`` images become rows of ``H*W*C`` values.
 
-Every source streams float64 chunks ``(m, width)``: memory is bounded by the
+Every source streams float chunks ``(m, width)`` (float32 and float64 data as
+stored, anything else as float64): memory is bounded by the
 chunk, never by the input size (except ``.npz`` members, which numpy cannot
 memory-map and are loaded whole).
 """
@@ -38,7 +39,7 @@ class InputSource:
     n_rows: int | None
 
     def chunks(self, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(row0, float64 array (m, width))`` for rows ``start:stop``."""
+        """Yield ``(row0, float32 or float64 array (m, width))`` for rows ``start:stop``."""
         raise NotImplementedError
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -46,7 +47,7 @@ class InputSource:
         parts = [c for _, c in self.chunks(65536, start, stop)]
         if not parts:
             return np.zeros((0, self.width))
-        return np.concatenate(parts)
+        return np.concatenate(parts).astype(np.float64, copy=False)
 
     def close(self):
         pass
@@ -56,6 +57,11 @@ class InputSource:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _float(a: np.ndarray) -> np.ndarray:
+    """float32 and float64 as they are (the transform reads both); other numbers as float64."""
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
 
 
 class ArraySource(InputSource):
@@ -78,7 +84,7 @@ class ArraySource(InputSource):
         read = self._file_reader()
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
-            block = read(a, b) if read else np.asarray(self.array[a:b], dtype=np.float64)
+            block = read(a, b) if read else _float(np.asarray(self.array[a:b]))
             yield a, block.reshape(b - a, self.width)
 
     def _file_reader(self):
@@ -104,7 +110,7 @@ class ArraySource(InputSource):
                 if k == 0:
                     raise InputError(f"{self.name}: file ended early (truncated?); re-create it")
                 got += k
-            return buf.astype(np.float64)
+            return _float(buf)
 
         return read
 
