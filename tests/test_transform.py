@@ -209,8 +209,8 @@ def test_cli_dense_is_chunk_invariant_and_matches_memory(files):
     np.testing.assert_array_equal(X, transform(load(files / "f.h5"), np.load(files / "rows.npy"), layout="dense"))
 
 
-@pytest.mark.parametrize("layout", ["dense", "csr"])
-def test_full_disk_in_the_writer_thread_fails_cleanly(files, tmp_path, monkeypatch, layout):
+@pytest.mark.parametrize("layout", ["dense", "dense-pwrite", "csr"])
+def test_full_disk_fails_cleanly(files, tmp_path, monkeypatch, layout):
     import errno
     import os
 
@@ -219,14 +219,30 @@ def test_full_disk_in_the_writer_thread_fails_cleanly(files, tmp_path, monkeypat
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    # dense writes its data area with os.pwrite, csr appends through h5py
+    # dense reserves its data area with posix_fallocate (or, without it, writes with
+    # os.pwrite in a writer thread); csr appends through h5py
+    if layout == "dense-pwrite":
+        monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    else:
+        monkeypatch.setattr(os, "posix_fallocate", full)
     monkeypatch.setattr(os, "pwrite", full)
     monkeypatch.setattr(h5ds.Dataset, "__setitem__", full)
     out = tmp_path / "o.h5"
-    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--layout", layout, "--chunk-rows", 8])
+    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--layout", layout.split("-")[0],
+               "--chunk-rows", 8])
     assert res.exit_code == 1
     assert "no space left on device" in res.stderr and str(out) in res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dense_without_fallocate_writes_the_same_bytes(files, tmp_path, monkeypatch):
+    import os
+
+    args = [files / "f.h5", files / "rows.npy", "--layout", "dense", "--chunk-rows", 7]
+    assert run(["transform", *args, "-o", tmp_path / "mapped.h5"]).exit_code == 0
+    monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    assert run(["transform", *args, "-o", tmp_path / "written.h5"]).exit_code == 0
+    assert (tmp_path / "mapped.h5").read_bytes() == (tmp_path / "written.h5").read_bytes()
 
 
 def test_npy_rows_are_read_without_the_memory_map(files, tmp_path):
