@@ -121,6 +121,24 @@ def _power(zr, zi, p, fr, fi):  # pragma: no cover - compiled
         fi[t] = ri
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def compress_rows(vals, data, indices, counts):  # pragma: no cover - compiled
+    """CSR pieces of ``vals`` (m, d) without its exact zeros, in row order: values into
+    ``data`` and column numbers into ``indices`` (each at least m * d long), the count
+    per row into ``counts`` (m,).  Returns the number of values kept."""
+    m, d = vals.shape
+    k = 0
+    for r in range(m):
+        start = k
+        for j in range(d):
+            v = vals[r, j]
+            data[k] = v  # written always, kept only when nonzero: no branch to mispredict
+            indices[k] = j
+            k += v != 0
+        counts[r] = k - start
+    return k
+
+
 # ----------------------------------------------------------------------------- input preparation
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def gather_columns(x, cols, out):  # pragma: no cover - compiled

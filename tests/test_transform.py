@@ -245,6 +245,26 @@ def test_dense_without_fallocate_writes_the_same_bytes(files, tmp_path, monkeypa
     assert (tmp_path / "mapped.h5").read_bytes() == (tmp_path / "written.h5").read_bytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_csr_pieces_drop_exact_zeros(dtype):
+    from rfsgen.transform import _sparse_parts
+
+    rng = np.random.default_rng(4)
+    vals = rng.standard_normal((37, 53)).astype(dtype)
+    vals[rng.random(vals.shape) < 0.3] = 0.0
+    vals[5] = 0.0  # an empty row
+    vals[:, 0] = -0.0  # negative zeros are zeros too
+    data, indices, counts = _sparse_parts(vals)
+    ref = sp.csr_matrix(vals)
+    assert data.dtype == dtype and indices.dtype == np.int32
+    np.testing.assert_array_equal(data, ref.data)
+    np.testing.assert_array_equal(indices, ref.indices)
+    np.testing.assert_array_equal(np.concatenate([[0], np.cumsum(counts)]), ref.indptr)
+    full = np.ones((3, 4), dtype=dtype)  # no zeros: views of the values, no copy
+    data, indices, counts = _sparse_parts(full)
+    assert np.shares_memory(data, full) and counts.tolist() == [4, 4, 4] and indices.tolist() == list(range(4)) * 3
+
+
 def test_npy_rows_are_read_without_the_memory_map(files, tmp_path):
     from rfsgen.io import open_input
 
