@@ -419,8 +419,7 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) ->
     row_bytes = D * np.dtype(dtype).itemsize
     fd = os.open(f.filename, os.O_RDWR)
     try:
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, offset, n * row_bytes)
+        if _reserve(fd, offset, n * row_bytes):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress)
 
         def put(row0, vals):
@@ -433,6 +432,24 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) ->
         return _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     finally:
         os.close(fd)
+
+
+def _reserve(fd, offset, size) -> bool:
+    """Reserve the file's blocks for ``size`` bytes at ``offset``.  True when done;
+    False where the system cannot (no ``posix_fallocate``, or a file system that
+    refuses it), and the caller then writes with ``pwrite``.  A full disk raises."""
+    import errno
+    import os
+
+    if not hasattr(os, "posix_fallocate"):
+        return False
+    try:
+        os.posix_fallocate(fd, offset, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    return True
 
 
 def _populator(threads: int, pool):

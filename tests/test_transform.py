@@ -235,14 +235,43 @@ def test_full_disk_fails_cleanly(files, tmp_path, monkeypatch, layout):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_dense_without_fallocate_writes_the_same_bytes(files, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["missing", "refused"])
+def test_dense_without_fallocate_writes_the_same_bytes(files, tmp_path, monkeypatch, how):
+    import errno
     import os
 
     args = [files / "f.h5", files / "rows.npy", "--layout", "dense", "--chunk-rows", 7]
     assert run(["transform", *args, "-o", tmp_path / "mapped.h5"]).exit_code == 0
-    monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    if how == "missing":
+        monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    else:  # a file system that does not support it
+
+        def refuse(*a):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+        monkeypatch.setattr(os, "posix_fallocate", refuse)
     assert run(["transform", *args, "-o", tmp_path / "written.h5"]).exit_code == 0
     assert (tmp_path / "mapped.h5").read_bytes() == (tmp_path / "written.h5").read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_interrupt_mid_transform_leaves_nothing(files, tmp_path, monkeypatch, layout):
+    from rfsgen.transform import Transformer
+
+    real = Transformer.chunk
+    calls = []
+
+    def chunk(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:  # Ctrl-C while the third chunk is computed into its map / buffer
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Transformer, "chunk", chunk)
+    out = tmp_path / "o.h5"
+    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--layout", layout, "--chunk-rows", 8])
+    assert res.exit_code == 130 and "interrupted" in res.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
