@@ -11,6 +11,10 @@ scalar expression would, bit for bit.
 Conventions: a "lane row" is the 8 consecutive elements starting at ``a[i, 0]`` of a
 C-contiguous 2-D array (the caller guarantees at least 8 columns).  No bounds
 checks are made; the caller's indices are trusted.
+
+numba's on-disk cache of :mod:`rfsgen._compiled` is keyed on that file alone: after
+editing this one, touch ``_compiled.py`` (or delete ``rfsgen/__pycache__``) so the
+loops are compiled again.
 """
 
 from __future__ import annotations
