@@ -5,12 +5,13 @@ Every column is ``scale_j * Re(e^{i b_j} * prod_k z_k(x)^{p_k})``: a product of 
 input node with a code (a circle angle, a categorical frequency, a sphere pair or
 coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of rows:
 
-* each base computes its atoms' values feature-major (atoms x rows), gaussian and
-  laplace angles as one BLAS product per node;
-* distinct (atom, power) factors are raised to their powers once;
-* one compiled loop (:mod:`rfsgen._compiled`) multiplies each column's factors for
-  tiles of rows, in float64, and stores ``scale * Re`` (or ``-Im`` for the b = pi/2
-  phase) in the output dtype.
+* the rows are validated and prepared; sphere atoms are linear in the prepared
+  values and read from them directly, other bases compute their atoms' values
+  row-major (gaussian and laplace angles as one BLAS product per node);
+* one compiled loop (:mod:`rfsgen._compiled`) takes tiles of 8 rows, raises the
+  distinct (atom, power != 1) factors once, multiplies each column's factors in
+  8-lane float64 vector operations, and stores ``scale * Re`` (or ``-Im`` for the
+  b = pi/2 phase) in the output dtype.
 
 No cosine or logarithm is evaluated per output value.  The output is deterministic
 from the feature file: identical whatever the chunk size or thread count,
