@@ -237,6 +237,8 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
                 if progress:
                     progress(block.shape[0])
             return out
+        if layout == "csr" and src.n_rows is not None:
+            return _csr_known_rows(tr, src, chunk_rows, progress)
         parts = []
         for _, vals in tr.chunks(src, chunk_rows):
             parts.append(vals.copy() if layout == "dense" else tuple(a.copy() for a in _sparse_parts(vals)))
@@ -251,6 +253,29 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
     data = np.concatenate([p[0] for p in parts])
     indices = np.concatenate([p[1] for p in parts])
     return sp.csr_matrix((data, indices, indptr), shape=(indptr.size - 1, D))
+
+
+def _csr_known_rows(tr, src, chunk_rows, progress):
+    """In-memory CSR of a source of known length: each chunk's nonzeros are compacted
+    straight into arrays sized for the dense case (m * D), trimmed at the end."""
+    from ._compiled import compress_rows
+
+    n, D = src.n_rows, tr.columns
+    data = np.empty(n * D, dtype=tr.dtype)
+    indices = np.empty(n * D, dtype=np.int32 if D < 2**31 else np.int64)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    nnz = 0
+    for row0, vals in tr.chunks(src, chunk_rows):
+        m = vals.shape[0]
+        counts = np.empty(m, dtype=np.int64)
+        nnz += compress_rows(vals, data[nnz:], indices[nnz:], counts)
+        np.cumsum(counts, out=indptr[row0 + 1:row0 + m + 1])
+        indptr[row0 + 1:row0 + m + 1] += indptr[row0]
+        if progress:
+            progress(m)
+    if nnz < 0.9 * data.size:  # release the unused tail
+        data, indices = data[:nnz].copy(), indices[:nnz].copy()
+    return sp.csr_matrix((data[:nnz], indices[:nnz], indptr), shape=(n, D))
 
 
 def default_chunk_rows(columns: int) -> int:

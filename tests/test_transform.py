@@ -274,6 +274,20 @@ def test_interrupt_mid_transform_leaves_nothing(files, tmp_path, monkeypatch, la
     assert list(tmp_path.iterdir()) == []
 
 
+def test_in_memory_csr_is_the_dense_result_without_zeros(cifar_rows):
+    fs = sample(load_skeleton(skeleton_path("cifar-deep")), 500, seed=2)
+    x = np.concatenate([cifar_rows] * 2)[:100]
+    x[3, 0::3] = 0.0  # a zero channel in every pixel makes some features exactly zero
+    dense = transform(fs, x, layout="dense")
+    ref = sp.csr_matrix(dense)
+    assert ref.nnz < dense.size
+    for chunk in (7, 100):
+        got = transform(fs, x, layout="csr", chunk_rows=chunk)
+        assert got.shape == dense.shape and got.dtype == np.float32 and got.indices.dtype == np.int32
+        for a in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(ref, a))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_csr_pieces_drop_exact_zeros(dtype):
     from rfsgen.transform import _sparse_parts
