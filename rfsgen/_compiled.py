@@ -155,7 +155,8 @@ def normalize(x, norms):  # pragma: no cover - compiled
     Euclidean norm, stored in ``norms`` float64 ``(m, G)``; zero vectors are left alone.
 
     The sum of squares runs left to right for w <= 16; longer vectors use 8 running
-    sums (element k goes to sum k mod 8) added as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)),
+    sums (element k of the first w - w mod 8 goes to sum k mod 8, the rest to sum 0)
+    added as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)),
     which vectorises and keeps the rounding error near log-depth.  Either way a
     vector's norm depends only on its own values.
     """
@@ -179,17 +180,8 @@ def normalize(x, norms):  # pragma: no cover - compiled
                     s5 += v[k + 5] * v[k + 5]
                     s6 += v[k + 6] * v[k + 6]
                     s7 += v[k + 7] * v[k + 7]
-                tail = np.zeros(8)
-                for k in range(n8, w):
-                    tail[k - n8] = v[k] * v[k]
-                s0 += tail[0]
-                s1 += tail[1]
-                s2 += tail[2]
-                s3 += tail[3]
-                s4 += tail[4]
-                s5 += tail[5]
-                s6 += tail[6]
-                s7 += tail[7]
+                for k in range(n8, w):  # the last w mod 8 squares
+                    s0 += v[k] * v[k]
                 acc = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
             nrm = np.sqrt(acc)
             norms[r, j] = nrm

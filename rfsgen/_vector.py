@@ -109,7 +109,7 @@ def product(typingctx, fr, fi, first, fidx, q0, q1, imag, s, dst, k):
 
     def codegen(context, builder, signature, args):
         t = signature.args
-        start = _index(context, builder, args[0 + 2], t[2])
+        start = _index(context, builder, args[2], t[2])
         x = _load_row(context, builder, t[0], args[0], start)
         y = _load_row(context, builder, t[1], args[1], start)
         acc_r = cgutils.alloca_once_value(builder, x)
