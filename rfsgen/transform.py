@@ -302,6 +302,7 @@ class _Appender:
         kw = {} if compression == "none" else {"compression": compression}
         self.ds = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(block,),
                                        track_times=False, **kw)
+        self.raw = compression == "none"
         self.pending = np.empty(block, dtype=dtype)
         self.n_pending = 0
         self.size = 0
@@ -328,7 +329,16 @@ class _Appender:
         if not data.size:
             return
         self.ds.resize((self.size + data.size,))
-        self.ds[self.size:self.size + data.size] = data
+        if self.raw and self.size % self.block == 0:
+            # Whole uncompressed chunks go to the file as they are: the same bytes as a
+            # selection write, without HDF5's per-element machinery.
+            for k in range(0, data.size - data.size % self.block, self.block):
+                self.ds.id.write_direct_chunk((self.size + k,), memoryview(data[k:k + self.block]))
+            done = data.size - data.size % self.block
+            if done < data.size:
+                self.ds[self.size + done:self.size + data.size] = data[done:]
+        else:
+            self.ds[self.size:self.size + data.size] = data
         self.size += data.size
 
     def close(self):
