@@ -8,6 +8,8 @@ installed; see the README's Performance section for the measurements behind it.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -152,18 +154,34 @@ def gather_columns(x, cols, out):  # pragma: no cover - compiled
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def normalize(x, norms):  # pragma: no cover - compiled
     """Divide each vector ``x[r, g, :]`` (float64 ``(m, G, w)``, C order, in place) by its
-    Euclidean norm, stored in ``norms`` float64 ``(m, G)``; zero vectors are left alone.
+    Euclidean norm; ``norms`` float64 ``(m, G)`` receives the norm of the vector scaled
+    by a power of two (0 exactly for zero vectors, which are left alone).
 
-    The sum of squares runs left to right for w <= 16; longer vectors use 8 running
-    sums (element k of the first w - w mod 8 goes to sum k mod 8, the rest to sum 0)
-    added as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)),
-    which vectorises and keeps the rounding error near log-depth.  Either way a
-    vector's norm depends only on its own values.
+    Each vector is first multiplied by the power of two 2^-e that brings its largest
+    magnitude into [0.5, 1): exact, so ordinary rows get the same bits as without it,
+    while rows of magnitude 1e-300 or 1e300 neither underflow nor overflow when
+    squared and give the features of the same rows unscaled.  The sum of squares
+    runs left to right for w <= 16; longer vectors use 8 running sums (element k of
+    the first w - w mod 8 goes to sum k mod 8, the rest to sum 0) added as
+    ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), which vectorises and keeps the rounding
+    error near log-depth.  Either way a vector's norm depends only on its own values.
     """
     m, g, w = x.shape
     for r in numba.prange(m):
         for j in range(g):
             v = x[r, j]
+            mx = 0.0
+            for k in range(w):
+                a = abs(v[k])
+                if a > mx:
+                    mx = a
+            if mx == 0.0:
+                norms[r, j] = 0.0
+                continue
+            e = math.frexp(mx)[1]
+            f = math.ldexp(1.0, -e)
+            for k in range(w):
+                v[k] = v[k] * f
             if w <= 16:
                 acc = v[0] * v[0]
                 for k in range(1, w):
@@ -185,9 +203,8 @@ def normalize(x, norms):  # pragma: no cover - compiled
                 acc = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
             nrm = np.sqrt(acc)
             norms[r, j] = nrm
-            if nrm != 0.0:
-                for k in range(w):
-                    v[k] = v[k] / nrm
+            for k in range(w):
+                v[k] = v[k] / nrm
 
 
 # ----------------------------------------------------------------------------- sampler keys
@@ -233,3 +250,86 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
             head = _mix(np.uint64(kind[i]) + np.uint64(z - a) * _M1 + salt)
             out[i, half] = _mix(acc ^ head)
         out[i, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)
+
+
+# ----------------------------------------------------------------------------- atom values
+# numpy's matrix product goes through BLAS, whose summation order depends on the matrix
+# shape and on the kernel OpenBLAS picks for the CPU; numpy's own float64 exp/log also
+# differ between its AVX2 and AVX-512 paths.  These loops fix the order of every
+# operation and take cos/sin from the C library, so the bytes are the same on every
+# x86-64 CPU, for any chunk of rows.
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def phases(xp, node, om, re, im):  # pragma: no cover - compiled
+    """Angles ``theta[r, k] = sum_c xp[r, node[k], c] * om[k, c]`` and their cos and sin.
+
+    ``xp`` float64 ``(m, G, w)`` C order; ``node`` int64 ``(a,)`` the node (within the
+    group) of atom ``k``; ``om`` float64 ``(a, w)`` its scaled frequency.  The sum for
+    each (r, k) runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with separate
+    multiply and add (no fused multiply-add), so it equals the numpy expression
+    ``acc = 0.0; for c: acc = acc + xp[:, node, c] * om[:, c]``.  Writes
+    ``re = cos(theta)`` and ``im = sin(theta)``, float64 ``(m, a)``.
+    """
+    m = xp.shape[0]
+    w = xp.shape[2]
+    a = node.size
+    for r in numba.prange(m):
+        acc = np.empty(8)
+        for k0 in range(0, a, 8):  # 8 independent sums in flight instead of one chain
+            k1 = min(k0 + 8, a)
+            for t in range(k1 - k0):
+                acc[t] = 0.0
+            for c in range(w):
+                for t in range(k1 - k0):
+                    acc[t] += xp[r, node[k0 + t], c] * om[k0 + t, c]
+            for t in range(k1 - k0):
+                re[r, k0 + t] = np.cos(acc[t])
+                im[r, k0 + t] = np.sin(acc[t])
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def cis(theta, re, im):  # pragma: no cover - compiled
+    """``re = cos(theta)``, ``im = sin(theta)`` elementwise (C library), float64 ``(m, a)``."""
+    for r in numba.prange(theta.shape[0]):
+        for k in range(theta.shape[1]):
+            re[r, k] = np.cos(theta[r, k])
+            im[r, k] = np.sin(theta[r, k])
+
+
+# ----------------------------------------------------------------------------- orthogonal rows
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _dot8(a, b):  # pragma: no cover - compiled
+    """sum_e a[e] b[e] in a fixed order: 8 running sums (element e to sum e mod 8) added as
+    ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)); the same on every CPU."""
+    n = a.size
+    s = np.zeros(8)
+    n8 = n - n % 8
+    for e in range(0, n8, 8):
+        for t in range(8):
+            s[t] += a[e + t] * b[e + t]
+    for e in range(n8, n):
+        s[0] += a[e] * b[e]
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def orthonormal_rows(g):  # pragma: no cover - compiled
+    """Orthonormalise the rows of ``g`` (float64 ``(n, d)``, n <= d, C order) in place by
+    modified Gram-Schmidt with one re-orthogonalisation pass, in a fixed order.
+
+    For Gaussian ``g`` the result is the first n rows of a Haar-random orthogonal
+    matrix (the Q of a QR factorisation, made unique by positive R diagonal), as
+    LAPACK's QR would give up to rounding, but with bits that do not depend on the
+    CPU or on a BLAS library.
+    """
+    n = g.shape[0]
+    for i in range(n):
+        v = g[i]
+        for _ in range(2):
+            for j in range(i):
+                c = _dot8(g[j], v)
+                q = g[j]
+                for e in range(v.size):
+                    v[e] = v[e] - c * q[e]
+        nrm = np.sqrt(_dot8(v, v))
+        for e in range(v.size):
+            v[e] = v[e] / nrm

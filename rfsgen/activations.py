@@ -28,6 +28,8 @@ from typing import Callable, Mapping
 import numpy as np
 from scipy import special
 
+from .errors import SamplerError
+
 
 #: Tail mass below which an infinite series is truncated (when it has no exact tail sampler).
 TOLERANCE = 1e-9
@@ -60,9 +62,9 @@ class ArcsinTail:
 
     def log_weight(self, k: np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
-        log_c = _log_central_ratio(k) - np.log(2 * k + 1)
+        log_c = _log_central_ratio(k) - _libm(math.log, 2 * k + 1)
         if self.relu:
-            log_c = log_c - np.log(2 * k + 2)
+            log_c = log_c - _libm(math.log, 2 * k + 2)
         return log_c - math.log(math.pi)
 
     def _log_envelope(self) -> float:
@@ -73,31 +75,62 @@ class ArcsinTail:
         xm = float(self.k0)
         return math.log(a) - math.log(s) - s * math.log(xm) + self.alpha * math.log1p(1.0 / xm)
 
+    def overflow_probability(self) -> float:
+        """Probability that one tail draw's proposal reaches :data:`DEGREE_LIMIT`."""
+        return (self.k0 / (DEGREE_LIMIT / 2)) ** (self.alpha - 1.0)
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Return ``n`` int64 degrees from the tail distribution."""
+        """Return ``n`` int64 degrees from the tail distribution.
+
+        Raises :class:`~rfsgen.errors.SamplerError` if a proposal reaches
+        :data:`DEGREE_LIMIT` (it could not be represented); the message gives the
+        exact probability of that per tail draw.
+        """
         out = np.empty(n, dtype=np.int64)
         todo = np.arange(n)
         s = self.alpha - 1.0
         log_m = self._log_envelope()
-        limit = float(2**61)
+        limit = float(DEGREE_LIMIT // 2)
         while todo.size:
             u = rng.random(todo.size)
             v = rng.random(todo.size)
-            x = self.k0 * (1.0 - u) ** (-1.0 / s)
+            x = self.k0 * _libm_pow(1.0 - u, -1.0 / s)
             if np.any(x >= limit):
                 from .errors import SamplerError
 
                 raise SamplerError(
-                    "a heavy-tailed degree exceeded 2**62 and cannot be represented; "
-                    "this happens with probability < 1e-12 per draw -- try another --seed"
+                    f"a {'relu' if self.relu else 'step'} degree above 2**{DEGREE_LIMIT.bit_length() - 1} was "
+                    f"drawn, which cannot be represented (probability {self.overflow_probability():.2g} per "
+                    "heavy-tail degree; stacked step layers draw millions of them per feature); "
+                    "use fewer stacked step layers, or relu, whose tail is far lighter"
                 )
             k = np.floor(x)
-            p_k = (k / self.k0) ** (-s) - ((k + 1) / self.k0) ** (-s)
-            log_accept = self.log_weight(k) - log_m - np.log(p_k)
-            ok = np.log(v) <= log_accept
+            p_k = _libm_pow(k / self.k0, -s) - _libm_pow((k + 1) / self.k0, -s)
+            log_accept = self.log_weight(k) - log_m - _libm(math.log, p_k)
+            ok = _libm(math.log, v) <= log_accept
             out[todo[ok]] = self.offset + 2 * k[ok].astype(np.int64)
             todo = todo[~ok]
         return out
+
+
+#: Degrees (and sums of degrees) must stay below this to be represented exactly.
+DEGREE_LIMIT = 2**62
+
+
+def _libm(fn, x) -> np.ndarray:
+    """``fn`` (a :mod:`math` function) elementwise through the C library.
+
+    numpy's own float64 exp/log/power take CPU-specific SIMD paths whose last bits
+    differ between AVX2 and AVX-512; the sampler's tables and accept/reject tests
+    must not, or a seed would draw different features on another machine.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return np.fromiter(map(fn, x.ravel().tolist()), dtype=np.float64, count=x.size).reshape(x.shape)
+
+
+def _libm_pow(x, e: float) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.fromiter((math.pow(v, e) for v in x.ravel().tolist()), dtype=np.float64, count=x.size).reshape(x.shape)
 
 
 def _log_central_ratio(k: np.ndarray) -> np.ndarray:
@@ -110,7 +143,7 @@ def _log_central_ratio(k: np.ndarray) -> np.ndarray:
     kb = k[~small]
     # Gamma(k+1/2)/Gamma(k+1) = k^-1/2 (1 - 1/(8k) + 1/(128k^2) + 5/(1024k^3) - 21/(32768k^4))
     series = 1 - 1 / (8 * kb) + 1 / (128 * kb**2) + 5 / (1024 * kb**3) - 21 / (32768 * kb**4)
-    out[~small] = -0.5 * np.log(kb) + np.log(series) - 0.5 * math.log(math.pi)
+    out[~small] = -0.5 * _libm(math.log, kb) + _libm(math.log, series) - 0.5 * math.log(math.pi)
     return out
 
 
@@ -143,6 +176,7 @@ class Activation:
     degree_fn: Callable[[np.random.Generator, int], np.ndarray] | None = field(
         default=None, repr=False
     )
+    gap_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.coefficients.setflags(write=False)
@@ -168,6 +202,11 @@ class Activation:
     def dual(self, rho: np.ndarray) -> np.ndarray:
         """``sigma_hat(rho)`` elementwise; ``rho`` float64 in [-1, 1] (clipped)."""
         return self.dual_fn(np.clip(rho, -1.0, 1.0))
+
+    def gap(self, rho: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """``1 - sigma_hat(rho)`` from ``delta = 1 - rho`` (both float64, same shape),
+        accurate where ``rho`` is near 1; see the exact kernel."""
+        return np.clip(self.gap_fn(np.clip(rho, -1.0, 1.0), np.clip(delta, 0.0, 2.0)), 0.0, 2.0)
 
     def sample_degrees(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` iid degrees (int64) with ``P(l = i) = a_i``."""
@@ -203,7 +242,14 @@ class Activation:
         return idx
 
     def sum_degrees(self, rng: np.random.Generator, m: np.ndarray) -> np.ndarray:
-        """For each entry of ``m`` (int64 counts), the sum of that many iid degrees."""
+        """For each entry of ``m`` (int64 counts), the sum of that many iid degrees.
+
+        Memory stays bounded whatever ``m`` holds: single degrees are drawn at most
+        :data:`SUM_BATCH` at a time, and huge counts go through one multinomial
+        over the table plus tail degrees summed in batches.  A sum that would
+        reach :data:`DEGREE_LIMIT`, or a count needing more than
+        :data:`MAX_TAIL_DRAWS` tail degrees, is a :class:`SamplerError`.
+        """
         m = np.asarray(m, dtype=np.int64)
         if self.sum_fn is not None:
             return self.sum_fn(rng, m)
@@ -211,10 +257,17 @@ class Activation:
         big = m > 100_000
         small = np.flatnonzero(~big & (m > 0))
         if small.size:
-            counts = m[small]
-            deg = self.sample_degrees(rng, int(counts.sum()))
-            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            out[small] = np.add.reduceat(deg, starts)
+            ends = np.cumsum(m[small])
+            lo = 0
+            while lo < small.size:  # slices of at most SUM_BATCH single degrees
+                base = ends[lo - 1] if lo else 0
+                hi = max(lo + 1, int(np.searchsorted(ends, base + SUM_BATCH, side="right")))
+                sel = small[lo:hi]
+                counts = m[sel]
+                deg = self.sample_degrees(rng, int(counts.sum()))
+                starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+                out[sel] = _checked_sums(deg, starts, self.name)
+                lo = hi
         for i in np.flatnonzero(big):  # rare: one multinomial per huge multiplicity
             out[i] = self._sum_many(rng, int(m[i]))
         return out
@@ -224,9 +277,41 @@ class Activation:
         p = p / p.sum()
         counts = rng.multinomial(count, p)
         total = int(np.dot(counts[:-1], np.arange(counts.size - 1)))
-        if counts[-1]:
-            total += int(self.tail.sample(rng, int(counts[-1])).sum())
+        n_tail = int(counts[-1])
+        if n_tail > MAX_TAIL_DRAWS:
+            raise SamplerError(
+                f"one draw needs the sum of {count} {self.name} degrees ({n_tail} from the heavy tail, more than "
+                f"the limit of {MAX_TAIL_DRAWS}); stacked step layers make such sums: use fewer of them"
+            )
+        while n_tail:
+            k = min(n_tail, SUM_BATCH)
+            total += int(self.tail.sample(rng, k).sum(dtype=np.float64))
+            n_tail -= k
+            if total >= DEGREE_LIMIT:
+                raise _overflow(self.name)
+        if total >= DEGREE_LIMIT:
+            raise _overflow(self.name)
         return total
+
+
+#: Most single degrees drawn at once when summing multiplicities (bounds memory).
+SUM_BATCH = 1 << 22
+#: Most heavy-tail degrees one summed multiplicity may need.
+MAX_TAIL_DRAWS = 1 << 26
+
+
+def _overflow(name):
+    return SamplerError(
+        f"a sum of {name} degrees in one draw reached 2**62 and cannot be represented; stacked step layers "
+        "have infinite mean degree: use fewer of them, or relu"
+    )
+
+
+def _checked_sums(deg, starts, name):
+    """``np.add.reduceat(deg, starts)`` that refuses sums at or above DEGREE_LIMIT."""
+    if deg.size and int(deg.max()) >= 2**40 and np.add.reduceat(deg.astype(np.float64), starts).max() >= DEGREE_LIMIT / 2:
+        raise _overflow(name)
+    return np.add.reduceat(deg, starts)
 
 
 def _fmt(v) -> str:
@@ -235,24 +320,103 @@ def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _poly_dual(a: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    coef = np.array(a, dtype=np.float64)
+# --------------------------------------------------------------------------- duals and gaps
+# Module-level functions (bound with functools.partial) rather than closures, so that
+# activations pickle and travel to worker processes.  A "gap" is 1 - sigma_hat(rho)
+# computed from delta = 1 - rho without cancellation: the exact kernel carries both,
+# so k(x, x) = 1 stays exact through any number of layers (arcsin-type duals
+# magnify a rounding error of 1e-16 in rho near 1 to 1e-8 per layer).
+def _poly_value(coef, rho):
+    return np.polynomial.polynomial.polyval(rho, coef)
 
-    def dual(rho):
-        return np.polynomial.polynomial.polyval(rho, coef)
 
-    return dual
+def _series_gap(tails, rho, delta):
+    # 1 - sum_i a_i rho^i = sum_i a_i (1 - rho^i) = delta * sum_j A_j rho^j, A_j = sum_{i>j} a_i >= 0:
+    # no cancellation near rho = 1.
+    return delta * np.polynomial.polynomial.polyval(rho, tails)
 
 
-def _series_activation(name, params, a, truncation=0.0, sum_fn=None, dual=None) -> Activation:
+def _copy(rho):
+    return np.array(rho, dtype=np.float64, copy=True)
+
+
+def _identity_gap(rho, delta):
+    return np.array(delta, dtype=np.float64, copy=True)
+
+
+def _identity_sum(rng, m):
+    return np.asarray(m, np.int64).copy()
+
+
+def _exp_dual(beta, rho):
+    return np.exp(beta * (rho - 1.0))
+
+
+def _exp_gap(beta, rho, delta):
+    return -np.expm1(-beta * delta)
+
+
+def _poisson_sum(beta, rng, m):
+    return rng.poisson(beta * np.asarray(m, np.float64)).astype(np.int64)
+
+
+def _poisson_degrees(beta, rng, n):
+    return rng.poisson(beta, n).astype(np.int64)
+
+
+def _angle(delta):
+    """The angle theta = arccos(1 - delta) in [0, pi], accurate for small delta."""
+    return 2.0 * np.arcsin(np.sqrt(np.clip(delta, 0.0, 2.0) / 2.0))
+
+
+def _relu_dual(rho):
+    return (np.sqrt(np.maximum(0.0, 1 - rho * rho)) + (math.pi - np.arccos(rho)) * rho) / math.pi
+
+
+def _relu_gap(rho, delta):
+    # 1 - sigma = (pi delta - (sin t - t cos t)) / pi with t = arccos(1 - delta); the
+    # bracket is t^3/3 - t^5/30 + ... (its Taylor series where direct evaluation cancels).
+    t = _angle(delta)
+    t2 = t * t
+    series = t * t2 * (1 / 3 - t2 * (1 / 30 - t2 * (1 / 840 - t2 * (1 / 45360 - t2 / 3991680))))
+    bracket = np.where(t < 0.1, series, np.sin(t) - t * np.cos(t))
+    return (math.pi * np.clip(delta, 0.0, 2.0) - bracket) / math.pi
+
+
+def _step_dual(rho):
+    return 0.5 + np.arcsin(rho) / math.pi
+
+
+def _step_gap(rho, delta):
+    return _angle(delta) / math.pi
+
+
+def _polynomial_dual(degree, c, rho):
+    return ((rho + c) / (1 + c)) ** degree
+
+
+def _polynomial_gap(degree, c, rho, delta):
+    u = np.clip(delta, 0.0, 2.0) / (1 + c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stable = -np.expm1(degree * np.log1p(-np.minimum(u, 1.0)))
+    return np.where(u < 1.0, stable, 1.0 - _polynomial_dual(degree, c, rho))
+
+
+def _binomial_sum(degree, prob, rng, m):
+    return rng.binomial(np.asarray(m, np.int64) * degree, prob).astype(np.int64)
+
+
+def _series_activation(name, params, a, truncation=0.0, sum_fn=None, dual=None, gap=None) -> Activation:
     a = np.asarray(a, dtype=np.float64)
     a = a / math.fsum(a)
-    deriv = float(np.dot(np.arange(a.size), a))
+    deriv = math.fsum(np.arange(a.size) * a)
+    tails = np.maximum(np.cumsum(a[::-1])[::-1][1:], 0.0)  # A_j = sum_{i > j} a_i
     return Activation(
         name=name,
         params=params,
         coefficients=a,
-        dual_fn=dual or _poly_dual(a),
+        dual_fn=dual or functools.partial(_poly_value, a),
+        gap_fn=gap or functools.partial(_series_gap, tails if tails.size else np.zeros(1)),
         derivative_at_one=deriv,
         truncation=truncation,
         sum_fn=sum_fn,
@@ -261,10 +425,7 @@ def _series_activation(name, params, a, truncation=0.0, sum_fn=None, dual=None) 
 
 # --------------------------------------------------------------------------- builders
 def _identity(params) -> Activation:
-    return _series_activation(
-        "identity", params, [0.0, 1.0], sum_fn=lambda rng, m: np.asarray(m, np.int64).copy(),
-        dual=lambda r: np.array(r, dtype=np.float64, copy=True),
-    )
+    return _series_activation("identity", params, [0.0, 1.0], sum_fn=_identity_sum, dual=_copy, gap=_identity_gap)
 
 
 def _exp(params) -> Activation:
@@ -277,17 +438,19 @@ def _exp(params) -> Activation:
         while special.pdtrc(kmax - 1, beta) > TOLERANCE:  # P(X > kmax-1)
             kmax += 1
     i = np.arange(kmax)
-    a = np.exp(-beta + i * math.log(beta) - special.gammaln(i + 1)) if beta > 0 else np.array([1.0])
+    # math.exp (the C library), not np.exp: see _libm
+    a = _libm(math.exp, -beta + i * math.log(beta) - special.gammaln(i + 1)) if beta > 0 else np.array([1.0])
     # Poisson has a closed-form tail sampler via its additivity, so nothing is truncated:
     # the table serves the degree search; degrees beyond it come from numpy's Poisson.
     return Activation(
         name="exp",
         params=params,
         coefficients=a / a.sum(),
-        dual_fn=lambda r: np.exp(beta * (r - 1.0)),
+        dual_fn=functools.partial(_exp_dual, beta),
+        gap_fn=functools.partial(_exp_gap, beta),
         derivative_at_one=beta,
-        sum_fn=lambda rng, m: rng.poisson(beta * np.asarray(m, np.float64)).astype(np.int64),
-        degree_fn=lambda rng, n: rng.poisson(beta, n).astype(np.int64),
+        sum_fn=functools.partial(_poisson_sum, beta),
+        degree_fn=functools.partial(_poisson_degrees, beta),
     )
 
 
@@ -301,11 +464,7 @@ def _relu(params) -> Activation:
     a[2 * k + 2] = c / ((2 * k + 2) * math.pi)
     a = a[: 2 * ARCSIN_TABLE_TERMS + 1]
     tail = ArcsinTail(k0=ARCSIN_TABLE_TERMS, offset=2, relu=True, mass=max(0.0, 1.0 - math.fsum(a)))
-
-    def dual(r):
-        return (np.sqrt(np.maximum(0.0, 1 - r * r)) + (math.pi - np.arccos(r)) * r) / math.pi
-
-    return Activation("relu", params, a, dual, 1.0, tail=tail)
+    return Activation("relu", params, a, _relu_dual, 1.0, tail=tail, gap_fn=_relu_gap)
 
 
 def _step(params) -> Activation:
@@ -315,9 +474,7 @@ def _step(params) -> Activation:
     k = np.arange(ARCSIN_TABLE_TERMS)
     a[2 * k + 1] = c / math.pi
     tail = ArcsinTail(k0=ARCSIN_TABLE_TERMS, offset=1, relu=False, mass=max(0.0, 1.0 - math.fsum(a)))
-    return Activation(
-        "step", params, a, lambda r: 0.5 + np.arcsin(r) / math.pi, math.inf, tail=tail
-    )
+    return Activation("step", params, a, _step_dual, math.inf, tail=tail, gap_fn=_step_gap)
 
 
 def _polynomial(params) -> Activation:
@@ -325,14 +482,15 @@ def _polynomial(params) -> Activation:
     degree = p.get("degree")
     c = float(p.get("c", 0.0))
     i = np.arange(degree + 1)
-    a = np.exp(special.gammaln(degree + 1) - special.gammaln(i + 1) - special.gammaln(degree - i + 1))
-    with np.errstate(divide="ignore"):
-        a = a * np.where(degree - i > 0, c ** (degree - i), 1.0) / (1 + c) ** degree
+    a = _libm(math.exp, special.gammaln(degree + 1) - special.gammaln(i + 1) - special.gammaln(degree - i + 1))
+    a = a * np.array([math.pow(c, degree - j) if degree > j else 1.0 for j in range(degree + 1)])
+    a = a / math.pow(1 + c, degree)
     prob = 1.0 / (1.0 + c)
     return _series_activation(
         "polynomial", params, a,
-        sum_fn=lambda rng, m: rng.binomial(np.asarray(m, np.int64) * degree, prob).astype(np.int64),
-        dual=lambda r: ((r + c) / (1 + c)) ** degree,
+        sum_fn=functools.partial(_binomial_sum, degree, prob),
+        dual=functools.partial(_polynomial_dual, degree, c),
+        gap=functools.partial(_polynomial_gap, degree, c),
     )
 
 
@@ -342,30 +500,58 @@ def _coefficients(params) -> Activation:
 
 
 # --------------------------------------------------------------------------- quadrature
-_NAMED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tanh": np.tanh,
-    "erf": special.erf,
-    "sigmoid": special.expit,
-    "gelu": lambda z: 0.5 * z * (1 + special.erf(z / math.sqrt(2))),
-    "silu": lambda z: z * special.expit(z),
-    "softplus": lambda z: np.logaddexp(0.0, z),
-    "sin": np.sin,
-    "cos": np.cos,
-    "abs": np.abs,
-    "relu": lambda z: np.maximum(z, 0.0),
-    "step": lambda z: (z > 0).astype(np.float64),
+# Evaluated with the C library's scalar functions (see _libm): the coefficients feed
+# the sampler's degree tables and must have the same bits on every CPU.
+def _softplus(z):
+    return max(z, 0.0) + math.log1p(math.exp(-abs(z)))
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+def _gelu(z):
+    return 0.5 * z * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def _silu(z):
+    return z * _sigmoid(z)
+
+
+def _relu_scalar(z):
+    return max(z, 0.0)
+
+
+def _step_scalar(z):
+    return 1.0 if z > 0 else 0.0
+
+
+_NAMED: dict[str, Callable[[float], float]] = {
+    "tanh": math.tanh,
+    "erf": math.erf,
+    "sigmoid": _sigmoid,
+    "gelu": _gelu,
+    "silu": _silu,
+    "softplus": _softplus,
+    "sin": math.sin,
+    "cos": math.cos,
+    "abs": abs,
+    "relu": _relu_scalar,
+    "step": _step_scalar,
 }
 
 
-def hermite_coefficients(fn: Callable[[np.ndarray], np.ndarray], degree: int) -> tuple[np.ndarray, float]:
-    """HermiteE coefficients of ``fn`` under the standard normal weight.
+def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float]:
+    """HermiteE coefficients of the scalar function ``fn`` under the standard normal weight.
 
     Returns ``(b, second_moment)`` where ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for
     ``i = 0 .. degree`` and ``second_moment = E[fn(Z)**2]`` (so ``sum b_i^2`` tends to
     it).  Integrals use composite Gauss-Legendre panels on [-40, 40] with a break
     at 0, because plain Gauss-HermiteE nodes converge slowly for activations with
     a kink at 0 (relu, step, abs); the Hermite functions are built by the
-    normalised three-term recurrence, which stays bounded for high degrees.
+    normalised three-term recurrence, which stays bounded for high degrees.  Sums
+    are numpy's pairwise sums of elementwise products, never a BLAS dot product,
+    so the result is the same on every CPU.
     """
     nodes, weights = np.polynomial.legendre.leggauss(24)
     half_width = 40.0
@@ -375,15 +561,15 @@ def hermite_coefficients(fn: Callable[[np.ndarray], np.ndarray], degree: int) ->
     half = 0.5 * (edges[1:] - edges[:-1])[:, None]
     z = (mid + half * nodes[None, :]).ravel()
     w = (half * weights[None, :]).ravel()
-    root_phi = np.exp(-z * z / 4) / (2 * math.pi) ** 0.25
-    f = fn(z)
+    root_phi = _libm(math.exp, -z * z / 4) / (2 * math.pi) ** 0.25
+    f = _libm(fn, z)
     g = w * f * root_phi
-    second = float(np.dot(w * f * f, root_phi * root_phi))
+    second = float(np.sum((w * f * f) * (root_phi * root_phi)))
     b = np.empty(degree + 1)
     h_prev = np.zeros_like(z)
     h = root_phi.copy()
     for i in range(degree + 1):  # recurrence over degree, vectorised over nodes
-        b[i] = np.dot(g, h)
+        b[i] = np.sum(g * h)
         h_next = (z * h - math.sqrt(i) * h_prev) / math.sqrt(i + 1)
         h_prev, h = h, h_next
     return b, second
@@ -476,7 +662,7 @@ _register(ActivationKind("coefficients", "sum_i a_i rho^i with the given a_i, no
 for _name in ("tanh", "erf", "sigmoid", "gelu", "silu", "softplus", "sin", "cos", "abs"):
     _register(ActivationKind(
         _name, f"dual of {_name} by HermiteE projection", {},
-        functools.partial(lambda n, params: quadrature_activation(n, params), _name),
+        functools.partial(quadrature_activation, _name),
     ))
 
 

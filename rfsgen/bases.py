@@ -86,8 +86,10 @@ class Base:
             x = x.copy()
         return self.kind.prepare(self, x, nodes, row0, source)
 
-    def gram(self, xp: np.ndarray, yp: np.ndarray) -> np.ndarray:
-        """Exact base kernel ``(G, m, n)`` float64 between prepared ``(m, G, w)`` and ``(n, G, w)``."""
+    def gram(self, xp: np.ndarray, yp: np.ndarray):
+        """Exact base kernel between prepared ``(m, G, w)`` and ``(n, G, w)`` rows:
+        ``(rho, delta)``, float64 ``(G, m, n)`` each, where ``delta = 1 - rho`` is
+        computed without cancellation (exactly 0 for equal rows)."""
         return self.kind.gram(self, xp, yp)
 
     def sample(self, rng: np.random.Generator, counts: np.ndarray):
@@ -177,16 +179,19 @@ def _prepare_vector(base, x, nodes, row0, source):
         return x
     # Normalise each consecutive block of ``block`` columns (the RR rewrite of an exp
     # node over sphere inputs: its window is the concatenation of unit vectors).
+    from ._compiled import normalize
+
     m, g, w = x.shape
-    xb = x.reshape(m, g, w // block, block)
-    norms = np.sqrt((xb * xb).sum(axis=-1))  # same rounding for a row alone or in a chunk
+    xb = np.ascontiguousarray(x).reshape(m, g * (w // block), block)
+    norms = np.empty(xb.shape[:2])
+    normalize(xb, norms)  # the same compiled, fixed-order loop as sphere nodes
     if (norms == 0).any():
-        r, gi, _ = np.argwhere(norms == 0)[0]
+        r, k = np.argwhere(norms == 0)[0]
         raise DataError(
-            f"{source}: row {row0 + int(r)}, node '{nodes[int(gi)]}': a {block}-value block is all zeros "
-            "and cannot be normalized; remove or perturb such rows"
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(k) // (w // block)]}': a {block}-value block is all "
+            "zeros and cannot be normalized; remove or perturb such rows"
         )
-    return (xb / norms[..., None]).reshape(m, g, w)
+    return xb.reshape(m, g, w)
 
 
 def _prepare_sphere(base, x, nodes, row0, source):
@@ -208,8 +213,26 @@ def _prepare_sphere(base, x, nodes, row0, source):
 
 
 # ---------------------------------------------------------------------- exact kernels
+# gram(base, xp, yp) -> (rho, delta), float64 (G, m, n) each: the base kernel and
+# delta = 1 - rho computed without cancellation (see rfsgen.kernel).
+#: Pairs whose gap from 1 falls below this get their gap recomputed from differences.
+NEAR = 1e-4
+
+
 def _gram_product(base, xp, yp):
-    return np.einsum("mgc,ngc->gmn", xp, yp, optimize=True)
+    rho = np.einsum("mgc,ngc->gmn", xp, yp, optimize=True)
+    return rho, 1.0 - rho
+
+
+def _gram_sphere(base, xp, yp):
+    # Prepared rows are unit vectors: 1 - <x, y> = |x - y|^2 / 2, exact from differences
+    # (0 for equal rows), recomputed where the subtraction 1 - rho would cancel.
+    rho, delta = _gram_product(base, xp, yp)
+    g, i, j = np.nonzero(delta < NEAR)
+    if g.size:
+        d = xp[i, g] - yp[j, g]
+        delta[g, i, j] = 0.5 * np.sum(d * d, axis=-1)
+    return np.clip(rho, -1.0, 1.0, out=rho), np.clip(delta, 0.0, 2.0, out=delta)
 
 
 def _gram_circle(base, xp, yp):
@@ -217,19 +240,40 @@ def _gram_circle(base, xp, yp):
     s = np.sin(xp[..., 0]).T
     c2 = np.cos(yp[..., 0]).T
     s2 = np.sin(yp[..., 0]).T
-    return c[:, :, None] * c2[:, None, :] + s[:, :, None] * s2[:, None, :]
+    rho = c[:, :, None] * c2[:, None, :] + s[:, :, None] * s2[:, None, :]
+    half = np.sin(0.5 * (xp[..., 0].T[:, :, None] - yp[..., 0].T[:, None, :]))
+    return rho, 2.0 * half * half  # 1 - cos(t - t') = 2 sin^2((t - t') / 2)
 
 
 def _gram_categorical(base, xp, yp):
-    return (xp[..., 0].T[:, :, None] == yp[..., 0].T[:, None, :]).astype(np.float64)
+    rho = (xp[..., 0].T[:, :, None] == yp[..., 0].T[:, None, :]).astype(np.float64)
+    return rho, 1.0 - rho
+
+
+def _pow2_scale(xp, yp):
+    """Per node, the power of two at or above the largest magnitude in xp and yp: (G,) float64."""
+    mx = np.maximum(np.abs(xp).max(axis=(0, 2), initial=0.0), np.abs(yp).max(axis=(0, 2), initial=0.0))
+    return np.ldexp(1.0, np.frexp(np.where(mx > 0, mx, 1.0))[1])
 
 
 def _gram_gaussian(base, xp, yp):
+    # Squared distances of rows scaled by a power of two (so 1e300 neither overflows nor
+    # loses the difference), by the expansion |x|^2 + |y|^2 - 2<x, y> where that is
+    # accurate and from the differences where it would cancel (near and equal rows).
     s = base.param("scale")
-    xx = np.einsum("mgc,mgc->gm", xp, xp)
-    yy = np.einsum("ngc,ngc->gn", yp, yp)
-    d2 = xx[:, :, None] + yy[:, None, :] - 2 * _gram_product(base, xp, yp)
-    return np.exp(-0.5 * s * s * np.maximum(d2, 0.0))
+    f = _pow2_scale(xp, yp)
+    xs, ys = xp / f[None, :, None], yp / f[None, :, None]
+    xx = np.einsum("mgc,mgc->gm", xs, xs)
+    yy = np.einsum("ngc,ngc->gn", ys, ys)
+    d2 = np.maximum(xx[:, :, None] + yy[:, None, :] - 2 * np.einsum("mgc,ngc->gmn", xs, ys, optimize=True), 0.0)
+    g, i, j = np.nonzero(d2 <= 1e-6 * (xx[:, :, None] + yy[:, None, :]))
+    if g.size:
+        d = xs[i, g] - ys[j, g]
+        d2[g, i, j] = np.sum(d * d, axis=-1)
+    with np.errstate(over="ignore"):
+        t = np.sqrt(d2) * f[:, None, None] * s  # scale * |x - y|, inf when it overflows
+        e = -0.5 * t * t
+    return np.exp(e), -np.expm1(e)
 
 
 def _gram_laplace(base, xp, yp):
@@ -241,7 +285,8 @@ def _gram_laplace(base, xp, yp):
             out[...] = d
         else:
             out += d
-    return np.exp(-s * out)
+    e = -s * out
+    return np.exp(e), -np.expm1(e)
 
 
 # ---------------------------------------------------------------------- samplers
@@ -326,11 +371,16 @@ def _sample_gaussian_any(base, rng, counts):
     d = base.width
     n = item.size
     blocks = -(-n // d) if n else 0
+    from ._compiled import orthonormal_rows
+
     rows = []
-    for _ in range(blocks):  # one QR per d draws of this node
-        q, r = np.linalg.qr(rng.standard_normal((d, d)))
-        q = q * np.sign(np.diag(r))[None, :]
-        rows.append(q.T * np.sqrt(rng.chisquare(d, d))[:, None])
+    for b in range(blocks):  # one orthogonal block per d draws of this node
+        # The Q of a QR of a Gaussian block (made unique by a positive R diagonal):
+        # the Gram-Schmidt of its columns, only as many as this block needs, in a
+        # fixed-order compiled loop (LAPACK's blocked QR rounds differently per CPU).
+        q = np.ascontiguousarray(rng.standard_normal((d, d)).T[:min(d, n - b * d)])
+        orthonormal_rows(q)
+        rows.append(q * np.sqrt(rng.chisquare(d, d))[:q.shape[0], None])
     omega = np.concatenate(rows)[:n] if rows else np.zeros((0, d))
     omega = omega * np.sqrt(counts[item])[:, None]
     return item, np.arange(n, dtype=np.int64), np.ones(n, np.int64), omega
@@ -377,7 +427,12 @@ def _values_binary(base, xp, gi, codes):
 
 
 def _cis(theta):
-    return np.cos(theta), np.sin(theta)
+    from ._compiled import cis
+
+    theta = np.ascontiguousarray(theta, dtype=np.float64)
+    re, im = np.empty_like(theta), np.empty_like(theta)
+    cis(theta, re, im)
+    return re, im
 
 
 def _values_circle(base, xp, gi, codes):
@@ -404,19 +459,15 @@ def _values_linear(base, xp, gi, codes):
 
 
 def _values_continuous(base, xp, gi, omega):
-    scale = base.param("scale")
+    # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
+    # number of rows and with the CPU's kernel, and the bytes must not.
+    from ._compiled import phases
+
     m = xp.shape[0]
-    if m == 1:
-        # BLAS computes a single row with a matrix-vector kernel that rounds
-        # differently; a duplicated row keeps the matrix-matrix kernel, so a row's
-        # value does not depend on the chunk it arrives in.
-        return tuple(v[:1] for v in _values_continuous(base, np.concatenate([xp, xp]), gi, omega))
-    theta = np.empty((m, gi.size))
-    order = np.argsort(gi, kind="stable")
-    bounds = np.flatnonzero(np.diff(gi[order])) + 1
-    for sel in np.split(order, bounds):  # one BLAS product per node that has terms
-        theta[:, sel] = np.ascontiguousarray(xp[:, gi[sel[0]]]) @ (omega[sel] * scale).T
-    return _cis(theta)
+    re, im = np.empty((m, gi.size)), np.empty((m, gi.size))
+    om = np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale")
+    phases(np.ascontiguousarray(xp, dtype=np.float64), np.ascontiguousarray(gi, dtype=np.int64), om, re, im)
+    return re, im
 
 
 # ---------------------------------------------------------------------- registry
@@ -497,7 +548,7 @@ _register(BaseKind(
         "scheme": ("pair", _choice("scheme", ("pair", "coordinate"))),
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
-    _prepare_sphere, _gram_product, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
+    _prepare_sphere, _gram_sphere, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

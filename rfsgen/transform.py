@@ -294,55 +294,63 @@ def _check_options(layout, dtype, compression):
 
 # ----------------------------------------------------------------------------- HDF5 output
 class _Appender:
-    """Appends to a resizable 1-D dataset in fixed blocks, so the file's bytes depend
-    only on the data written, never on how the caller chunked it."""
+    """Appends to resizable 1-D datasets of equal length (CSR ``data`` and ``indices``)
+    in fixed blocks, writing block k of every dataset before block k + 1 of any.
 
-    def __init__(self, group, name, dtype, block, compression):
+    The file's bytes then depend only on the values written, never on how the caller
+    chunked them: HDF5 places chunks in the file in the order they are written, so
+    writing several data blocks before the matching index blocks (a large chunk of
+    rows) would lay the file out differently from alternating them (small chunks).
+    """
+
+    def __init__(self, group, names, dtypes, block, compression):
         self.block = block
         kw = {} if compression == "none" else {"compression": compression}
-        self.ds = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(block,),
-                                       track_times=False, **kw)
+        self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
+                                        track_times=False, **kw) for n, t in zip(names, dtypes)]
         self.raw = compression == "none"
-        self.pending = np.empty(block, dtype=dtype)
+        self.pending = [np.empty(block, dtype=t) for t in dtypes]
         self.n_pending = 0
         self.size = 0
 
-    def add(self, a):
-        """Append ``a`` (copied: the caller may reuse its buffer)."""
-        a = a.reshape(-1)
+    def add(self, *arrays):
+        """Append one array per dataset, all of one length (copied: the caller may reuse
+        its buffers)."""
+        arrays = [a.reshape(-1) for a in arrays]
+        n = arrays[0].size
         i = 0
         if self.n_pending:
-            i = min(self.block - self.n_pending, a.size)
-            self.pending[self.n_pending:self.n_pending + i] = a[:i]
+            i = min(self.block - self.n_pending, n)
+            for p, a in zip(self.pending, arrays):
+                p[self.n_pending:self.n_pending + i] = a[:i]
             self.n_pending += i
             if self.n_pending < self.block:
                 return
             self._write(self.pending)
             self.n_pending = 0
-        full = ((a.size - i) // self.block) * self.block
-        self._write(a[i:i + full])
-        rest = a[i + full:]
-        self.pending[:rest.size] = rest
-        self.n_pending = rest.size
+        for k in range(i, n - (n - i) % self.block, self.block):
+            self._write([a[k:k + self.block] for a in arrays])
+        rest = (n - i) % self.block
+        for p, a in zip(self.pending, arrays):
+            p[:rest] = a[n - rest:]
+        self.n_pending = rest
 
-    def _write(self, data):
-        if not data.size:
+    def _write(self, parts):
+        size = parts[0].size
+        if not size:
             return
-        self.ds.resize((self.size + data.size,))
-        if self.raw and self.size % self.block == 0:
-            # Whole uncompressed chunks go to the file as they are: the same bytes as a
-            # selection write, without HDF5's per-element machinery.
-            for k in range(0, data.size - data.size % self.block, self.block):
-                self.ds.id.write_direct_chunk((self.size + k,), memoryview(data[k:k + self.block]))
-            done = data.size - data.size % self.block
-            if done < data.size:
-                self.ds[self.size + done:self.size + data.size] = data[done:]
-        else:
-            self.ds[self.size:self.size + data.size] = data
-        self.size += data.size
+        for ds, data in zip(self.ds, parts):
+            ds.resize((self.size + size,))
+            if self.raw and size == self.block:
+                # A whole uncompressed chunk goes to the file as it is: the same bytes
+                # as a selection write, without HDF5's per-element machinery.
+                ds.id.write_direct_chunk((self.size,), memoryview(np.ascontiguousarray(data)))
+            else:
+                ds[self.size:self.size + size] = data
+        self.size += size
 
     def close(self):
-        self._write(self.pending[:self.n_pending])
+        self._write([p[:self.n_pending] for p in self.pending])
         self.n_pending = 0
 
 
@@ -576,21 +584,18 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     g = f.create_group("X", track_order=False)
     block = 1 << 20
     index_dtype = np.int32 if D < 2**31 else np.int64
-    data = _Appender(g, "data", dtype, block, compression)
-    indices = _Appender(g, "indices", index_dtype, block, compression)
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression)
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
 
     def put(row0, vals):
         d, i, counts = _sparse_parts(vals, full_indices)
-        data.add(d)
-        indices.add(i)
+        pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
     n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])
-    data.close()
-    indices.close()
+    pairs.close()
     indptr = np.concatenate(indptr_parts)
     kw = {} if compression == "none" else {"compression": compression}
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)

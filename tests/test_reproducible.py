@@ -1,0 +1,156 @@
+"""The same bytes on every machine: outputs do not depend on the CPU, BLAS kernel,
+thread count, chunk size or sharding.
+
+Two kinds of check, neither of which passes merely because it ran on one CPU:
+
+* the compiled loops are compared bit for bit with a fixed-order reference written
+  one IEEE operation at a time (numpy elementwise operations and the C library's
+  cos/sin through :mod:`math`), which defines the result independently of any
+  machine;
+* whole jobs (every scheme and base kind, float32/float64, csr/dense) are run in
+  subprocesses that imitate other CPUs: numba compiling for another target
+  (``NUMBA_CPU_NAME``), OpenBLAS using another kernel (``OPENBLAS_CORETYPE``) and
+  numpy's SIMD dispatch limited to older instruction sets
+  (``NPY_DISABLE_CPU_FEATURES``); their file hashes must all agree.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT, SKELETONS
+from rfsgen import load_skeleton, sample, save_features
+from rfsgen._compiled import orthonormal_rows, phases
+from rfsgen.transform import transform, transform_file
+
+HASHES = ROOT / "tests" / "tools" / "repro_hashes.py"
+
+
+def test_phases_follow_the_fixed_order_reference():
+    rng = np.random.default_rng(0)
+    xp = rng.standard_normal((13, 3, 37)) * 3
+    node = rng.integers(0, 3, 21)
+    om = rng.standard_normal((21, 37))
+    re, im = np.empty((13, 21)), np.empty((13, 21))
+    phases(xp, node, om, re, im)
+    acc = np.zeros((13, 21))
+    for c in range(37):  # left to right from 0.0, one multiply and one add per step
+        acc = acc + xp[:, node, c] * om[:, c]
+    assert re.tobytes() == np.array([[math.cos(v) for v in row] for row in acc]).tobytes()
+    assert im.tobytes() == np.array([[math.sin(v) for v in row] for row in acc]).tobytes()
+
+
+def _dot8(a, b):
+    s = np.zeros(8)
+    n8 = a.size - a.size % 8
+    for e in range(0, n8, 8):
+        s = s + a[e:e + 8] * b[e:e + 8]
+    for e in range(n8, a.size):
+        s[0] = s[0] + a[e] * b[e]
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+
+
+def test_orthonormal_rows_follow_the_fixed_order_reference():
+    g = np.random.default_rng(1).standard_normal((9, 29))
+    got = g.copy()
+    orthonormal_rows(got)
+    ref = g.copy()
+    for i in range(9):
+        for _ in range(2):
+            for j in range(i):
+                ref[i] = ref[i] - _dot8(ref[j], ref[i]) * ref[j]
+        ref[i] = ref[i] / math.sqrt(_dot8(ref[i], ref[i]))
+    assert got.tobytes() == ref.tobytes()
+    np.testing.assert_allclose(got @ got.T, np.eye(9), atol=1e-14)
+    # the same rows as LAPACK's QR up to rounding (the Q with a positive R diagonal)
+    q, r = np.linalg.qr(g.T)
+    np.testing.assert_allclose(got, (q * np.sign(np.diag(r))).T, atol=1e-13)
+
+
+@pytest.mark.parametrize("scheme", ["rr", "orf"])
+def test_rows_alone_shards_and_chunks_give_the_same_values(cifar_rows, scheme):
+    """The issue's reproducer: rr in float64 differed for a row alone (BLAS GEMV vs GEMM)."""
+    fs = sample(load_skeleton(SKELETONS / "shallow-gaussian.yaml"), 800, seed=5, scheme=scheme)
+    x = cifar_rows[:61]
+    whole = transform(fs, x, layout="dense", dtype="float64")
+    alone = np.concatenate([transform(fs, x[i:i + 1], layout="dense", dtype="float64") for i in range(0, 61, 6)])
+    assert alone.tobytes() == whole[0:61:6].tobytes()
+    for chunk in (1, 7, 64):
+        assert transform(fs, x, layout="dense", dtype="float64", chunk_rows=chunk).tobytes() == whole.tobytes()
+
+
+def test_output_files_do_not_depend_on_chunk_rows_or_sharding(tmp_path, cifar_rows):
+    """CSR blocks of 2^20 values are crossed several times, so the order in which
+    data and index blocks are placed in the file matters (it used to follow the
+    chunk size); the files must be identical with cmp, and shards must hold
+    exactly the unsharded values."""
+    fs = sample(load_skeleton(SKELETONS / "cifar-deep.yaml"), 3000, seed=2)
+    feats = tmp_path / "f.h5"
+    save_features(fs, feats)
+    x = np.concatenate([cifar_rows] * 12)[:700]
+    np.save(tmp_path / "x.npy", x.astype(np.float32))
+    for layout in ("csr", "dense"):
+        outs = []
+        for chunk in (None, 37, 1000):
+            out = tmp_path / f"{layout}-{chunk}.h5"
+            transform_file(feats, tmp_path / "x.npy", out, layout=layout, chunk_rows=chunk)
+            outs.append(out.read_bytes())
+        assert outs[0] == outs[1] == outs[2], layout
+    with h5py.File(tmp_path / "dense-None.h5") as f:
+        whole = f["X"][()]
+    parts = []
+    for a, b in ((0, 250), (250, 251), (251, 700)):
+        out = tmp_path / f"shard-{a}.h5"
+        transform_file(feats, tmp_path / "x.npy", out, layout="dense", dtype="float32", rows=f"{a}:{b}")
+        with h5py.File(out) as f:
+            parts.append(f["X"][()])
+    assert np.concatenate(parts).tobytes() == whole.tobytes()
+
+
+def _avx512() -> bool:
+    try:
+        return "avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+# Imitated CPUs.  Every x86-64 CPU runs "generic" and (with AVX2) "haswell" code;
+# skylake-avx512 only where the host has AVX-512.
+VARIANTS = {
+    "host": {},
+    "generic": {"NUMBA_CPU_NAME": "generic", "OPENBLAS_CORETYPE": "Prescott",
+                "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR X86_V3"},
+    "haswell": {"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
+                "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
+}
+if _avx512():
+    VARIANTS["skylake-avx512"] = {"NUMBA_CPU_NAME": "skylake-avx512", "OPENBLAS_CORETYPE": "SkylakeX"}
+
+
+@pytest.mark.slow
+def test_same_bytes_on_imitated_cpus(tmp_path):
+    """Feature files and transform outputs of every scheme and base kind hash the same
+    under each imitated CPU (numba target, OpenBLAS kernel, numpy SIMD level)."""
+    results = {}
+    for name, env in VARIANTS.items():
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CPU", "NPY_DISABLE"))}
+        full.update(env)
+        # one directory for all: outputs record their input and feature-file paths
+        r = subprocess.run([sys.executable, str(HASHES), str(tmp_path / "run")], env=full, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+        results[name] = json.loads(r.stdout)
+    host = results.pop("host")
+    for name, got in results.items():
+        differ = sorted(k for k in host if got[k] != host[k])
+        assert not differ, f"{name} differs from the host in {differ}"
+    for key in host:  # --chunk-rows 7 gives the same file as the default
+        if key.endswith("/None"):
+            assert host[key] == host[key[:-4] + "7"], key

@@ -1,0 +1,57 @@
+"""Print SHA-256 hashes of feature files and transform outputs as JSON (used by
+tests/test_reproducible.py, which runs this under several imitated CPUs).
+
+Covers every scheme (rfs, rr, orf) and every base kind, float32 and float64, csr and
+dense, and several --chunk-rows values.  Run: python tests/tools/repro_hashes.py OUTDIR
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+
+from conftest import SMALL_SKELETONS, rows_for  # noqa: E402
+
+import cifar  # noqa: E402
+from rfsgen import load_skeleton, parse_skeleton, sample, save_features  # noqa: E402
+from rfsgen.transform import transform_file  # noqa: E402
+
+JOBS = [("cifar-deep", "rfs"), ("shallow-gaussian", "rr"), ("shallow-gaussian", "orf"), ("mnist-conv", "rfs"),
+        ("tabular-circle", "rfs"), ("gauss-laplace", "rfs"), ("categorical", "rfs")]
+
+
+def digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def main(out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    result = {}
+    for name, scheme in JOBS:
+        if name in SMALL_SKELETONS:
+            skel = parse_skeleton(SMALL_SKELETONS[name], name)
+        else:
+            skel = load_skeleton(ROOT / "skeletons" / f"{name}.yaml")
+        x = cifar.rows(64) if skel.width == 1728 else rows_for(skel, 61, seed=4)
+        np.save(out / f"{name}.npy", x)
+        fs = sample(skel, 60 if name == "categorical" else 700, seed=11, scheme=scheme)
+        feats = out / f"{name}-{scheme}.h5"
+        save_features(fs, feats, overwrite=True)
+        result[f"{name}/{scheme}/features"] = digest(feats)
+        for layout, dtype in (("csr", "float32"), ("dense", "float64")):
+            for chunk in (None, 7):
+                o = out / f"{name}-{scheme}-{layout}-{dtype}-{chunk}.h5"
+                transform_file(feats, out / f"{name}.npy", o, layout=layout, dtype=dtype, chunk_rows=chunk,
+                               overwrite=True)
+                result[f"{name}/{scheme}/{layout}/{dtype}/{chunk}"] = digest(o)
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1])), sort_keys=True))
