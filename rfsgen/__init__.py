@@ -8,35 +8,42 @@ The library behind the ``rfsgen`` command.  Typical use::
     fs = rfsgen.sample(skel, 10_000, seed=1)        # FeatureSet with D = 10^4 columns
     rfsgen.save_features(fs, "features.h5")
     Z = rfsgen.transform(fs, X, layout="dense")     # float32 (m, D); Z @ Z.T ~ K
+
+Names are imported on first use (PEP 562), so ``import rfsgen`` and the command
+line start fast and only load numpy, scipy, h5py or numba when a command needs them.
 """
 
 __version__ = "0.1.0"
 
-from .activations import Activation, make_activation  # noqa: E402
-from .bases import Base, make_base  # noqa: E402
-from .errors import (  # noqa: E402
-    DataError,
-    FeatureFileError,
-    InputError,
-    OutputError,
-    OutputExistsError,
-    RfsgenError,
-    SamplerError,
-    SkeletonError,
-    UsageError,
-)
-from .features import FeatureSet, describe  # noqa: E402
-from .features import load as load_features  # noqa: E402
-from .features import save as save_features  # noqa: E402
-from .io import open_input  # noqa: E402
-from .kernel import kernel  # noqa: E402
-from .sampler import sample  # noqa: E402
-from .skeleton import Skeleton, load_skeleton, parse_skeleton  # noqa: E402
-from .transform import Transformer, transform, transform_file  # noqa: E402
+_EXPORTS = {
+    "Activation": "activations", "make_activation": "activations",
+    "Base": "bases", "make_base": "bases",
+    "DataError": "errors", "FeatureFileError": "errors", "InputError": "errors", "OutputError": "errors",
+    "OutputExistsError": "errors", "RfsgenError": "errors", "SamplerError": "errors", "SkeletonError": "errors",
+    "UsageError": "errors",
+    "FeatureSet": "features", "describe": "features", "load_features": ("features", "load"),
+    "save_features": ("features", "save"),
+    "open_input": "io",
+    "kernel": "kernel",
+    "sample": "sampler",
+    "Skeleton": "skeleton", "load_skeleton": "skeleton", "parse_skeleton": "skeleton",
+    "Transformer": "transform", "transform": "transform", "transform_file": "transform",
+}
 
-__all__ = [
-    "Activation", "Base", "DataError", "FeatureFileError", "InputError", "OutputError",
-    "OutputExistsError", "RfsgenError", "SamplerError", "Skeleton", "SkeletonError", "UsageError",
-    "FeatureSet", "Transformer", "describe", "kernel", "load_features", "load_skeleton", "make_activation",
-    "make_base", "open_input", "parse_skeleton", "sample", "save_features", "transform", "transform_file",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    spec = _EXPORTS.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'rfsgen' has no attribute {name!r}")
+    module, attr = spec if isinstance(spec, tuple) else (spec, name)
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -22,8 +22,23 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+def _stdout_closed():
+    """The reader of stdout went away (``| head``): stop quietly, as a program killed by
+    SIGPIPE would (exit 141), without Python's complaint when it flushes at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(141)
+
+
 def translate_errors(fn):
-    """Map library errors to one-line messages and exit codes."""
+    """Map library errors, interruptions and closed pipes to one-line messages and exit codes:
+    usage errors 2, runtime errors 1, Ctrl-C 130, SIGTERM 143, SIGHUP 129, closed stdout 141."""
+    from ._signals import Terminated
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -33,14 +48,20 @@ def translate_errors(fn):
             _fail(str(e), e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no output was written", 130)
+        except Terminated as t:
+            _fail(f"terminated by {t.name}; no output was written", t.exit_code)
         except BrokenPipeError:
-            sys.exit(1)
+            _stdout_closed()
 
     return wrapper
 
 
 class _Progress:
-    """A tqdm bar on stderr, silent when stderr is not a terminal or with --quiet."""
+    """A tqdm bar on stderr, silent when stderr is not a terminal or with --quiet.
+
+    The library reports work with ``progress(n)`` and may announce a total or a new
+    phase (e.g. sampling, then writing the file) with ``progress.phase(name, total)``.
+    """
 
     def __init__(self, total, unit, quiet, desc):
         self.bar = None
@@ -52,6 +73,11 @@ class _Progress:
     def __call__(self, n):
         if self.bar is not None:
             self.bar.update(n)
+
+    def phase(self, name, total):
+        if self.bar is not None:
+            self.bar.reset(total=total)
+            self.bar.set_description(name)
 
     def __enter__(self):
         return self

@@ -1,7 +1,9 @@
 """One error hierarchy for the whole library.
 
-The CLI maps :class:`UsageError` to exit code 2 and every other
-:class:`RfsgenError` to exit code 1.  Messages are single lines that name the
+The CLI maps :class:`UsageError` to exit code 2 (bad options, bad skeletons,
+missing or unusable inputs named on the command line) and every other
+:class:`RfsgenError` to exit code 1 (the run failed: bad values inside the rows,
+a full disk, a sampler limit).  Messages are single lines that name the
 object (file, line, node, row) and say how to fix the problem.
 """
 
@@ -32,8 +34,9 @@ class DataError(RfsgenError):
     """Input values are invalid for the kernel (NaN/inf, out of domain, zero vectors)."""
 
 
-class FeatureFileError(RfsgenError):
-    """A feature file is missing, foreign, of another version, truncated or corrupted."""
+class FeatureFileError(UsageError):
+    """A feature file is missing, foreign, of another version, truncated or corrupted
+    (an input named on the command line that cannot be used: exit code 2)."""
 
 
 class OutputError(RfsgenError):

@@ -43,7 +43,7 @@ from .errors import FeatureFileError, RfsgenError
 from .skeleton import InputNode, Skeleton, parse_skeleton
 
 FORMAT = "rfsgen-features"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: root attributes sealed by attrs_sha256 (version 1 files are still read)
 
 
 @dataclass(eq=False)
@@ -124,18 +124,32 @@ def _put(f, name, data, compress=True):
     f.create_dataset(name, data=data, chunks=chunk, **kw)
 
 
-def save(fs: FeatureSet, path, overwrite: bool = False) -> None:
-    """Write ``fs`` to ``path`` atomically (temporary file + rename)."""
+def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=None) -> None:
+    """Write ``fs`` to ``path`` atomically (temporary file + rename).
+
+    ``inputs``: files the caller read (the output may not replace one of them).
+    ``progress``, if given, is called with the number of columns' worth of data
+    written after each dataset; if it has a ``phase(name, total)`` method, that is
+    called first with ``("write", fs.columns)``.  SIGINT/SIGTERM/SIGHUP during the
+    write take effect between datasets (h5py would swallow an exception raised
+    inside its own cleanup).
+    """
     import h5py
 
+    from ._signals import deferred
     from .io import atomic_path
 
-    with atomic_path(path, overwrite) as tmp:
-        with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
-            _write(f, fs)
+    with atomic_path(path, overwrite, inputs) as tmp:
+        if progress is not None and hasattr(progress, "phase"):
+            progress.phase("write", fs.columns)
+        with deferred():
+            with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
+                _write(f, fs, progress)
 
 
-def _write(f, fs: FeatureSet):
+def _write(f, fs: FeatureSet, progress=None):
+    from ._signals import checkpoint
+
     src = fs.skeleton.source.encode("utf-8")
     attrs = {
         "format": FORMAT,
@@ -153,17 +167,30 @@ def _write(f, fs: FeatureSet):
     }
     for k, v in attrs.items():
         f.attrs[k] = v
-    _put(f, "skeleton", np.frombuffer(src, dtype=np.uint8))
-    _put(f, "column_count", _narrow(fs.count))
-    _put(f, "column_kind", fs.kind.astype(np.uint8))
-    _put(f, "column_terms", _narrow(np.diff(fs.ptr)))
-    # Terms are sorted within a column, so node ids are stored as differences from the
-    # previous term of the same column: small numbers that compress ~10% better.
-    _put(f, "term_node", _narrow(_node_deltas(fs.node, fs.ptr)))
-    f["term_node"].attrs["encoding"] = "delta-within-column"
-    _put(f, "term_code", _narrow(fs.code))
-    _put(f, "term_power", _narrow(fs.power))
-    _put(f, "omega", fs.omega.astype(np.float64), compress=False)
+    datasets = [
+        ("skeleton", np.frombuffer(src, dtype=np.uint8), True),
+        ("column_count", _narrow(fs.count), True),
+        ("column_kind", fs.kind.astype(np.uint8), True),
+        ("column_terms", _narrow(np.diff(fs.ptr)), True),
+        # Terms are sorted within a column, so node ids are stored as differences from the
+        # previous term of the same column: small numbers that compress ~10% better.
+        ("term_node", _narrow(_node_deltas(fs.node, fs.ptr)), True),
+        ("term_code", _narrow(fs.code), True),
+        ("term_power", _narrow(fs.power), True),
+        ("omega", fs.omega.astype(np.float64), False),
+    ]
+    total = sum(d.nbytes for _, d, _ in datasets) or 1
+    done = 0
+    for name, data, compress in datasets:
+        checkpoint()
+        _put(f, name, data, compress)
+        if name == "term_node":
+            f["term_node"].attrs["encoding"] = "delta-within-column"
+        if progress is not None:
+            new = (done + data.nbytes) * fs.columns // total
+            progress(new - done * fs.columns // total)
+        done += data.nbytes
+    _seal(f)
 
 
 def _node_deltas(node: np.ndarray, ptr: np.ndarray) -> np.ndarray:
@@ -181,12 +208,40 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
     return cs - np.repeat(cs[starts] - d[starts], lengths[lengths > 0])
 
 
+# ----------------------------------------------------------------------------- attribute seal
+ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
+         "skeleton_sha256", "nodes", "command", "stats")
+
+
+def _attrs_digest(attrs: dict, encoding: str) -> str:
+    """SHA-256 of the root attributes (and term_node's encoding): fletcher32 covers the
+    datasets only, so without this a flipped bit in an attribute would go unnoticed."""
+    items = []
+    for k in ATTRS:
+        v = attrs[k]
+        v = v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
+        items.append([k, v if isinstance(v, (int, str)) else repr(v)])
+    items.append(["term_node.encoding", encoding])
+    return hashlib.sha256(json.dumps(items, sort_keys=False).encode()).hexdigest()
+
+
+def _seal(f):
+    enc = f["term_node"].attrs["encoding"]
+    f.attrs["attrs_sha256"] = _attrs_digest({k: f.attrs[k] for k in ATTRS}, enc if isinstance(enc, str) else enc.decode())
+
+
 # ----------------------------------------------------------------------------- reading
 REQUIRED = ("skeleton", "column_count", "column_kind", "column_terms", "term_node", "term_code", "term_power", "omega")
+SCHEMES = ("rfs", "rr", "orf")
 
 
 def load(path) -> FeatureSet:
-    """Read and validate a feature file; raises :class:`FeatureFileError` with a clear message."""
+    """Read and validate a feature file; raises :class:`FeatureFileError` with a clear message.
+
+    A feature file may come from elsewhere: every attribute and dataset is checked
+    for type, shape and range (node indices, codes, powers, omega offsets, counts)
+    before anything uses it, and the root attributes against their seal.
+    """
     import h5py
 
     p = str(path)
@@ -196,107 +251,211 @@ def load(path) -> FeatureSet:
         raise FeatureFileError(f"{p}: no such feature file; create one with 'rfsgen sample'") from None
     except IsADirectoryError:
         raise FeatureFileError(f"{p}: is a directory, not a feature file") from None
-    except OSError:
+    except PermissionError:
+        raise FeatureFileError(f"{p}: permission denied; make the feature file readable") from None
+    except Exception:  # h5py raises OSError and, for some damage, other types
         raise FeatureFileError(
             f"{p}: not a readable HDF5 file (truncated, corrupted or another format); re-create it with 'rfsgen sample'"
         ) from None
-    with f:
-        fmt = f.attrs.get("format")
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode()
-        if fmt != FORMAT:
-            raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {fmt!r}); pass a file made by 'rfsgen sample'")
-        version = int(f.attrs.get("format_version", -1))
-        if version != FORMAT_VERSION:
-            raise FeatureFileError(
-                f"{p}: feature file format version {version} is not supported (this rfsgen reads version {FORMAT_VERSION}); "
-                "re-create it with this rfsgen's 'rfsgen sample'"
-            )
-        missing = [k for k in REQUIRED if k not in f]
-        if missing:
-            raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{missing[0]}'); re-create it")
+    try:
+        with f:
+            attrs, data = _read(p, f)
+        return _from_arrays(p, attrs, data)
+    except FeatureFileError:
+        raise
+    except Exception as e:  # damaged metadata surfaces as KeyError, RuntimeError, OSError, ...
+        raise FeatureFileError(
+            f"{p}: corrupted feature file ({type(e).__name__} while reading it); re-create it with 'rfsgen sample'"
+        ) from None
+
+
+def _bad(p, what) -> FeatureFileError:
+    return FeatureFileError(f"{p}: invalid feature file ({what}); re-create it with 'rfsgen sample'")
+
+
+def _read(p, f):
+    import h5py
+
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode("utf-8", "replace")
+    if not isinstance(fmt, str) or fmt != FORMAT:
+        shown = fmt if isinstance(fmt, str) else type(fmt).__name__
+        raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
+                               "pass a file made by 'rfsgen sample'")
+    version = f.attrs.get("format_version")
+    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION):
+        raise FeatureFileError(
+            f"{p}: feature file format version {int(version) if _is_int(version) else repr(version)} is not supported (this rfsgen reads versions 1 and "
+            f"{FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
+        )
+    attrs = {}
+    for k in ATTRS + (("attrs_sha256",) if int(version) >= 2 else ()):
+        if k not in f.attrs:
+            raise _bad(p, f"missing attribute '{k}'")
+        attrs[k] = f.attrs[k]
+    for k in REQUIRED:
+        obj = f.get(k, getlink=True)
+        if obj is None:
+            raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{k}'); re-create it")
+        if not isinstance(obj, h5py.HardLink):
+            raise _bad(p, f"'{k}' is a link, not a dataset")
+        if not isinstance(f[k], h5py.Dataset):
+            raise _bad(p, f"'{k}' is not a dataset")
+    data = {}
+    for k in REQUIRED:
+        ds = f[k]
+        kind = "f" if k == "omega" else "iu"
+        if ds.ndim != 1 or ds.dtype.kind not in kind or ds.dtype.itemsize > 8:
+            raise _bad(p, f"dataset '{k}' has shape {ds.shape} and dtype {ds.dtype}; expected a 1-D "
+                          + ("float" if k == "omega" else "integer") + " array")
         try:
-            data = {k: f[k][()] for k in REQUIRED}
-            enc = f["term_node"].attrs.get("encoding", "plain")
-            data["term_node_encoding"] = enc.decode() if isinstance(enc, bytes) else str(enc)
+            data[k] = ds[()]
         except OSError:
-            raise FeatureFileError(f"{p}: checksum mismatch while reading: the file is corrupted; re-create it") from None
-        attrs = {k: f.attrs[k] for k in f.attrs}
-    return _from_arrays(p, attrs, data)
+            raise FeatureFileError(f"{p}: checksum mismatch while reading '{k}': the file is corrupted; re-create it") from None
+    enc = f["term_node"].attrs.get("encoding", "plain")
+    if isinstance(enc, bytes):
+        enc = enc.decode("utf-8", "replace")
+    if not isinstance(enc, str):
+        raise _bad(p, "term_node's encoding attribute is not a string")
+    data["term_node_encoding"] = enc
+    if int(version) >= 2:
+        seal = attrs["attrs_sha256"]
+        seal = seal.decode("utf-8", "replace") if isinstance(seal, bytes) else seal
+        if not isinstance(seal, str) or seal != _attrs_digest(attrs, enc):
+            raise FeatureFileError(f"{p}: the file's attributes do not match their checksum: the file is corrupted; "
+                                   "re-create it with 'rfsgen sample'")
+    return attrs, data
 
 
-def _attr(attrs, key, kind=str):
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _attr(p, attrs, key, kind=str):
     v = attrs[key]
     if isinstance(v, bytes):
-        v = v.decode()
-    return kind(v)
+        v = v.decode("utf-8", "replace")
+    if kind is int:
+        if not _is_int(v):
+            raise _bad(p, f"attribute '{key}' must be an integer, not {type(v).__name__}")
+        return int(v)
+    if not isinstance(v, str):
+        raise _bad(p, f"attribute '{key}' must be a string, not {type(v).__name__}")
+    return str(v)
 
 
 def _from_arrays(p, attrs, data) -> FeatureSet:
     try:
         src = bytes(data["skeleton"].astype(np.uint8)).decode("utf-8")
-        if hashlib.sha256(src.encode()).hexdigest() != _attr(attrs, "skeleton_sha256"):
-            raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted")
-        try:
-            skel = parse_skeleton(src, _attr(attrs, "skeleton_path"))
-        except RfsgenError as e:
-            raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
-        columns = _attr(attrs, "columns", int)
-        draws = _attr(attrs, "draws", int)
-        count = data["column_count"].astype(np.int64)
-        kind = data["column_kind"].astype(np.uint8)
-        lengths = data["column_terms"].astype(np.int64)
-        node = data["term_node"].astype(np.int64)
-        if data["term_node_encoding"] not in ("plain", "delta-within-column"):
-            raise FeatureFileError(f"{p}: unknown term_node encoding {data['term_node_encoding']!r}; "
-                                   "re-create the file with this rfsgen")
-        if data["term_node_encoding"] == "delta-within-column":
-            ptr = np.zeros(lengths.size + 1, dtype=np.int64)
-            np.cumsum(lengths, out=ptr[1:])
-            if ptr[-1] != node.size:
-                raise FeatureFileError(f"{p}: column_terms and term_node disagree (file is inconsistent); re-create it")
-            node = _node_from_deltas(node, ptr)
-        code = data["term_code"].astype(np.int64)
-        power = data["term_power"].astype(np.int64)
-        omega = data["omega"].astype(np.float64)
-        stats = json.loads(_attr(attrs, "stats"))
-        fs = FeatureSet(
-            skeleton=skel, scheme=_attr(attrs, "scheme"), seed=_attr(attrs, "seed", int), draws=draws,
-            count=count, kind=kind, ptr=np.concatenate(([0], np.cumsum(lengths))), node=node, code=code,
-            power=power, omega=omega, stats=stats, command=_attr(attrs, "command"),
-            tool_version=_attr(attrs, "tool_version"),
-        )
-    except (KeyError, ValueError, UnicodeDecodeError) as e:
-        raise FeatureFileError(f"{p}: malformed feature file ({e}); re-create it with 'rfsgen sample'") from None
-    _validate(p, fs, columns)
+    except UnicodeDecodeError:
+        raise _bad(p, "the embedded skeleton is not UTF-8 text") from None
+    if hashlib.sha256(src.encode()).hexdigest() != _attr(p, attrs, "skeleton_sha256"):
+        raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted")
+    try:
+        skel = parse_skeleton(src, _attr(p, attrs, "skeleton_path"))
+    except RfsgenError as e:
+        raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
+    columns = _attr(p, attrs, "columns", int)
+    draws = _attr(p, attrs, "draws", int)
+    seed = _attr(p, attrs, "seed", int)
+    scheme = _attr(p, attrs, "scheme")
+    if scheme not in SCHEMES:
+        raise _bad(p, f"unknown scheme {scheme!r}")
+    if _attr(p, attrs, "nodes", int) != len(skel.nodes):
+        raise _bad(p, "the node count does not match the embedded skeleton")
+    try:
+        stats = json.loads(_attr(p, attrs, "stats"))
+    except ValueError:
+        raise _bad(p, "the 'stats' attribute is not JSON") from None
+    if not isinstance(stats, dict):
+        raise _bad(p, "the 'stats' attribute is not a JSON object")
+    enc = data["term_node_encoding"]
+    if enc not in ("plain", "delta-within-column"):
+        raise _bad(p, f"unknown term_node encoding {enc!r}")
+    if any(int(data[k].min(initial=0)) < -(2**62) or int(data[k].max(initial=0)) > 2**62
+           for k in ("column_count", "column_terms", "term_node", "term_code", "term_power")):
+        raise _bad(p, "an integer dataset holds values beyond 2**62")
+    count = data["column_count"].astype(np.int64)
+    kind = data["column_kind"].astype(np.int64)
+    lengths = data["column_terms"].astype(np.int64)
+    if columns < 1 or not (count.size == kind.size == lengths.size == columns):
+        raise _bad(p, f"{count.size} column counts, {kind.size} kinds and {lengths.size} term counts "
+                      f"for {columns} columns")
+    if lengths.min(initial=0) < 0:
+        raise _bad(p, "a negative term count")
+    ptr = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    node = data["term_node"].astype(np.int64)
+    if ptr[-1] != node.size or not (node.size == data["term_code"].size == data["term_power"].size):
+        raise _bad(p, "term arrays of different lengths")
+    if enc == "delta-within-column":
+        node = _node_from_deltas(node, ptr)
+    omega = data["omega"].astype(np.float64)
+    fs = FeatureSet(
+        skeleton=skel, scheme=scheme, seed=seed, draws=draws, count=count, kind=kind.astype(np.uint8),
+        ptr=ptr, node=node, code=data["term_code"].astype(np.int64), power=data["term_power"].astype(np.int64),
+        omega=omega, stats=stats, command=_attr(p, attrs, "command"), tool_version=_attr(p, attrs, "tool_version"),
+    )
+    _validate(p, fs, kind)
     return fs
 
 
-def _validate(p, fs: FeatureSet, columns: int):
+def _validate(p, fs: FeatureSet, kind):
     def bad(what):
-        return FeatureFileError(f"{p}: inconsistent feature file ({what}); re-create it with 'rfsgen sample'")
+        return _bad(p, what)
 
-    if not (fs.count.size == fs.kind.size == columns):
-        raise bad(f"{fs.count.size} column counts for {columns} columns")
-    if fs.ptr[-1] != fs.node.size or not (fs.node.size == fs.code.size == fs.power.size):
-        raise bad("term arrays of different lengths")
-    if fs.count.min(initial=1) < 1 or int(fs.count.sum()) != fs.draws:
+    if fs.count.min(initial=1) < 1 or fs.draws < fs.columns or math.fsum(fs.count.astype(np.float64)) != fs.draws \
+            or int(fs.count.sum()) != fs.draws:
         raise bad("column counts do not add up to the number of draws")
-    if np.any(fs.kind > 2):
+    if kind.min(initial=0) < 0 or kind.max(initial=0) > 2:
         raise bad("unknown column kind")
-    skel = fs.walk_skeleton
-    if fs.node.size:
-        if fs.node.min() < 0 or fs.node.max() >= len(skel.nodes):
-            raise bad("a term refers to a node the skeleton does not have")
-        is_input = np.array([isinstance(n, InputNode) for n in skel.nodes])
-        if not is_input[fs.node].all():
-            raise bad("a term refers to an internal node")
-        widths = np.array([n.base.width if isinstance(n, InputNode) else 0 for n in skel.nodes])
-        cont = np.array([isinstance(n, InputNode) and n.base.continuous for n in skel.nodes])[fs.node]
-        if cont.any():
-            ends = fs.code[cont] + widths[fs.node[cont]]
-            if fs.code[cont].min() < 0 or ends.max() > fs.omega.size:
-                raise bad("a continuous term points outside the omega table")
+    try:
+        skel = fs.walk_skeleton
+    except RfsgenError as e:
+        raise bad(f"its scheme does not apply to the embedded skeleton: {e}") from None
+    if not fs.node.size:
+        return
+    if fs.node.min() < 0 or fs.node.max() >= len(skel.nodes):
+        raise bad("a term refers to a node the skeleton does not have")
+    is_input = np.array([isinstance(n, InputNode) for n in skel.nodes])
+    if not is_input[fs.node].all():
+        raise bad("a term refers to an internal node")
+    if not np.isfinite(fs.omega).all():
+        raise bad("the omega table holds NaN or inf")
+    group_of = np.full(len(skel.nodes), -1)
+    for g, (_, ids, _) in enumerate(skel.input_groups):
+        group_of[ids] = g
+    tg = group_of[fs.node]
+    for g, (base, _, _) in enumerate(skel.input_groups):
+        sel = tg == g
+        if not sel.any():
+            continue
+        code, power = fs.code[sel], fs.power[sel]
+        lo, hi, plo, phi = _code_ranges(base)
+        if base.continuous:
+            if code.min() < 0 or (code + base.width).max() > fs.omega.size:
+                raise bad(f"a {base.name} term points outside the omega table")
+        elif code.min() < lo or code.max() > hi:
+            raise bad(f"a {base.name} term has code outside {lo}..{hi}")
+        if power.min() < plo or power.max() > phi or (plo < 0 and not power.all()):
+            raise bad(f"a {base.name} term has power outside {plo}..{phi}" + (" or zero" if plo < 0 else ""))
+
+
+def _code_ranges(base):
+    """(lowest code, highest code, lowest power, highest power) a base's terms may have."""
+    from .activations import DEGREE_LIMIT
+
+    if base.name == "binary":
+        return 0, 0, 1, 1
+    if base.name == "circle":
+        return 0, 0, -DEGREE_LIMIT, DEGREE_LIMIT
+    if base.name == "categorical":
+        return 0, 0, 1, base.param("categories") - 1
+    if base.name == "sphere":
+        d = base.width
+        return 0, (2 * d if base.param("scheme") == "pair" else d) - 1, 1, DEGREE_LIMIT
+    return 0, 0, 1, 1  # continuous: codes are omega offsets, checked separately
 
 
 # ----------------------------------------------------------------------------- inspection

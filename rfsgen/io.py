@@ -393,23 +393,85 @@ def check_width(src: InputSource, width: int, skeleton_path: str, shape=None):
 
 
 # ----------------------------------------------------------------------------- atomic output
-@contextmanager
-def atomic_path(path, overwrite: bool = False):
-    """Yield a temporary path beside ``path``; rename it to ``path`` on success.
+#: rfsgen's temporary files: ``.NAME.rfsgen-HOST-PID-RANDOM.part`` beside the output.
+TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.rfsgen-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]+\.part$")
 
-    On any exception (including KeyboardInterrupt) the temporary file is removed,
-    so a failed run never leaves a file that looks complete.
+
+def _host() -> str:
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0] or "host")[:40]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's live process (or unknowable): leave its file alone
+    return True
+
+
+def remove_stale_temporaries(directory) -> list[str]:
+    """Remove rfsgen's own temporary files in ``directory`` left by runs that were
+    killed (``kill -9``, a node crash): only names matching :data:`TEMP_PATTERN`,
+    written on this host by a process that no longer exists.  Files of other hosts
+    (a shared file system) and of live processes are never touched.  Returns the
+    names removed."""
+    host = _host()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = TEMP_PATTERN.match(name)
+        if not m or m.group("host") != host or _alive(int(m.group("pid"))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+@contextmanager
+def atomic_path(path, overwrite: bool = False, inputs=()):
+    """Yield a temporary path beside ``path``; move it to ``path`` on success.
+
+    On any exception (including KeyboardInterrupt and SIGTERM) the temporary file
+    is removed, so a failed run never leaves a file that looks complete.  Without
+    ``overwrite`` the move is a hard link, which fails if ``path`` appeared in the
+    meantime (another run finished first): no-clobber is atomic.  ``inputs`` are
+    the files the run reads; ``path`` may not be one of them, even with
+    ``overwrite``.  Stale temporary files of killed runs in the same directory are
+    removed first (see :func:`remove_stale_temporaries`).
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path}: already exists; pass --overwrite to replace it")
+    if str(path) == "-":
+        raise UsageError("-o -: this output is HDF5, which cannot be written to standard output; give a file name")
+    for src in inputs:
+        if src is not None and str(src) != "-" and _same_file(path, _split_spec(str(src))[0]):
+            raise UsageError(f"{path}: is also an input of this command ({src}); write the output elsewhere")
     if path.is_dir():
         raise OutputError(f"{path}: is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path}: already exists; pass --overwrite to replace it")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise OutputError(f"{path}: directory {parent} does not exist; create it first")
+    remove_stale_temporaries(parent)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.rfsgen-{_host()}-{os.getpid()}-", suffix=".part", dir=parent)
     except OSError as e:
         raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
     os.close(fd)
@@ -418,15 +480,47 @@ def atomic_path(path, overwrite: bool = False):
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _move_no_clobber(tmp, path)
+    except FileExistsError:
+        _remove(tmp)
+        raise OutputExistsError(f"{path}: was created by another process while this one ran; "
+                                "nothing was replaced (pass --overwrite to replace it)") from None
     except OSError as e:
         _remove(tmp)
-        if e.errno == 28:
-            raise OutputError(f"{path}: no space left on device; free space or write elsewhere") from None
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise _write_error(path, e) from None
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _write_error(path, e: OSError) -> OutputError:
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputError(f"{path}: no space left on device; free space or write elsewhere")
+    return OutputError(f"{path}: cannot write ({e.strerror or e})")
+
+
+def _move_no_clobber(tmp, path):
+    """Move ``tmp`` to ``path`` unless ``path`` exists (FileExistsError), atomically."""
+    import errno
+
+    try:
+        os.link(tmp, path)  # fails with EEXIST if path exists: the atomic check
+    except OSError as e:
+        if e.errno == errno.EEXIST:
+            raise FileExistsError(str(path)) from None
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        # No hard links on this file system: rename, with a (racy) existence check.
+        if os.path.lexists(path):
+            raise FileExistsError(str(path)) from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def _remove(p):

@@ -175,6 +175,7 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
 
     ``output`` may be ``'-'`` for standard output.  Used by ``rfsgen kernel``.
     """
+    import io
     import sys
 
     from .io import atomic_path, check_width, open_input, parse_rows
@@ -194,9 +195,12 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     y = arrays[1] if len(arrays) > 1 else None
     k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1])
     if output == "-":
-        np.save(sys.stdout.buffer, k)
+        buf = io.BytesIO()
+        np.save(buf, k)
+        sys.stdout.buffer.write(buf.getbuffer())  # BrokenPipeError (| head) is the CLI's to handle
+        sys.stdout.buffer.flush()
         return k
-    with atomic_path(output, overwrite) as tmp:
+    with atomic_path(output, overwrite, inputs=[skeleton_path, input, input2]) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, k)
     return k

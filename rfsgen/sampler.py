@@ -580,5 +580,5 @@ def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs",
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
     fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}"
-    save(fs, output, overwrite=overwrite)
+    save(fs, output, overwrite=overwrite, inputs=[skeleton_path], progress=progress)
     return fs

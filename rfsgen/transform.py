@@ -386,7 +386,7 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
             stop = src.n_rows if stop is None else min(stop, src.n_rows)
             if start > src.n_rows:
                 raise UsageError(f"--rows starts at {start} but {src.name} has {src.n_rows} rows")
-        with atomic_path(output, overwrite) as tmp:
+        with atomic_path(output, overwrite, inputs=[features, input]) as tmp:
             with h5py.File(tmp, "w", libver="earliest") as f:
                 n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress)
                 f.attrs["rfsgen_version"] = __version__

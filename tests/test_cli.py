@@ -126,7 +126,7 @@ def test_sample_and_inspect(runner, tmp_path):
 def test_inspect_rejects_foreign_files(runner, tmp_path):
     (tmp_path / "x.h5").write_text("not hdf5")
     res = run(runner, ["inspect", tmp_path / "x.h5"])
-    assert res.exit_code == 1 and "not a readable HDF5 file" in res.stderr
+    assert res.exit_code == 2 and "not a readable HDF5 file" in res.stderr  # an unusable input: usage error
 
 
 def test_every_skeleton_error_through_the_cli(runner, tmp_path):

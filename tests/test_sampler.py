@@ -198,8 +198,14 @@ def test_foreign_and_wrong_version(tmp_path, feature_file):
 
 
 def test_inconsistent_contents(feature_file):
+    from rfsgen.features import _seal
+
     with h5py.File(feature_file, "a") as f:
         f.attrs["draws"] = int(f.attrs["draws"]) + 1
+    with pytest.raises(FeatureFileError, match="attributes do not match their checksum"):
+        load(feature_file)
+    with h5py.File(feature_file, "a") as f:  # a crafted file with a consistent seal
+        _seal(f)
     with pytest.raises(FeatureFileError, match="counts do not add up"):
         load(feature_file)
 

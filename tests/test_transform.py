@@ -360,9 +360,9 @@ def test_bad_inputs_fail_cleanly(files, tmp_path, case):
     elif case == "foreign":
         with h5py.File(tmp_path / "foreign.h5", "w") as f:
             f["a"] = 1
-        feats, code, msg = tmp_path / "foreign.h5", 1, "not an rfsgen feature file"
+        feats, code, msg = tmp_path / "foreign.h5", 2, "not an rfsgen feature file"
     elif case == "missing-features":
-        feats, code, msg = tmp_path / "nope.h5", 1, "no such feature file"
+        feats, code, msg = tmp_path / "nope.h5", 2, "no such feature file"
     elif case == "exists":
         out.write_bytes(b"keep me")
         code, msg = 2, "already exists; pass --overwrite"
