@@ -333,3 +333,40 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
         nrm = np.sqrt(_dot8(v, v))
         for e in range(v.size):
             v[e] = v[e] / nrm
+
+
+# ----------------------------------------------------------------------------- huge powers
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out):  # pragma: no cover
+    """Columns whose factors could overflow (high powers of sphere factors > 1), in the
+    log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
+
+    Column ``c`` has terms ``atom[ptr[c]:ptr[c + 1]]`` with powers ``power[...]``; atom k
+    is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]`` (real when ``ii[k] < 0``).  A
+    zero factor gives 0; a value too small for the dtype underflows to 0; one too large
+    becomes inf, which the caller reports.  C-library log/atan2/exp/cos/sin in a fixed
+    order, so the bits do not depend on the CPU.
+    """
+    m = src.shape[0]
+    for r in numba.prange(m):
+        for c in range(cols.size):
+            lg = log_sc[c]
+            ph = 0.0
+            zero = False
+            for q in range(ptr[c], ptr[c + 1]):
+                k = atom[q]
+                zr = cr[k] * src[r, ir[k]]
+                zi = ci[k] * src[r, ii[k]] if ii[k] >= 0 else 0.0
+                a = math.hypot(zr, zi)
+                if a == 0.0:
+                    zero = True
+                    break
+                lg += power[q] * math.log(a)
+                ph += power[q] * math.atan2(zi, zr)
+            if zero:
+                v = 0.0
+            elif imag[c]:
+                v = sign[c] * math.exp(lg) * math.sin(ph)
+            else:
+                v = sign[c] * math.exp(lg) * math.cos(ph)
+            out[r, cols[c]] = v

@@ -21,13 +21,14 @@ byte-identical across runs.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import UsageError
+from .errors import DataError, UsageError
 from .features import FeatureSet
 from .kernel import prepare_inputs
 from .skeleton import InputNode
@@ -123,6 +124,38 @@ class Transformer:
         imag = fs.kind == 2  # cos(theta + pi/2) = -Im
         self.imag = np.ascontiguousarray(imag[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
+        self.term_atom = term_atom  # the atom of each term of fs (int64)
+        self._plan_huge(fs, term_atom, power, imag)
+
+    def _plan_huge(self, fs, term_atom, power, imag):
+        """Find the columns whose values could overflow.
+
+        Every atom is bounded: sphere factors by max(|cr|, |ci|) (the prepared values
+        form a unit vector), all others by 1.  So a column is bounded by
+        ``|scale| * prod bound_k^|p_k|``; columns whose bound stays below 1e300 are
+        computed by the product loop without any overflow (a product of factors
+        that underflows gives 0, never 0 * inf).  The rare columns above it (high
+        powers, e.g. step over a sphere ``coordinate`` node) are recomputed in the
+        log domain.  Columns whose bound exceeds the output dtype's range are
+        checked for inf after each chunk.
+        """
+        log_bound = np.log(np.maximum(np.maximum(np.abs(self.cr), np.abs(self.ci)), 1.0))
+        log_bound[self.ii < 0] = np.log(np.maximum(np.abs(self.cr[self.ii < 0]), 1.0))
+        col = np.repeat(np.arange(fs.columns), np.diff(fs.ptr.astype(np.int64)))
+        per_term = np.abs(power).astype(np.float64) * log_bound[term_atom] if term_atom.size else np.zeros(0)
+        bound = np.log(np.maximum(fs.scale.astype(np.float64), 1e-300)) + np.bincount(col, per_term, fs.columns)
+        limit = math.log(np.finfo(self.dtype).max) - 1.0
+        self.checked = np.flatnonzero(bound > limit)  # original column indices
+        huge = np.flatnonzero(bound > math.log(1e300))
+        lengths = np.diff(fs.ptr.astype(np.int64))[huge]
+        self.huge = huge
+        self.huge_ptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        take = np.concatenate([np.arange(fs.ptr[j], fs.ptr[j + 1]) for j in huge]) if huge.size else np.zeros(0, np.int64)
+        self.huge_atom = term_atom[take].astype(np.int64)
+        self.huge_power = power[take].astype(np.float64)
+        self.huge_log_sc = np.log(fs.scale.astype(np.float64)[huge])
+        self.huge_sign = np.where(imag[huge], -1.0, 1.0)
+        self.huge_imag = np.ascontiguousarray(imag[huge])
 
     @property
     def columns(self) -> int:
@@ -166,6 +199,20 @@ class Transformer:
         if m and self.columns:
             columns(src, self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr,
                     self.sc, self.imag, self.pos, out, numba.get_num_threads())
+            if self.huge.size:
+                from ._compiled import log_domain_columns
+
+                log_domain_columns(src, self.ir, self.cr, self.ii, self.ci, self.huge, self.huge_ptr, self.huge_atom,
+                                   self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag, out)
+            if self.checked.size:
+                bad = ~np.isfinite(out[:, self.checked])
+                if bad.any():
+                    r, c = np.argwhere(bad)[0]
+                    raise DataError(
+                        f"{source}: row {row0 + int(r)}, column {int(self.checked[c])}: the feature's value is too "
+                        f"large for {self.dtype.name} (a high power of a sphere factor); use --dtype float64, "
+                        "or a skeleton without step over sphere 'coordinate' nodes"
+                    )
         return out
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from conftest import SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
 from reference import column_value
-from rfsgen import kernel, load_skeleton, parse_skeleton
+from rfsgen import DataError, kernel, load_skeleton, parse_skeleton
 from rfsgen.cli import main
 from rfsgen.features import load, save
 from rfsgen.sampler import sample
@@ -402,3 +402,88 @@ def test_peak_memory_does_not_grow_with_rows(tmp_path, layout):
         peaks.append(int(res.stdout.strip()))
     # 200k rows x 256 float32 columns is 205 MB of output; peak RSS must not follow it.
     assert peaks[1] < peaks[0] * 1.15 + 20_000, peaks  # ru_maxrss is in KiB
+
+
+STEP_OVER_COORDINATE = """
+rfsgen: 1
+input: {width: 2}
+nodes:
+  - {name: s, base: sphere, scheme: coordinate}
+  - {name: out, activation: step, inputs: [s]}
+"""
+
+
+def _decimal_value(fs, j, x):
+    """Column j of a real-valued sphere 'coordinate' feature set on unit-normalised row x,
+    in decimal arithmetic (no overflow or underflow): sqrt(w) prod (sqrt(d) x_c)^p."""
+    from decimal import Decimal, getcontext
+
+    ctx = getcontext()
+    ctx.prec, ctx.Emax, ctx.Emin = 40, 10**15, -10**15
+    d = fs.skeleton.width
+    val = Decimal(fs.weight[j]).sqrt()
+    for _, code, power in fs.terms_of(j):
+        val *= (Decimal(d).sqrt() * Decimal(float(x[code]))) ** power
+    return float(val)
+
+
+def test_high_powers_never_give_nan():
+    """The issue's reproducer: step over a sphere 'coordinate' node draws powers in the
+    millions; (sqrt(2) x_j)^p overflowed while another factor underflowed, and 0 * inf
+    was written as NaN.  Those columns are now computed in the log domain: every value
+    is finite and equals a decimal-arithmetic reference (underflow gives 0).  (The
+    estimator itself has infinite variance here, so a mean over seeds proves nothing.)"""
+    from rfsgen.transform import Transformer
+
+    s = parse_skeleton(STEP_OVER_COORDINATE)
+    x = np.array([[0.6, 0.8], [1.0, 1.0], [1.0, 0.0], [0.3, -0.2]])
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    for seed in range(4):
+        fs = sample(s, 512, seed=seed)
+        assert (fs.kind == 0).all()
+        tr = Transformer(fs, np.float64)
+        assert tr.huge.size > 0  # the log-domain path is exercised
+        z = transform(fs, x, layout="dense", dtype="float64")
+        assert np.isfinite(z).all()
+        for j in list(tr.huge[:25]) + list(range(0, 512, 41)):
+            ref = [_decimal_value(fs, j, u) for u in unit]
+            np.testing.assert_allclose(z[:, j], ref, rtol=1e-8, atol=1e-300)
+
+
+def test_log_domain_path_agrees_with_the_product_loop(cifar_rows):
+    """Forcing every column through the log-domain path gives the product loop's values
+    to 1e-11 relative (different arithmetic, the same numbers)."""
+    from rfsgen.transform import Transformer
+
+    for name, d in (("cifar-deep", 300), ("sphere-coordinate", 20), ("circle-step", 300)):
+        s = load_skeleton(skeleton_path(name)) if name == "cifar-deep" else parse_skeleton(SMALL_SKELETONS[name])
+        x = cifar_rows[:9] if s.width == 1728 else rows_for(s, 9, seed=3)
+        fs = sample(s, d, seed=1)
+        tr = Transformer(fs, np.float64)
+        want = tr.chunk(x)
+        tr.huge = np.arange(fs.columns)
+        tr.huge_ptr = fs.ptr.astype(np.int64)
+        tr.huge_atom = tr.term_atom
+        tr.huge_power = fs.power.astype(np.float64)
+        tr.huge_log_sc = np.log(fs.scale)
+        tr.huge_sign = np.where(fs.kind == 2, -1.0, 1.0)
+        tr.huge_imag = np.ascontiguousarray(fs.kind == 2)
+        got = tr.chunk(x)
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-14, err_msg=name)
+
+
+def test_values_too_large_for_float32_are_an_error():
+    """A value beyond float32's range is reported with its row and column, never written
+    as inf; in float64 the same column is computed (sqrt(2)^300 = 2^150)."""
+    from rfsgen.features import FeatureSet
+    from rfsgen.transform import Transformer
+
+    s = parse_skeleton(STEP_OVER_COORDINATE)
+    one = np.ones(1, np.int64)
+    fs = FeatureSet(skeleton=s, scheme="rfs", seed=0, draws=1, count=one, kind=np.zeros(1, np.uint8),
+                    ptr=np.array([0, 1]), node=np.zeros(1, np.int64), code=np.zeros(1, np.int64),
+                    power=np.array([300]), omega=np.zeros(0))
+    x = np.array([[0.5, 0.5], [1.0, 0.0]])
+    with pytest.raises(DataError, match=r"row 1, column 0: the feature's value is too large for float32"):
+        Transformer(fs, np.float32).chunk(x)
+    np.testing.assert_allclose(Transformer(fs, np.float64).chunk(x)[:, 0], [1.0, 2.0**150], rtol=1e-12)
