@@ -370,3 +370,40 @@ def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign
             else:
                 v = sign[c] * math.exp(lg) * math.cos(ph)
             out[r, cols[c]] = v
+
+
+# ----------------------------------------------------------------------------- heavy-tail degrees
+@numba.njit(cache=True, nogil=True)
+def _log_central_ratio(k):  # pragma: no cover - compiled
+    """log(binom(2k, k) / 4^k) for k >= 0, accurate for huge k."""
+    if k < 1e4:
+        return math.lgamma(k + 0.5) - math.lgamma(k + 1.0) - 0.5 * math.log(math.pi)
+    series = 1 - 1 / (8 * k) + 1 / (128 * k * k) + 5 / (1024 * k**3) - 21 / (32768 * k**4)
+    return -0.5 * math.log(k) + math.log(series) - 0.5 * math.log(math.pi)
+
+
+@numba.njit(cache=True, nogil=True)
+def arcsin_tail_log_weight(k, relu):  # pragma: no cover - compiled
+    """log w(k), the tail weight of relu (w ~ k^-2.5) or step (w ~ k^-1.5) at float k >= 1."""
+    lw = _log_central_ratio(k) - math.log(2 * k + 1)
+    if relu:
+        lw -= math.log(2 * k + 2)
+    return lw - math.log(math.pi)
+
+
+@numba.njit(cache=True, nogil=True)
+def arcsin_tail_propose(u, v, k0, s, relu, log_m, limit, k_out, ok_out):  # pragma: no cover - compiled
+    """One round of rejection sampling for rfsgen.activations.ArcsinTail, in a scalar
+    loop of C-library calls (the same bits on every CPU).  Proposal k = floor(k0 (1 -
+    u)^(-1/s)), accepted when log v <= log w(k) - log_m - log P(k).  Returns the index
+    of the first proposal at or above ``limit`` (not representable), or -1."""
+    for i in range(u.size):
+        x = k0 * math.pow(1.0 - u[i], -1.0 / s)
+        if x >= limit:
+            return i
+        k = math.floor(x)
+        p_k = math.pow(k / k0, -s) - math.pow((k + 1) / k0, -s)
+        log_p = math.log(p_k) if p_k > 0 else -math.inf
+        k_out[i] = k
+        ok_out[i] = math.log(v[i]) <= arcsin_tail_log_weight(k, relu) - log_m - log_p if v[i] > 0 else True
+    return -1

@@ -61,11 +61,11 @@ class ArcsinTail:
         return 2.5 if self.relu else 1.5
 
     def log_weight(self, k: np.ndarray) -> np.ndarray:
+        """log w(k) elementwise (float64 ``k >= 1``)."""
+        from ._compiled import arcsin_tail_log_weight
+
         k = np.asarray(k, dtype=np.float64)
-        log_c = _log_central_ratio(k) - _libm(math.log, 2 * k + 1)
-        if self.relu:
-            log_c = log_c - _libm(math.log, 2 * k + 2)
-        return log_c - math.log(math.pi)
+        return np.array([arcsin_tail_log_weight(float(v), self.relu) for v in k.ravel()]).reshape(k.shape)
 
     def _log_envelope(self) -> float:
         # w(k) <= A k^-alpha with A from binom(2k,k)/4^k <= 1/sqrt(pi k) and
@@ -91,11 +91,14 @@ class ArcsinTail:
         s = self.alpha - 1.0
         log_m = self._log_envelope()
         limit = float(DEGREE_LIMIT // 2)
+        from ._compiled import arcsin_tail_propose
+
         while todo.size:
             u = rng.random(todo.size)
             v = rng.random(todo.size)
-            x = self.k0 * _libm_pow(1.0 - u, -1.0 / s)
-            if np.any(x >= limit):
+            k = np.empty(todo.size)
+            ok = np.empty(todo.size, dtype=np.bool_)
+            if arcsin_tail_propose(u, v, float(self.k0), s, self.relu, log_m, limit, k, ok) >= 0:
                 from .errors import SamplerError
 
                 raise SamplerError(
@@ -104,10 +107,6 @@ class ArcsinTail:
                     "heavy-tail degree; stacked step layers draw millions of them per feature); "
                     "use fewer stacked step layers, or relu, whose tail is far lighter"
                 )
-            k = np.floor(x)
-            p_k = _libm_pow(k / self.k0, -s) - _libm_pow((k + 1) / self.k0, -s)
-            log_accept = self.log_weight(k) - log_m - _libm(math.log, p_k)
-            ok = _libm(math.log, v) <= log_accept
             out[todo[ok]] = self.offset + 2 * k[ok].astype(np.int64)
             todo = todo[~ok]
         return out
@@ -126,25 +125,6 @@ def _libm(fn, x) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     return np.fromiter(map(fn, x.ravel().tolist()), dtype=np.float64, count=x.size).reshape(x.shape)
-
-
-def _libm_pow(x, e: float) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return np.fromiter((math.pow(v, e) for v in x.ravel().tolist()), dtype=np.float64, count=x.size).reshape(x.shape)
-
-
-def _log_central_ratio(k: np.ndarray) -> np.ndarray:
-    """``log(binom(2k, k) / 4**k)`` for float arrays ``k >= 0``, accurate for huge k."""
-    k = np.asarray(k, dtype=np.float64)
-    out = np.empty_like(k)
-    small = k < 1e4
-    ks = k[small]
-    out[small] = special.gammaln(ks + 0.5) - special.gammaln(ks + 1.0) - 0.5 * math.log(math.pi)
-    kb = k[~small]
-    # Gamma(k+1/2)/Gamma(k+1) = k^-1/2 (1 - 1/(8k) + 1/(128k^2) + 5/(1024k^3) - 21/(32768k^4))
-    series = 1 - 1 / (8 * kb) + 1 / (128 * kb**2) + 5 / (1024 * kb**3) - 21 / (32768 * kb**4)
-    out[~small] = -0.5 * _libm(math.log, kb) + _libm(math.log, series) - 0.5 * math.log(math.pi)
-    return out
 
 
 def _arcsin_c(kmax: int) -> np.ndarray:
@@ -297,7 +277,7 @@ class Activation:
 #: Most single degrees drawn at once when summing multiplicities (bounds memory).
 SUM_BATCH = 1 << 22
 #: Most heavy-tail degrees one summed multiplicity may need.
-MAX_TAIL_DRAWS = 1 << 26
+MAX_TAIL_DRAWS = 1 << 22
 
 
 def _overflow(name):
@@ -607,27 +587,48 @@ class ActivationKind:
 REQUIRED = object()
 
 
-def _nonneg_float(name):
-    def check(v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"'{name}' must be a finite number >= 0, got {v!r}")
-        return float(v)
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
-    return check
+
+#: Largest beta of exp (its Poisson table grows with beta).
+MAX_BETA = 1000.0
+
+
+def _nonneg_float(name, limit=math.inf):
+    return functools.partial(_check_nonneg_float, name, limit)
+
+
+def _check_nonneg_float(name, limit, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"'{name}' must be a finite number >= 0, got {_short(v)}")
+    if v > limit:
+        raise ValueError(f"'{name}' {v:g} is over the limit of {limit:g}")
+    return float(v)
+
+
+#: Largest polynomial degree and longest coefficient list (tables are held in memory).
+MAX_DEGREE = 100_000
 
 
 def _pos_int(name):
-    def check(v):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"'{name}' must be an integer >= 1, got {v!r}")
-        return int(v)
+    return functools.partial(_check_pos_int, name)
 
-    return check
+
+def _check_pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"'{name}' must be an integer >= 1, got {v!r}")
+    if v > MAX_DEGREE:
+        raise ValueError(f"'{name}' {v} is over the limit of {MAX_DEGREE}")
+    return int(v)
 
 
 def _coef_list(v):
     if not isinstance(v, (list, tuple)) or not v:
-        raise ValueError(f"'values' must be a non-empty list of numbers, got {v!r}")
+        raise ValueError(f"'values' must be a non-empty list of numbers, got {_short(v)}")
+    if len(v) > MAX_DEGREE + 1:
+        raise ValueError(f"'values' has {len(v)} coefficients, over the limit of {MAX_DEGREE + 1}")
     out = []
     for i, x in enumerate(v):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
@@ -651,7 +652,7 @@ def _register(kind: ActivationKind) -> None:
 
 _register(ActivationKind("identity", "sigma_hat(rho) = rho", {}, _identity))
 _register(ActivationKind("exp", "exp(beta (rho - 1)); Poisson(beta) degrees",
-                         {"beta": (1.0, _nonneg_float("beta"))}, _exp))
+                         {"beta": (1.0, _nonneg_float("beta", MAX_BETA))}, _exp))
 _register(ActivationKind("relu", "normalized ReLU dual (arc-cosine kernel of degree 1)", {}, _relu))
 _register(ActivationKind("step", "1/2 + arcsin(rho)/pi (arc-cosine kernel of degree 0)", {}, _step))
 _register(ActivationKind("polynomial", "((rho + c)/(1 + c))^degree",

@@ -480,9 +480,15 @@ def _pos_float(name):
     return check
 
 
+#: Most categories of a categorical node (codes and frequencies stay exact integers).
+MAX_CATEGORIES = 2**31
+
+
 def _categories(v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 2:
         raise ValueError(f"'categories' must be an integer >= 2, got {v!r}")
+    if v > MAX_CATEGORIES:
+        raise ValueError(f"'categories' {v} is over the limit of {MAX_CATEGORIES}")
     return int(v)
 
 

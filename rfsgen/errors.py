@@ -10,10 +10,28 @@ object (file, line, node, row) and say how to fix the problem.
 from __future__ import annotations
 
 
+import re
+
+# Control characters and Unicode line breaks in user-supplied names and values would
+# split a message over several lines.
+_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    """``message`` with control characters and line breaks escaped (\\n, \\x07, ...)."""
+    return _BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(message))
+
+
 class RfsgenError(Exception):
-    """Base class of every error rfsgen raises on purpose (exit code 1)."""
+    """Base class of every error rfsgen raises on purpose (exit code 1).
+
+    The message is always one line: user-supplied text inside it is escaped.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(message))
 
 
 class UsageError(RfsgenError):

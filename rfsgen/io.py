@@ -76,7 +76,9 @@ class ArraySource(InputSource):
         self.width = int(np.prod(array.shape[1:])) if array.ndim > 1 else 1
         self._closer = closer
         kind = getattr(array.dtype, "kind", "f")
-        if kind not in "biuf":
+        if kind == "b":
+            raise InputError(f"{name}: holds booleans; convert to numbers (binary inputs are coded -1/+1)")
+        if kind not in "iuf":
             raise InputError(f"{name}: has dtype {array.dtype}, not numbers; convert it to a numeric array")
 
     def chunks(self, chunk_rows, start=0, stop=None):
@@ -149,10 +151,14 @@ class TextSource(InputSource):
         return [f.strip() for f in (line.split(self.delimiter) if self.delimiter else line.split())]
 
     def _next_nonempty(self):
-        for line in self.stream:
-            self._line += 1
-            if line.strip():
-                return line
+        try:
+            for line in self.stream:
+                self._line += 1
+                if line.strip():
+                    return line
+        except UnicodeDecodeError:
+            raise InputError(f"{self.name}:{self._line + 1}: is not UTF-8 text; text input must be UTF-8 "
+                             "(or pass .npy bytes)") from None
         return None
 
     def _read_lines(self, n):
@@ -182,8 +188,8 @@ class TextSource(InputSource):
             yield row0, self._parse(got)
 
     def _parse(self, got):
-        try:
-            arr = np.loadtxt([g[1] for g in got], delimiter=self.delimiter, dtype=np.float64, ndmin=2)
+        try:  # comments=None: '1,2 # note' is an error, not silently the row 1,2
+            arr = np.loadtxt([g[1] for g in got], delimiter=self.delimiter, dtype=np.float64, ndmin=2, comments=None)
         except ValueError as e:
             raise self._explain(got, e) from None
         if arr.shape[1] != self.width:
@@ -225,13 +231,66 @@ def _split_spec(spec: str):
     return spec, None
 
 
+class SparseSource(InputSource):
+    """Rows of a ``scipy.sparse`` matrix or array (any format), densified one chunk at a
+    time: memory follows the chunk, never the whole matrix."""
+
+    def __init__(self, matrix, name: str):
+        import scipy.sparse as sp
+
+        if matrix.ndim != 2:
+            raise InputError(f"{name}: a sparse input must be 2-D, got shape {matrix.shape}")
+        if matrix.dtype.kind not in "iuf":
+            raise InputError(f"{name}: has dtype {matrix.dtype}, not real numbers; convert it")
+        self.matrix = matrix if matrix.format == "csr" else sp.csr_matrix(matrix)
+        self.name = name
+        self.n_rows, self.width = (int(v) for v in matrix.shape)
+
+    def chunks(self, chunk_rows, start=0, stop=None):
+        stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        for a in range(start, stop, chunk_rows):
+            b = min(a + chunk_rows, stop)
+            yield a, _float(self.matrix[a:b].toarray())
+
+
+def _from_memory(spec) -> InputSource:
+    """Wrap an in-memory object, or raise InputError saying what is accepted."""
+    import scipy.sparse as sp
+
+    what = type(spec).__name__
+    accepted = ("pass a 2-D array (numpy, dask, h5py or zarr), a scipy.sparse matrix, a pandas DataFrame, "
+                "a list of rows, or a path")
+    if sp.issparse(spec):
+        return SparseSource(spec, f"<{what}>")
+    if hasattr(spec, "to_numpy") and not hasattr(spec, "__array_function__"):  # pandas
+        spec = spec.to_numpy()
+    elif isinstance(spec, (list, tuple)):
+        try:
+            spec = np.asarray(spec, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise InputError(f"<{what}>: cannot read rows from this {what} (ragged or not numbers); {accepted}") from None
+    if not all(hasattr(spec, a) for a in ("shape", "dtype", "ndim", "__getitem__")):
+        raise InputError(f"<{what}>: cannot read rows from a {what}; {accepted}")
+    if spec.ndim == 1:
+        raise InputError(f"<{what}>: a 1-D array of {spec.shape[0]} values is ambiguous: pass one row as "
+                         "x.reshape(1, -1), or one column as x.reshape(-1, 1)")
+    return ArraySource(spec, "<array>" if isinstance(spec, np.ndarray) else f"<{what}>")
+
+
 def open_input(spec, stdin=None) -> InputSource:
-    """Open an input spec (see module docstring) or wrap an in-memory array."""
-    if isinstance(spec, np.ndarray):
-        return ArraySource(spec, "<array>")
-    spec = str(spec)
+    """Open an input spec (see module docstring) or wrap an in-memory object.
+
+    A ``str`` or ``os.PathLike`` is a path (or ``-``); anything else must be rows in
+    memory: a 2-D array-like (numpy, dask, h5py, zarr), a ``scipy.sparse`` matrix,
+    a pandas DataFrame, or a list of rows.  Other objects are an :class:`InputError`.
+    """
+    if not isinstance(spec, (str, os.PathLike)):
+        return _from_memory(spec)
+    spec = os.fspath(spec)
     if spec == "-":
-        return _open_stdin(stdin if stdin is not None else sys.stdin.buffer)
+        if stdin is None:
+            stdin = getattr(sys.stdin, "buffer", None) if sys.stdin is not None else None
+        return _open_stdin(stdin)
     path, key = _split_spec(spec)
     p = Path(path)
     if not p.exists():
@@ -243,8 +302,9 @@ def open_input(spec, stdin=None) -> InputSource:
         if suffix == ".npy":
             try:
                 arr = np.load(p, mmap_mode="r", allow_pickle=False)
-            except ValueError as e:
-                raise InputError(f"{path}: not a readable .npy array ({e}); rewrite it with numpy.save") from None
+            except Exception as e:  # a damaged header raises ValueError, SyntaxError, TypeError, ...
+                detail = " ".join(str(e).split())[:160]
+                raise InputError(f"{path}: not a readable .npy array ({detail}); rewrite it with numpy.save") from None
             return ArraySource(arr, str(p))
         if suffix == ".npz":
             return _open_npz(p, key)
@@ -281,8 +341,13 @@ def _open_npz(p: Path, key):
     if key not in keys:
         z.close()
         raise InputError(f"{p}: has no array '{key}' (available: {', '.join(keys)})")
-    arr = z[key]
-    z.close()
+    try:
+        arr = z[key]
+    except Exception as e:  # object arrays (pickles), damaged members
+        detail = " ".join(str(e).split())[:160]
+        raise InputError(f"{p}:{key}: not a readable numeric array ({detail}); save numbers with numpy.savez") from None
+    finally:
+        z.close()
     return ArraySource(arr, f"{p}:{key}")
 
 
@@ -311,6 +376,8 @@ def _open_h5(p: Path, key):
 
 
 def _open_stdin(stream) -> InputSource:
+    if stream is None or getattr(stream, "closed", False):
+        raise InputError("<stdin>: standard input is closed; pipe rows into rfsgen or give a file")
     head = stream.peek(6)[:6] if hasattr(stream, "peek") else None
     if head is None:
         data = stream.read()
@@ -329,8 +396,8 @@ def _npy_stream(stream) -> InputSource:
         version = npformat.read_magic(stream)
         reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
         shape, fortran, dtype = reader(stream)
-    except ValueError as e:
-        raise InputError(f"<stdin>: not a readable .npy stream ({e})") from None
+    except Exception as e:  # damaged headers raise ValueError, SyntaxError, ...
+        raise InputError(f"<stdin>: not a readable .npy stream ({' '.join(str(e).split())[:160]})") from None
     if fortran and len(shape) > 1:
         raise InputError("<stdin>: Fortran-ordered .npy cannot be streamed; save it C-ordered")
 
@@ -370,6 +437,18 @@ def parse_rows(spec: str | None):
     if stop is not None and stop < start:
         raise UsageError(f"--rows '{spec}': STOP is before START")
     return start, stop
+
+
+def resolve_rows(spec, n_rows: int | None, source: str):
+    """``--rows START:STOP`` against an input of ``n_rows`` rows (None: a stream of
+    unknown length).  A range past the end is an error naming the row count, never a
+    silent clamp.  Returns ``(start, stop or None)``."""
+    start, stop = parse_rows(spec)
+    if n_rows is None:
+        return start, stop
+    if start > n_rows or (stop is not None and stop > n_rows):
+        raise UsageError(f"--rows {spec}: {source} has {n_rows} rows (0:{n_rows}); choose a range inside it")
+    return start, n_rows if stop is None else stop
 
 
 def check_finite(x: np.ndarray, row0: int, source: str):

@@ -48,7 +48,8 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
     for base, ids, cols in skeleton.input_groups:
         labels = [skeleton.nodes[i].label for i in ids]
         gathered = np.empty((x.shape[0], ids.size, base.width))
-        gather_columns(x, np.ascontiguousarray(cols, dtype=np.int64).reshape(-1), gathered.reshape(x.shape[0], -1))
+        if x.shape[0]:
+            gather_columns(x, np.ascontiguousarray(cols, dtype=np.int64).reshape(-1), gathered.reshape(x.shape[0], -1))
         out.append(base.prepare(gathered, labels, row0, source, overwrite=True))
     return out
 
@@ -113,6 +114,9 @@ def kernel(
     ``x``).  ``progress(rows_done)`` is called after each block of ``x`` rows.
     """
     same = y is None
+    if np.asarray(x).shape[0] == 0 or (y is not None and np.asarray(y).shape[0] == 0):
+        m, n = np.asarray(x).shape[0], np.asarray(x if y is None else y).shape[0]
+        return np.zeros((m, n))
     xp = prepare_inputs(skeleton, x, 0, x_source)
     yp = xp if same else prepare_inputs(skeleton, y, 0, y_source)
     m = xp[0].shape[0] if xp else 0
@@ -178,11 +182,10 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     import io
     import sys
 
-    from .io import atomic_path, check_width, open_input, parse_rows
+    from .io import atomic_path, check_width, open_input, resolve_rows
     from .skeleton import load_skeleton
 
     skel = load_skeleton(skeleton_path)
-    start, stop = parse_rows(rows)
     arrays = []
     names = []
     for spec in (input, input2):
@@ -190,9 +193,12 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
             continue
         with open_input(spec) as src:
             check_width(src, skel.width, skel.path, skel.shape)
+            start, stop = resolve_rows(rows, src.n_rows, src.name)
             arrays.append(src.read(start, stop))
             names.append(src.name)
     y = arrays[1] if len(arrays) > 1 else None
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase("kernel", arrays[0].shape[0])
     k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1])
     if output == "-":
         buf = io.BytesIO()

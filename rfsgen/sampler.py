@@ -35,6 +35,12 @@ from .skeleton import InputNode, Skeleton
 
 KIND_REAL, KIND_COS, KIND_SIN = 0, 1, 2
 MAX_BATCH = 1 << 18  # measured: 1.2x faster than 2^21 (cache), 2^16 no better
+#: Most columns one feature set may have (10^8 columns take minutes and ~1 GB to sample).
+MAX_COLUMNS = 100_000_000
+#: The sampler gives up when this many consecutive draws find no new column (plus
+#: 100 times the draws per column so far, for skeletons that dedup heavily): the
+#: skeleton then has (almost) no features left to find.
+STALL_DRAWS = 1_000_000
 
 
 @dataclass
@@ -456,9 +462,11 @@ def sample(
     """Sample ``columns`` unique random-feature columns for ``skeleton``.
 
     Returns a :class:`~rfsgen.features.FeatureSet`.  ``progress(n)`` is called
-    with the number of new unique columns found after each batch.  Raises
+    with the number of new unique columns found after each batch.  ``columns`` is
+    1 .. :data:`MAX_COLUMNS`; ``seed`` an integer in 0 .. 2**63 - 1.  Raises
     :class:`SamplerError` when the skeleton has fewer distinct features than
-    requested (after ``max_draws`` draws, default ``max(200 D, 10**6)``).
+    requested: after :data:`STALL_DRAWS` + 100 q/D consecutive draws without a new
+    column (or ``max_draws`` draws in all, if given).
     ``audit``, if a list, receives ``(kind, terms)`` of every consumed draw in
     draw order (slow; for checking deduplication).
     """
@@ -468,11 +476,15 @@ def sample(
         skeleton_for_walk = apply_scheme(skeleton, scheme)
     else:
         skeleton_for_walk = skeleton
-    if columns < 1:
-        raise UsageError(f"-n must be at least 1, got {columns}")
+    if isinstance(columns, bool) or not isinstance(columns, (int, np.integer)) or not 1 <= columns <= MAX_COLUMNS:
+        raise UsageError(f"-n must be an integer from 1 to {MAX_COLUMNS}, got {columns!r}")
+    columns = int(columns)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    seed = int(seed)
     t = _tables(skeleton_for_walk)
     rng = np.random.default_rng(seed)
-    max_draws = max_draws or max(200 * columns, 10**6)
+    last_new = 0  # draws consumed when the latest new column was found
 
     def walk(n):
         if scheme == "orf":
@@ -489,7 +501,10 @@ def sample(
     next_size = min(MAX_BATCH, max(1024, columns))
     with _WalkAhead(walk, next_size) as batches:
         while True:
-            b = batches.take(next_size)
+            try:
+                b = batches.take(next_size)
+            except SamplerError as e:
+                raise SamplerError(f"{e} (after {drawn} draws of '{skeleton.path}')") from None
             size = b.kind.size
             keys = _keys(b, drawn)
             inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
@@ -527,7 +542,10 @@ def sample(
                 progress(added)
             if cols.found >= columns:
                 break
-            if drawn >= max_draws:
+            if added:
+                last_new = drawn
+            stalled = drawn - last_new > STALL_DRAWS + 100 * drawn / max(cols.found, 1)
+            if stalled or (max_draws is not None and drawn >= max_draws):
                 raise SamplerError(
                     f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
                     f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"

@@ -41,6 +41,16 @@ INTERNAL_KEYS = ("activation", "inputs", "conv", "pool", "dense", "each", "from"
 WIRINGS = ("inputs", "conv", "pool", "dense", "each")
 PER_VALUES = ("all", "column", "pixel", "group")
 
+# A skeleton file is user input: parsing and expanding it is bounded in time and
+# memory.  Each limit is stated in the README; exceeding one is a one-line error.
+MAX_SOURCE_BYTES = 256 << 10  # the file itself (YAML parsing runs at ~50k values/s)
+MAX_YAML_NODES = 200_000  # YAML values after expanding aliases (alias "bombs")
+MAX_WIDTH = 10_000_000  # values per input row
+MAX_NODES = 250_000  # skeleton nodes after expansion (a 500 x 500 image, one node per pixel)
+MAX_EDGES = 20_000_000  # child references, summed over internal nodes
+MAX_DEPTH = 1_000  # internal nodes on the longest input-to-output path
+MAX_NAME = 200  # characters in a node name
+
 
 # ----------------------------------------------------------------------------- DAG objects
 @dataclass(frozen=True)
@@ -231,10 +241,20 @@ def load_skeleton(path) -> Skeleton:
 
 def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
     """Parse skeleton YAML ``text``; ``path`` is used in error messages."""
-    loader = _Loader(text)
-    loader.name = path
+    if not isinstance(text, str):
+        raise SkeletonError(f"{path}: a skeleton must be YAML text, not {type(text).__name__}")
+    if len(text) > MAX_SOURCE_BYTES:
+        raise SkeletonError(f"{path}: the skeleton is {len(text)} characters, over the limit of {MAX_SOURCE_BYTES}; "
+                            "skeletons describe structure in a few lines (use conv/pool/dense/each templates)")
+    loader = None
     try:
-        doc = loader.get_single_data()
+        loader = _Loader(text)
+        loader.name = path
+        node = loader.get_single_node()
+        if node is None:
+            raise SkeletonError(f"{path}: the file is empty; a skeleton needs rfsgen, input and nodes")
+        _check_yaml_size(node, path)
+        doc = loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else "?"
@@ -243,14 +263,46 @@ def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
         if "'['" in str(problem) or "']'" in str(problem):
             fix = 'quote node references with indices inside [...] lists, e.g. inputs: ["x[3]", "y[0:2]"]'
         raise SkeletonError(f"{path}:{line}: malformed YAML: {problem}; {fix}") from None
-    except yaml.YAMLError as e:
-        raise SkeletonError(f"{path}: malformed YAML: {e}") from None
+    except yaml.YAMLError as e:  # ReaderError (unprintable characters) and others without a mark
+        detail = " ".join(str(e).split())[:200]
+        raise SkeletonError(f"{path}: not a readable YAML skeleton ({detail}); save it as plain UTF-8 text") from None
+    except RecursionError:
+        raise SkeletonError(f"{path}: the YAML is nested too deeply; a skeleton needs only a few levels") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return _Builder(path, text).build(doc)
 
 
-_REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*$")
+def _check_yaml_size(root, path):
+    """Refuse documents whose values, with aliases expanded, exceed MAX_YAML_NODES
+    (``&a [*b, *b, ...]`` chains grow exponentially while the text stays tiny)."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in sizes and not done:
+            continue
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        total = 1 + sum(sizes.get(id(c), 1) for c in children)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            line = node.start_mark.line + 1
+            raise SkeletonError(f"{path}:{line}: the YAML expands to more than {MAX_YAML_NODES} values (aliases?); "
+                                "write the structure out, or use the conv/pool/dense/each templates")
+
+
+_REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*\Z", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 class _Builder:
@@ -260,6 +312,7 @@ class _Builder:
         self.nodes: list = []
         self.arrays: dict[str, np.ndarray] = {}
         self.layers: list = []
+        self.edges = 0
 
     # ------------------------------------------------------------------ errors
     def err(self, line, msg) -> SkeletonError:
@@ -292,6 +345,7 @@ class _Builder:
             raise self.err(doc.lines.get("nodes", doc.line), "'nodes' must be a non-empty list of node entries")
         self.build_entries(entries, doc.lines.get("nodes", 1))
         output = self.prune(self.find_output(doc))
+        self.check_depth(doc)
         description = doc.get("description", "")
         return Skeleton(
             source=self.text,
@@ -317,6 +371,8 @@ class _Builder:
             w = spec["width"]
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise self.err(spec.lines["width"], f"'width' must be a positive integer, got {w!r}")
+            if w > MAX_WIDTH:
+                raise self.err(spec.lines["width"], f"'width' {w} is over the limit of {MAX_WIDTH} values per row")
             return w, None
         shape = spec["shape"]
         if (
@@ -325,7 +381,11 @@ class _Builder:
             or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape)
         ):
             raise self.err(spec.lines["shape"], f"'shape' must be three positive integers [H, W, C], got {shape!r}")
-        return int(np.prod(shape)), tuple(shape)
+        width = shape[0] * shape[1] * shape[2]  # Python integers: no overflow
+        if width > MAX_WIDTH:
+            raise self.err(spec.lines["shape"], f"'shape' {shape} makes rows of {width} values, over the limit of "
+                                                f"{MAX_WIDTH}")
+        return int(width), tuple(shape)
 
     # ------------------------------------------------------------------ entries
     def build_entries(self, entries, line):
@@ -336,8 +396,9 @@ class _Builder:
             if "name" not in e:
                 raise self.err(e.line, "node entry has no 'name'")
             name = e["name"]
-            if not isinstance(name, str) or not _REF.match(name) or "[" in name:
-                raise self.err(e.lines["name"], f"node name {name!r} must start with a letter and use letters, digits, _ . -")
+            if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME:
+                raise self.err(e.lines["name"], f"node name {name!r} must start with a letter and use letters, digits, "
+                                                f"_ . - (at most {MAX_NAME} characters)")
             if name in by_name:
                 raise self.err(e.lines["name"], f"node name '{name}' is already used on line {by_name[name].line}")
             by_name[name] = e
@@ -370,6 +431,14 @@ class _Builder:
                         raise self.err(e.lines["inputs"], f"bad reference {r!r} in 'inputs' of node '{name}'; write name, name[i] or name[i, j]")
                     names.append(m.group(1))
                 deps[name] = names
+            elif wiring[0] == "each":
+                src = e["each"]
+                if not isinstance(src, str) or not _REF.match(src) or "[" in src:
+                    raise self.err(e.lines["each"], f"'each' of node '{name}' must name a node entry, got {src!r}")
+                if "from" in e:
+                    raise self.err(e.lines["from"], f"node '{name}' says both 'each: {src}' and 'from'; 'each' names "
+                                                     "its source, so drop 'from'")
+                deps[name] = [src]
             else:
                 src = e.get("from")
                 if src is None:
@@ -424,8 +493,9 @@ class _Builder:
     def build_input(self, e):
         name = e["name"]
         base_name = e["base"]
-        base_keys = tuple(_bases.REGISTRY[base_name].params) if base_name in _bases.REGISTRY else ()
-        if base_name not in _bases.REGISTRY:
+        known = isinstance(base_name, str) and base_name in _bases.REGISTRY
+        base_keys = tuple(_bases.REGISTRY[base_name].params) if known else ()
+        if not known:
             raise self.err(e.lines["base"], f"unknown base '{base_name}' in node '{name}' (allowed: {_bases.allowed_names()})")
         self.check_keys(e, COMMON_KEYS + INPUT_NODE_KEYS + base_keys, f"input node '{name}' (base {base_name})")
         params = {k: e[k] for k in base_keys if k in e}
@@ -438,6 +508,7 @@ class _Builder:
         if per == "all":
             groups, shape = [cols], ()
         elif per == "column":
+            self.check_nodes(len(cols), e, name)
             groups, shape = [[c] for c in cols], (len(cols),)
         elif per == "group":
             g = e.get("group")
@@ -445,6 +516,7 @@ class _Builder:
                 raise self.err(e.lines.get("group", e.line), f"node '{name}' with 'per: group' needs 'group: K' (columns per node)")
             if len(cols) % g:
                 raise self.err(e.lines["group"], f"node '{name}': {len(cols)} columns do not split into groups of {g}")
+            self.check_nodes(len(cols) // g, e, name)
             groups, shape = [cols[i:i + g] for i in range(0, len(cols), g)], (len(cols) // g,)
         else:
             if self.shape is None:
@@ -452,6 +524,7 @@ class _Builder:
             if "columns" in e:
                 raise self.err(e.lines["columns"], f"'per: pixel' in node '{name}' takes the whole image; drop 'columns'")
             h, w, c = self.shape
+            self.check_nodes(h * w, e, name)
             groups = [list(range((r * w + q) * c, (r * w + q + 1) * c)) for r in range(h) for q in range(w)]
             shape = (h, w)
         try:
@@ -478,7 +551,12 @@ class _Builder:
                 cols.append(item)
             elif isinstance(item, str) and re.fullmatch(r"\s*\d*\s*:\s*\d*\s*", item):
                 a, b = item.split(":")
-                cols.extend(range(int(a) if a.strip() else 0, int(b) if b.strip() else self.width))
+                a, b = int(a) if a.strip() else 0, int(b) if b.strip() else self.width
+                if b > self.width:
+                    raise self.err(line, f"columns '{item}' of node '{e['name']}' go past the input row (0..{self.width - 1})")
+                cols.extend(range(a, b))
+                if len(cols) > MAX_EDGES:
+                    raise self.err(line, f"'columns' of node '{e['name']}' lists more than {MAX_EDGES} columns")
             else:
                 raise self.err(line, f"'columns' of node '{e['name']}' must be 'all', an index, 'A:B', or a list of those; got {item!r}")
         if not cols:
@@ -526,6 +604,7 @@ class _Builder:
                         f"{'x'.join(map(str, src.shape))} array '{deps[0]}'; use a smaller size",
                     )
                 out_shape.append((src.shape[ax] - size[ax]) // stride[ax] + 1)
+            self.check_nodes(int(np.prod(out_shape)), e, name)
             kids = []
             for pos in np.ndindex(*out_shape):
                 window = tuple(slice(p * s, p * s + k) for p, s, k in zip(pos, stride, size))
@@ -563,14 +642,26 @@ class _Builder:
             params = {k: v for k, v in spec.items() if k != "name"}
         else:
             raise self.err(line, f"'activation' of node '{name}' must be a name or a mapping with 'name' and parameters")
-        if act_name not in _act.REGISTRY:
+        if not isinstance(act_name, str) or act_name not in _act.REGISTRY:
             raise self.err(line, f"unknown activation '{act_name}' in node '{name}' (allowed: {_act.allowed_names()})")
         try:
             return _act.make_activation(act_name, params)
         except ValueError as ex:
             raise self.err(line, f"node '{name}': {ex}") from None
 
+    def check_nodes(self, n, e, name):
+        if len(self.nodes) + n > MAX_NODES:
+            raise self.err(e.line, f"node '{name}' would bring the skeleton to {len(self.nodes) + n} nodes, over the "
+                                   f"limit of {MAX_NODES}; use larger windows or strides, or pool first")
+
     def add_internal(self, name, kind, shape, kids, act, line):
+        self.edges += sum(len(k) for k in kids)
+        if self.edges > MAX_EDGES:
+            raise self.err(line, f"node '{name}' brings the skeleton to {self.edges} child references, over the limit "
+                                 f"of {MAX_EDGES}")
+        if len(self.nodes) + len(kids) > MAX_NODES:
+            raise self.err(line, f"node '{name}' would bring the skeleton to {len(self.nodes) + len(kids)} nodes, over "
+                                 f"the limit of {MAX_NODES}")
         ids = []
         for k, children in enumerate(kids):
             label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
@@ -643,6 +734,15 @@ class _Builder:
         self.layers = layers
         return int(new_id[output])
 
+    def check_depth(self, doc):
+        depth = np.zeros(len(self.nodes), dtype=np.int64)
+        for n in self.nodes:  # children come first
+            if isinstance(n, InternalNode):
+                depth[n.id] = 1 + max(depth[c] for c in n.children)
+                if depth[n.id] > MAX_DEPTH:
+                    raise self.err(doc.lines.get("nodes", doc.line), f"node '{n.label}' is {depth[n.id]} layers deep, over "
+                                                                    f"the limit of {MAX_DEPTH}")
+
     def find_output(self, doc) -> int:
         used = np.zeros(len(self.nodes), dtype=bool)
         for n in self.nodes:
@@ -677,4 +777,6 @@ def _close(name: str, known) -> str:
     import difflib
 
     m = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean '{m[0]}'?)" if m else f" (defined: {', '.join(list(known)[:8])})"
+    names = list(known)
+    listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    return f" (did you mean '{m[0]}'? defined: {listed})" if m else f" (defined: {listed})"

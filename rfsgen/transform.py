@@ -412,7 +412,7 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
 
     from . import __version__
     from .features import load
-    from .io import atomic_path, check_width, open_input, parse_rows
+    from .io import atomic_path, check_width, open_input, parse_rows, resolve_rows
 
     _check_options(layout, dtype, compression)
     if chunk_rows is not None and chunk_rows < 1:
@@ -429,10 +429,9 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     D = fs.columns
     with open_input(input, stdin=stdin) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
-        if src.n_rows is not None:
-            stop = src.n_rows if stop is None else min(stop, src.n_rows)
-            if start > src.n_rows:
-                raise UsageError(f"--rows starts at {start} but {src.name} has {src.n_rows} rows")
+        start, stop = resolve_rows(rows, src.n_rows, src.name)
+        if progress is not None and hasattr(progress, "phase"):
+            progress.phase("transform", None if stop is None else stop - start)
         with atomic_path(output, overwrite, inputs=[features, input]) as tmp:
             with h5py.File(tmp, "w", libver="earliest") as f:
                 n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress)

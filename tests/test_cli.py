@@ -119,7 +119,7 @@ def test_sample_and_inspect(runner, tmp_path):
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 500, "-o", out])
     assert res.exit_code == 2 and "already exists" in res.stderr
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 0, "-o", tmp_path / "g.h5"])
-    assert res.exit_code == 2 and "-n must be at least 1" in res.stderr
+    assert res.exit_code == 2 and "-n must be an integer from 1 to" in res.stderr
     assert not (tmp_path / "g.h5").exists()
 
 
