@@ -137,17 +137,18 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
     import h5py
 
     from ._signals import deferred
-    from .io import atomic_path
+    from .io import SafeFile, atomic_path
 
-    with atomic_path(path, overwrite, inputs) as tmp:
+    with atomic_path(path, overwrite, inputs) as tmp, SafeFile(tmp) as sink:
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("write", fs.columns)
-        with deferred():
-            with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
-                _write(f, fs, progress)
+        with deferred():  # HDF5 writes through SafeFile: a full disk surfaces in sink.check()
+            with h5py.File(sink, "w", libver="earliest", track_order=False) as f:
+                _write(f, fs, progress, sink)
+        sink.check()
 
 
-def _write(f, fs: FeatureSet, progress=None):
+def _write(f, fs: FeatureSet, progress=None, sink=None):
     from ._signals import checkpoint
 
     src = fs.skeleton.source.encode("utf-8")
@@ -183,6 +184,8 @@ def _write(f, fs: FeatureSet, progress=None):
     done = 0
     for name, data, compress in datasets:
         checkpoint()
+        if sink is not None:
+            sink.check()
         _put(f, name, data, compress)
         if name == "term_node":
             f["term_node"].attrs["encoding"] = "delta-within-column"

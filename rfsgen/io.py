@@ -607,3 +607,73 @@ def _remove(p):
         os.unlink(p)
     except OSError:
         pass
+
+
+class SafeFile:
+    """A binary file for h5py's ``fileobj`` driver that never reports a failed write
+    to HDF5.
+
+    When a write fails inside HDF5 (a full disk, a quota, a file-size limit), h5py
+    later crashes with a segmentation fault while releasing its objects.  This file
+    records the first :class:`OSError` instead and discards every later write, so
+    HDF5 carries on normally; :meth:`check` raises the recorded error at a point
+    where rfsgen can fail cleanly (the temporary output is then removed).
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._f = open(self.path, "w+b", buffering=0)
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self.error is None:
+            try:
+                while view.nbytes:
+                    k = self._f.write(view)
+                    if not k:
+                        raise OSError(28, "No space left on device")
+                    view = view[k:]
+            except OSError as e:
+                self.error = e
+        return n
+
+    def readinto(self, buf) -> int:
+        return self._f.readinto(buf)
+
+    def read(self, n=-1) -> bytes:
+        return self._f.read(n)
+
+    def seek(self, pos, whence=0) -> int:
+        return self._f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def truncate(self, size=None) -> int:
+        try:
+            return self._f.truncate(size)
+        except OSError as e:
+            self.error = self.error or e
+            return self._f.tell() if size is None else size
+
+    def flush(self) -> None:
+        pass  # unbuffered
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def check(self) -> None:
+        """Raise the first write error, if there was one."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

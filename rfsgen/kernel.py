@@ -207,6 +207,8 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
         sys.stdout.buffer.flush()
         return k
     with atomic_path(output, overwrite, inputs=[skeleton_path, input, input2]) as tmp:
+        buf = io.BytesIO()
+        np.save(buf, k)  # then one write, whose OSError carries errno (ENOSPC, EFBIG)
         with open(tmp, "wb") as f:
-            np.save(f, k)
+            f.write(buf.getbuffer())
     return k

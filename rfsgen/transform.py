@@ -340,6 +340,10 @@ def _check_options(layout, dtype, compression):
 
 
 # ----------------------------------------------------------------------------- HDF5 output
+def _nothing():
+    pass
+
+
 class _Appender:
     """Appends to resizable 1-D datasets of equal length (CSR ``data`` and ``indices``)
     in fixed blocks, writing block k of every dataset before block k + 1 of any.
@@ -350,8 +354,9 @@ class _Appender:
     rows) would lay the file out differently from alternating them (small chunks).
     """
 
-    def __init__(self, group, names, dtypes, block, compression):
+    def __init__(self, group, names, dtypes, block, compression, check=None):
         self.block = block
+        self.check = check or _nothing
         kw = {} if compression == "none" else {"compression": compression}
         self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
                                         track_times=False, **kw) for n, t in zip(names, dtypes)]
@@ -395,6 +400,7 @@ class _Appender:
             else:
                 ds[self.size:self.size + size] = data
         self.size += size
+        self.check()
 
     def close(self):
         self._write([p[:self.n_pending] for p in self.pending])
@@ -412,7 +418,8 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
 
     from . import __version__
     from .features import load
-    from .io import atomic_path, check_width, open_input, parse_rows, resolve_rows
+    from ._signals import deferred
+    from .io import SafeFile, atomic_path, check_width, open_input, parse_rows, resolve_rows
 
     _check_options(layout, dtype, compression)
     if chunk_rows is not None and chunk_rows < 1:
@@ -432,17 +439,22 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
         start, stop = resolve_rows(rows, src.n_rows, src.name)
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("transform", None if stop is None else stop - start)
-        with atomic_path(output, overwrite, inputs=[features, input]) as tmp:
-            with h5py.File(tmp, "w", libver="earliest") as f:
-                n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress)
-                f.attrs["rfsgen_version"] = __version__
-                f.attrs["features_file"] = str(features)
-                f.attrs["features_sha256"] = sha.hexdigest()
-                f.attrs["input"] = src.name
-                f.attrs["rows_start"] = start
-                f.attrs["rows_stop"] = start + n_rows
-                f.attrs["columns"] = D
-                f.attrs["layout"] = layout
+        with atomic_path(output, overwrite, inputs=[features, input]) as tmp, SafeFile(tmp) as sink:
+            # HDF5 writes through SafeFile: a full disk is reported by sink.check()
+            # after each block and at the end, never inside HDF5 (where h5py crashes).
+            with h5py.File(sink, "w", libver="earliest") as f:
+                n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress,
+                                     sink)
+                with deferred():
+                    f.attrs["rfsgen_version"] = __version__
+                    f.attrs["features_file"] = str(features)
+                    f.attrs["features_sha256"] = sha.hexdigest()
+                    f.attrs["input"] = src.name
+                    f.attrs["rows_start"] = start
+                    f.attrs["rows_stop"] = start + n_rows
+                    f.attrs["columns"] = D
+                    f.attrs["layout"] = layout
+            sink.check()
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
 
 
@@ -469,7 +481,7 @@ def _overlapped(chunks, put, progress) -> int:
     return n_rows
 
 
-def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) -> int:
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink) -> int:
     """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
     is filled directly, without going through h5py's write path.
 
@@ -496,8 +508,9 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress) ->
     if not n or not D or offset is None:  # nothing to place: an empty dataset
         return sum(vals.shape[0] for _, vals in tr.chunks(src, chunk_rows, start, stop))
     f.flush()
+    sink.check()
     row_bytes = D * np.dtype(dtype).itemsize
-    fd = os.open(f.filename, os.O_RDWR)
+    fd = os.open(sink.path, os.O_RDWR)
     try:
         if _reserve(fd, offset, n * row_bytes):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress)
@@ -599,14 +612,14 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     return n_rows
 
 
-def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress):
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink):
     D = tr.columns
     known = stop is not None
     n_rows = 0
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress)
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink)
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
@@ -621,6 +634,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                     ds.resize((ds.shape[0] + full, D))
                     ds[-full:] = pending[:full]
                     pending = pending[full:]
+                    sink.check()
                 if progress:
                     progress(vals.shape[0])
             if pending.shape[0]:
@@ -630,7 +644,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     g = f.create_group("X", track_order=False)
     block = 1 << 20
     index_dtype = np.int32 if D < 2**31 else np.int64
-    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression)
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check)
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
 
