@@ -47,3 +47,17 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(list(globals()) + __all__)
+
+
+class _Package(type(__import__("sys"))):
+    """``rfsgen.kernel`` and ``rfsgen.transform`` name functions and also submodules.
+    Importing a submodule makes the import system set the package attribute to the
+    module; keep the public function instead (the module stays in ``sys.modules``)."""
+
+    def __setattr__(self, name, value):
+        if name in ("kernel", "transform") and isinstance(value, type(__import__("sys"))):
+            return
+        super().__setattr__(name, value)
+
+
+__import__("sys").modules[__name__].__class__ = _Package

@@ -54,9 +54,9 @@ def approx(
     """
     x = np.asarray(x, dtype=np.float64)
     if rows > x.shape[0]:
-        raise UsageError(f"--rows {rows} is more than the {x.shape[0]} rows of the input")
+        raise UsageError(f"--subset {rows} is more than the {x.shape[0]} rows of the input; lower --subset")
     if rows < 2:
-        raise UsageError("--rows must be at least 2")
+        raise UsageError("--subset must be at least 2")
     if trials < 1:
         raise UsageError("--trials must be at least 1")
     budgets = [int(d) for d in budgets]
@@ -95,6 +95,14 @@ def format_table(records: list[dict]) -> str:
         cells = "  ".join(f"{r[k]:.5f} ± {r[k + '_std']:.5f}" for k in MEASURES)
         lines.append(f"{r['scheme']:<7}{r['features']:>8}{r['draws']:>12.0f}{r['dedup_ratio']:>8.2f}  {cells}")
     return "\n".join(lines)
+
+
+def check_plotting() -> None:
+    """Raise :class:`UsageError` now, before any computing, if ``--plot`` cannot work."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'rfsgen[plot]' (or pip install matplotlib)") from None
 
 
 def plot(records: list[dict], path, title: str = "") -> None:

@@ -43,7 +43,7 @@ from .errors import FeatureFileError, RfsgenError
 from .skeleton import InputNode, Skeleton, parse_skeleton
 
 FORMAT = "rfsgen-features"
-FORMAT_VERSION = 2  # 2: root attributes sealed by attrs_sha256 (version 1 files are still read)
+FORMAT_VERSION = 2  # 2: a checksummed rfsgen header in the user block, root attributes sealed (1 is still read)
 
 
 @dataclass(eq=False)
@@ -143,9 +143,53 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("write", fs.columns)
         with deferred():  # HDF5 writes through SafeFile: a full disk surfaces in sink.check()
-            with h5py.File(sink, "w", libver="earliest", track_order=False) as f:
+            with h5py.File(sink, "w", libver="earliest", track_order=False, userblock_size=USERBLOCK) as f:
                 _write(f, fs, progress, sink)
+            _write_header(sink)
         sink.check()
+
+
+#: The HDF5 user block (which HDF5 skips) holds rfsgen's own header: a magic line and
+#: the SHA-256 of everything after it, checked before HDF5 parses a byte.  HDF5 can
+#: hang or crash on damaged metadata; this way a damaged file never reaches it.
+USERBLOCK = 512
+MAGIC = b"rfsgen-features\n"
+
+
+def _write_header(sink) -> None:
+    sink.seek(USERBLOCK)
+    digest = hashlib.sha256()
+    while True:
+        block = sink.read(1 << 20)
+        if not block:
+            break
+        digest.update(block)
+    header = MAGIC + f"format_version {FORMAT_VERSION}\nsha256 {digest.hexdigest()}\n".encode()
+    sink.seek(0)
+    sink.write(header.ljust(USERBLOCK, b"\0"))
+
+
+def _check_header(p: str) -> None:
+    """Verify a version-2 file's header and checksum before HDF5 opens it (version-1
+    files, which start with the HDF5 signature, have none)."""
+    with open(p, "rb") as fh:
+        head = fh.read(USERBLOCK)
+        if head.startswith(b"\x89HDF\r\n\x1a\n"):
+            return  # format version 1: no rfsgen header
+        if not head.startswith(MAGIC):
+            raise FeatureFileError(f"{p}: not a readable HDF5 file (truncated, corrupted or another format); "
+                                   "re-create it with 'rfsgen sample'")
+        fields = dict(line.split(" ", 1) for line in head[len(MAGIC):].split(b"\0", 1)[0].decode("ascii", "replace")
+                      .splitlines() if " " in line)
+        digest = hashlib.sha256()
+        while True:
+            block = fh.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+    if fields.get("sha256") != digest.hexdigest():
+        raise FeatureFileError(f"{p}: checksum mismatch: the file is corrupted or truncated; re-create it with "
+                               "'rfsgen sample'")
 
 
 def _write(f, fs: FeatureSet, progress=None, sink=None):
@@ -222,10 +266,19 @@ def _attrs_digest(attrs: dict, encoding: str) -> str:
     items = []
     for k in ATTRS:
         v = attrs[k]
-        v = v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
+        v = _plain(v)
         items.append([k, v if isinstance(v, (int, str)) else repr(v)])
     items.append(["term_node.encoding", encoding])
     return hashlib.sha256(json.dumps(items, sort_keys=False).encode()).hexdigest()
+
+
+def _plain(v):
+    """An attribute value as a plain Python value (str, int, float, list) for hashing and messages."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v.item() if hasattr(v, "item") else v
 
 
 def _seal(f):
@@ -249,7 +302,10 @@ def load(path) -> FeatureSet:
 
     p = str(path)
     try:
+        _check_header(p)
         f = h5py.File(p, "r")
+    except FeatureFileError:
+        raise
     except FileNotFoundError:
         raise FeatureFileError(f"{p}: no such feature file; create one with 'rfsgen sample'") from None
     except IsADirectoryError:
@@ -289,7 +345,7 @@ def _read(p, f):
     version = f.attrs.get("format_version")
     if not _is_int(version) or int(version) not in (1, FORMAT_VERSION):
         raise FeatureFileError(
-            f"{p}: feature file format version {int(version) if _is_int(version) else repr(version)} is not supported (this rfsgen reads versions 1 and "
+            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1 and "
             f"{FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
         )
     attrs = {}

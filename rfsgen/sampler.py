@@ -537,14 +537,14 @@ def sample(
             factors += float(b.factors[:limit].sum())
             factors_sq += float(np.square(b.factors[:limit]).sum())
             degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
+            if added:  # the draw that found the latest new column
+                last_new = drawn + int(new_rows[-1]) + 1
             drawn += limit
             if progress:
                 progress(added)
             if cols.found >= columns:
                 break
-            if added:
-                last_new = drawn
-            stalled = drawn - last_new > STALL_DRAWS + 100 * drawn / max(cols.found, 1)
+            stalled = drawn - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
             if stalled or (max_draws is not None and drawn >= max_draws):
                 raise SamplerError(
                     f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "

@@ -210,8 +210,9 @@ class Transformer:
                     r, c = np.argwhere(bad)[0]
                     raise DataError(
                         f"{source}: row {row0 + int(r)}, column {int(self.checked[c])}: the feature's value is too "
-                        f"large for {self.dtype.name} (a high power of a sphere factor); use --dtype float64, "
-                        "or a skeleton without step over sphere 'coordinate' nodes"
+                        f"large for {self.dtype.name} (a high power of a sphere factor); "
+                        + ("use --dtype float64, or " if self.dtype == np.float32 else "use ")
+                        + "a skeleton without step over sphere 'coordinate' or 'pair' nodes"
                     )
         return out
 

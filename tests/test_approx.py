@@ -75,7 +75,7 @@ def test_rr_and_orf_unbiased_and_orf_has_lower_variance(cifar_rows):
 def test_approx_cli_json(tmp_path, cifar_rows):
     np.save(tmp_path / "rows.npy", cifar_rows[:20])
     res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64,128",
-                                    "--trials", "2", "--rows", "10", "--scheme", "rfs", "--scheme", "rr", "--json", "-q"])
+                                    "--trials", "2", "--subset", "10", "--scheme", "rfs", "--scheme", "rr", "--json", "-q"])
     assert res.exit_code == 0, res.stderr
     recs = json.loads(res.stdout)
     assert len(recs) == 4
@@ -85,8 +85,8 @@ def test_approx_cli_json(tmp_path, cifar_rows):
             assert k in r
         assert r["trials"] == 2 and r["rows"] == 10 and 0 < r["mae"] <= r["rmse"] <= r["max_abs"]
     res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64",
-                                    "--rows", "50"])
-    assert res.exit_code == 2 and "--rows 50 is more than the 20 rows" in res.stderr
+                                    "--subset", "50"])
+    assert res.exit_code == 2 and "--subset 50 is more than the 20 rows" in res.stderr
 
 
 def test_reproduction_runs_on_a_small_configuration(tmp_path):
@@ -100,3 +100,26 @@ def test_reproduction_runs_on_a_small_configuration(tmp_path):
     assert {r["scheme"] for r in out["shallow-gaussian"]} == {"rfs", "rr", "orf"}
     assert {r["scheme"] for r in out["cifar-deep"]} == {"rfs", "rr"}
     assert figure3.main(["--data", str(tmp_path / "missing.npy"), "--out", str(tmp_path)]) == 2
+
+
+def test_approx_plot_without_matplotlib_fails_before_computing(tmp_path, cifar_rows, monkeypatch):
+    import sys
+
+    import rfsgen.approx
+
+    np.save(tmp_path / "rows.npy", cifar_rows[:20])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    monkeypatch.setattr(rfsgen.approx, "approx", lambda *a, **k: pytest.fail("computed before checking --plot"))
+    res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64",
+                                    "--plot", str(tmp_path / "p.png")])
+    assert res.exit_code == 2 and "--plot needs matplotlib" in res.stderr
+
+
+def test_approx_rows_is_a_range_like_everywhere(tmp_path, cifar_rows):
+    np.save(tmp_path / "rows.npy", cifar_rows[:20])
+    args = ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "64", "--trials", "1",
+            "--subset", "5", "--json", "-q"]
+    res = CliRunner().invoke(main, args + ["--rows", "10:20"])
+    assert res.exit_code == 0, res.stderr
+    res = CliRunner().invoke(main, args + ["--rows", "10:30"])
+    assert res.exit_code == 2 and "has 20 rows" in res.stderr

@@ -142,3 +142,189 @@ def test_every_skeleton_error_through_the_cli(runner, tmp_path):
         import re
 
         assert re.search(pattern.replace("<s>", re.escape(str(p))), res.stderr), (i, res.stderr)
+
+
+# ----------------------------------------------------------------------------- exit codes
+@pytest.fixture
+def inputs(tmp_path, cifar_rows):
+    np.save(tmp_path / "rows.npy", cifar_rows[:6])
+    bad = cifar_rows[:6].copy()
+    bad[2, 5] = np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    np.save(tmp_path / "wide.npy", np.ones((2, 7)))
+    from rfsgen import load_skeleton, sample, save_features
+
+    save_features(sample(load_skeleton(skeleton_path("cifar-deep")), 50, seed=1), tmp_path / "f.h5")
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("rfsgen: 1\ninput: {width: 1}\nnodes:\n  - {name: b, base: binary}\n"
+                    "  - {name: o, activation: identity, inputs: [b]}\n")
+    return tmp_path
+
+
+# (command line, expected exit code, part of the one-line message).  The rule (README,
+# "Exit codes"): 2 for usage errors -- bad options, bad skeletons, missing or unusable
+# inputs named on the command line; 1 for runtime errors -- bad values inside the
+# rows, a sampler limit, a full disk.
+EXIT_CODES = [
+    (["skeleton", "nope.yaml"], 2, "no such skeleton file"),
+    (["skeleton", "--bogus", "x"], 2, "No such option"),
+    (["kernel", skeleton_path("cifar-deep"), "nope.npy", "-o", "K.npy"], 2, "no such input file"),
+    (["kernel", skeleton_path("cifar-deep"), "wide.npy", "-o", "K.npy"], 2, "rows have 7 values"),
+    (["kernel", skeleton_path("cifar-deep"), "rows.npy", "-o", "K.npy", "--rows", "2:60"], 2, "has 6 rows"),
+    (["kernel", skeleton_path("cifar-deep"), "nan.npy", "-o", "K.npy"], 1, "row 2, column 5: value is nan"),
+    (["sample", skeleton_path("cifar-deep"), "-n", "0", "-o", "g.h5"], 2, "-n must be an integer"),
+    (["sample", skeleton_path("cifar-deep"), "-n", "5", "--seed", "-1", "-o", "g.h5"], 2, "--seed must be"),
+    (["sample", skeleton_path("cifar-deep"), "-n", "5", "-o", "-"], 2, "cannot be written to standard output"),
+    (["sample", "tiny.yaml", "-n", "5", "-o", "g.h5"], 1, "too few distinct features"),
+    (["inspect", "nope.h5"], 2, "no such feature file"),
+    (["inspect", "rows.npy"], 2, "not a readable HDF5 file"),
+    (["transform", "nope.h5", "rows.npy", "-o", "o.h5"], 2, "no such feature file"),
+    (["transform", "f.h5", "wide.npy", "-o", "o.h5"], 2, "rows have 7 values"),
+    (["transform", "f.h5", "rows.npy", "-o", "o.h5", "--rows", "7:"], 2, "has 6 rows"),
+    (["transform", "f.h5", "rows.npy", "-o", "-"], 2, "cannot be written to standard output"),
+    (["transform", "f.h5", "rows.npy", "-o", "rows.npy", "--overwrite"], 2, "is also an input"),
+    (["transform", "f.h5", "nan.npy", "-o", "o.h5"], 1, "row 2, column 5: value is nan"),
+    (["approx", skeleton_path("cifar-deep"), "rows.npy", "-n", "abc"], 2, "must be a list like"),
+    (["approx", skeleton_path("cifar-deep"), "nope.npy", "-n", "64"], 2, "no such input file"),
+]
+
+
+@pytest.mark.parametrize("args, code, message", EXIT_CODES, ids=[" ".join(a[:2]) + f" -> {c}" for a, c, _ in EXIT_CODES])
+def test_exit_codes_follow_one_rule(runner, inputs, monkeypatch, args, code, message):
+    monkeypatch.chdir(inputs)
+    res = run(runner, args)
+    assert res.exit_code == code, res.stderr
+    assert message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert not any(p.name.endswith(".part") or p.name in ("o.h5", "g.h5", "K.npy") for p in inputs.iterdir())
+
+
+# ----------------------------------------------------------------------------- signals and pipes
+def _rfsgen(*args, **kw):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "rfsgen", *map(str, args)], stderr=subprocess.PIPE, **kw)
+
+
+def _wait_for_part(directory, proc, timeout=60):
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if any(p.name.endswith(".part") for p in directory.iterdir()):
+            return
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.02)
+    raise AssertionError("no temporary output appeared")
+
+
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_signals_end_a_run_cleanly(inputs, cifar_rows, signame, code):
+    """A batch scheduler's SIGTERM (or SIGHUP, or Ctrl-C) mid-transform: one line, the
+    conventional exit code, and neither the output nor a temporary file left.  Rows
+    arrive on a pipe, so the signal lands while the run is demonstrably in progress."""
+    import signal
+    import subprocess
+
+    out = inputs / "out"
+    out.mkdir()
+    proc = _rfsgen("transform", inputs / "f.h5", "-", "-o", out / "o.h5", "--chunk-rows", 4, stdin=subprocess.PIPE)
+    proc.stdin.write("\n".join(",".join(map(str, r)) for r in cifar_rows[:9]).encode() + b"\n")
+    proc.stdin.flush()
+    _wait_for_part(out, proc)
+    proc.send_signal(getattr(signal, signame))
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == code, err
+    assert err.count("\n") == 1 and ("interrupted" in err or f"terminated by {signame}" in err), err
+    assert list(out.iterdir()) == []
+
+
+def test_kill_9_leftovers_are_swept_by_the_next_run(inputs, cifar_rows):
+    """kill -9 cannot be caught: its temporary file stays until the next rfsgen run into
+    the same directory, which removes it (its writer is gone)."""
+    import subprocess
+
+    out = inputs / "out"
+    out.mkdir()
+    proc = _rfsgen("transform", inputs / "f.h5", "-", "-o", out / "o.h5", "--chunk-rows", 4, stdin=subprocess.PIPE)
+    proc.stdin.write("\n".join(",".join(map(str, r)) for r in cifar_rows[:9]).encode() + b"\n")
+    proc.stdin.flush()
+    _wait_for_part(out, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert [p.name for p in out.iterdir() if p.name.endswith(".part")]
+    res = subprocess.run([*_rfsgen_cmd(), "transform", inputs / "f.h5", inputs / "rows.npy", "-o", out / "o.h5"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["o.h5"]
+
+
+def _rfsgen_cmd():
+    import sys
+
+    return [sys.executable, "-m", "rfsgen"]
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.3, 0.6])
+def test_ctrl_c_during_start_up_is_one_line(inputs, delay):
+    import signal
+    import time
+
+    proc = _rfsgen("sample", skeleton_path("cifar-deep"), "-n", 3000, "-o", inputs / "s.h5")
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1].decode()
+    if proc.returncode == 0:  # finished first: nothing to check
+        return
+    assert "Traceback" not in err and err.count("\n") <= 1, err
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert not any(p.name.endswith(".part") for p in inputs.iterdir())
+    if (inputs / "s.h5").exists():  # the signal came after the finished file was renamed into place
+        from rfsgen.features import load
+
+        assert load(inputs / "s.h5").columns == 3000
+
+
+def test_closed_stdout_ends_quietly(inputs, cifar_rows):
+    """`rfsgen kernel ... -o - | head`: the reader goes away; exit 141 like a
+    program killed by SIGPIPE, nothing on stderr."""
+    import subprocess
+
+    np.save(inputs / "rows1024.npy", np.concatenate([cifar_rows] * 16))  # an 8 MB kernel: more than a pipe holds
+    cmd = " ".join(map(str, _rfsgen_cmd())) + f" kernel {skeleton_path('shallow-gaussian')} {inputs / 'rows1024.npy'} -o -"
+    # a reader that leaves at once (head may drain a few MB before it exits)
+    res = subprocess.run(["bash", "-c", f"{cmd} 2>{inputs / 'err'} | true; echo ${{PIPESTATUS[0]}}"],
+                         capture_output=True, text=True)
+    assert res.stdout.strip() == "141", res
+    assert (inputs / "err").read_text() == ""
+
+
+def test_progress_is_told_totals_and_phases(inputs):
+    """The library announces totals (rows of a transform or kernel) and the sample's
+    write phase, so the CLI's bar has a total and an ETA and covers the write."""
+    from rfsgen.kernel import kernel_files
+    from rfsgen.sampler import sample_file
+    from rfsgen.transform import transform_file
+
+    class Recorder:
+        def __init__(self):
+            self.events = []
+
+        def __call__(self, n):
+            self.events.append(("update", n))
+
+        def phase(self, name, total):
+            self.events.append((name, total))
+
+    r = Recorder()
+    sample_file(skeleton_path("cifar-deep"), 300, 1, inputs / "s.h5", progress=r)
+    phases = [e for e in r.events if e[0] != "update"]
+    assert phases == [("write", 300)]
+    written = sum(n for k, n in r.events[r.events.index(("write", 300)):] if k == "update")
+    assert written == 300
+    r = Recorder()
+    transform_file(inputs / "s.h5", inputs / "rows.npy", inputs / "t.h5", rows="1:5", progress=r)
+    assert r.events[0] == ("transform", 4) and sum(n for k, n in r.events if k == "update") == 4
+    r = Recorder()
+    kernel_files(skeleton_path("cifar-deep"), inputs / "rows.npy", None, inputs / "K.npy", progress=r)
+    assert r.events[0] == ("kernel", 6) and sum(n for k, n in r.events if k == "update") == 6

@@ -108,3 +108,161 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
     with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
         with atomic_path(target):
             pass
+
+
+# ----------------------------------------------------------------------------- in-memory inputs
+def test_in_memory_inputs_work_or_say_what_is_accepted(table):
+    import scipy.sparse as sp
+
+    from rfsgen import InputError
+
+    with open_input(table.tolist()) as src:  # a list of rows
+        np.testing.assert_array_equal(src.read(), table)
+    with open_input(tuple(map(tuple, table))) as src:
+        np.testing.assert_array_equal(src.read(), table)
+    for fmt in ("csr", "csc", "coo"):
+        with open_input(sp.random(7, 5, density=0.4, format=fmt, random_state=1)) as src:
+            assert src.n_rows == 7 and src.width == 5
+            np.testing.assert_array_equal(src.read(), sp.random(7, 5, density=0.4, format="csr", random_state=1).toarray())
+    with pytest.raises(InputError, match=r"1-D array of 4 values is ambiguous: .*reshape\(1, -1\)"):
+        open_input(np.arange(4.0))
+    with pytest.raises(InputError, match="cannot read rows from a dict"):
+        open_input({"a": 1})
+    with pytest.raises(InputError, match="ragged or not numbers"):
+        open_input([[1, 2], [3]])
+    with pytest.raises(InputError, match="holds booleans"):
+        open_input(np.ones((2, 3), dtype=bool))
+
+
+def test_sparse_and_list_inputs_transform_like_dense(table):
+    import scipy.sparse as sp
+
+    from rfsgen import parse_skeleton, sample, transform
+
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 3}\nnodes:\n  - {name: c, base: circle, per: column}\n"
+                       "  - {name: o, activation: relu, inputs: [c]}\n")
+    fs = sample(s, 50, seed=1)
+    dense = transform(fs, table, layout="dense")
+    assert transform(fs, sp.csr_matrix(table), layout="dense").tobytes() == dense.tobytes()
+    assert transform(fs, table.tolist(), layout="dense").tobytes() == dense.tobytes()
+
+
+def test_array_likes_with_slicing_are_read_in_chunks(tmp_path, table):
+    import h5py
+
+    with h5py.File(tmp_path / "t.h5", "w") as f:
+        f["x"] = table
+    with h5py.File(tmp_path / "t.h5", "r") as f, open_input(f["x"]) as src:  # any object with shape/dtype/slicing
+        assert src.name == "<Dataset>"
+        np.testing.assert_array_equal(src.read(), table)
+
+
+# ----------------------------------------------------------------------------- malformed files
+def test_malformed_files_are_one_line_errors(tmp_path):
+    from rfsgen import InputError
+
+    good = tmp_path / "good.npy"
+    np.save(good, np.ones((3, 2)))
+    raw = good.read_bytes()
+    (tmp_path / "negative.npy").write_bytes(raw.replace(b"(3, 2)", b"(-3, 2)"))
+    (tmp_path / "garbled.npy").write_bytes(raw.replace(b"'descr'", b"'de%cr'"))
+    (tmp_path / "badtext.npy").write_bytes(raw.replace(b"{", b"[", 1))
+    for name in ("negative", "garbled", "badtext"):
+        with pytest.raises(InputError, match=rf"{name}.npy: not a readable .npy array .*numpy.save") as e:
+            open_input(tmp_path / f"{name}.npy")
+        assert "\n" not in str(e.value)
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}, None], dtype=object))
+    with pytest.raises(InputError, match="obj.npz:x: not a readable numeric array"):
+        open_input(tmp_path / "obj.npz")
+    (tmp_path / "c.csv").write_text("1,2\n3,4 # note\n")
+    with pytest.raises(DataError, match=r"c.csv:2: column 1: '4 # note' is not a number"):
+        with open_input(tmp_path / "c.csv") as src:
+            src.read()
+
+
+def test_bad_stdin_is_a_one_line_error():
+    from rfsgen import InputError
+
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        with open_input("-", stdin=io.BufferedReader(io.BytesIO(b"1,2\n\xff\xfe,3\n"))) as src:
+            src.read()
+    closed = io.BufferedReader(io.BytesIO(b""))
+    closed.close()
+    with pytest.raises(InputError, match="standard input is closed"):
+        open_input("-", stdin=closed)
+
+
+# ----------------------------------------------------------------------------- atomic outputs
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
+    import os
+
+    from rfsgen.io import _host, remove_stale_temporaries
+
+    host = _host()
+    stale = tmp_path / f".out.h5.rfsgen-{host}-{_dead_pid()}-ab12cd.part"
+    alive = tmp_path / f".out.h5.rfsgen-{host}-{os.getpid()}-ef34gh.part"
+    other_host = tmp_path / f".out.h5.rfsgen-otherhost-{_dead_pid()}-ij56kl.part"
+    foreign = tmp_path / ".out.h5.abc.part"  # not rfsgen's: never touched
+    for p in (stale, alive, other_host, foreign):
+        p.write_bytes(b"x")
+    assert remove_stale_temporaries(tmp_path) == [stale.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, other_host, foreign))
+    stale.write_bytes(b"x")
+    with atomic_path(tmp_path / "new.bin") as tmp:  # any run into the directory sweeps first
+        assert not stale.exists()
+        open(tmp, "wb").write(b"ok")
+
+
+def test_no_clobber_is_atomic(tmp_path):
+    """Another writer finishing first (the path appears while this run works) is never
+    silently replaced."""
+    target = tmp_path / "out.bin"
+    with pytest.raises(OutputExistsError, match="was created by another process while this one ran"):
+        with atomic_path(target) as tmp:
+            open(tmp, "wb").write(b"mine")
+            target.write_bytes(b"theirs")  # the concurrent run wins the race
+    assert target.read_bytes() == b"theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+    with atomic_path(target, overwrite=True) as tmp:
+        open(tmp, "wb").write(b"mine")
+    assert target.read_bytes() == b"mine"
+
+
+def test_output_may_not_be_an_input(tmp_path):
+    src = tmp_path / "in.npy"
+    src.write_bytes(b"x")
+    for out in (src, tmp_path / "." / "in.npy"):
+        with pytest.raises(UsageError, match="is also an input of this command"):
+            with atomic_path(out, overwrite=True, inputs=[str(src)]):
+                pass
+    (tmp_path / "in.h5").write_bytes(b"y")
+    with pytest.raises(UsageError, match="is also an input"):  # container specs name the file
+        with atomic_path(tmp_path / "in.h5", overwrite=True, inputs=[f"{tmp_path / 'in.h5'}:/x"]):
+            pass
+    assert src.read_bytes() == b"x"
+
+
+def test_safe_file_records_write_errors_instead_of_raising(tmp_path, monkeypatch):
+    import errno
+
+    from rfsgen.io import SafeFile
+
+    with SafeFile(tmp_path / "f") as f:
+        assert f.write(b"abc") == 3
+        f.check()
+
+        def full(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(f._f, "write", full)
+        assert f.write(b"defg") == 4  # HDF5 is told it worked...
+        with pytest.raises(OSError, match="No space left"):  # ...rfsgen is not
+            f.check()

@@ -115,3 +115,56 @@ nodes:
 """)
     k = kernel(s, np.array([[0.0, 0, 0], [1, 1, 1]]))
     np.testing.assert_allclose(k, 1.0)
+
+
+def _stack(activation, layers, base="{name: c, base: circle, per: column}", width=6):
+    nodes = "".join(f"  - {{name: h{i}, activation: {activation}, inputs: [{'c' if i == 0 else f'h{i - 1}'}]}}\n"
+                    for i in range(layers))
+    return parse_skeleton(f"rfsgen: 1\ninput: {{width: {width}}}\nnodes:\n  - {base}\n{nodes}")
+
+
+@pytest.mark.parametrize("activation", ["step", "relu", "{name: exp, beta: 3}", "tanh", "{name: polynomial, degree: 7}"])
+def test_k_x_x_is_one_through_deep_stacks(activation):
+    """The issue's case: a circle input under 4 step layers gave k(x, x) = 0.977 (arcsin
+    near 1 magnifies rounding).  The kernel carries delta = 1 - rho, so the diagonal
+    is 1 to 1e-12 at every depth, and off-diagonal values agree with the plain
+    recurrence where that one is accurate (rho far from 1)."""
+    x = np.random.default_rng(0).standard_normal((12, 6))
+    for layers in range(1, 9):
+        K = kernel(_stack(activation, layers), x)
+        np.testing.assert_allclose(np.diag(K), 1.0, rtol=0, atol=1e-12)
+        assert np.all(K <= 1.0 + 1e-12) and np.all(K >= -1.0 - 1e-12)
+
+
+def test_stable_kernel_agrees_with_the_plain_recurrence_away_from_one():
+    s = _stack("step", 2)
+    x = np.random.default_rng(1).standard_normal((10, 6)) * 3
+    K = kernel(s, x)
+    rho = np.mean([np.cos(x[:, None, c] - x[None, :, c]) for c in range(6)], axis=0)
+    for _ in range(2):
+        rho = 0.5 + np.arcsin(np.clip(rho, -1, 1)) / np.pi
+    off = ~np.eye(10, dtype=bool) & (rho < 0.95)
+    np.testing.assert_allclose(K[off], rho[off], atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-200, 1e150, 1e200, 1e300])
+def test_kernel_of_rows_of_any_finite_magnitude(cifar_rows, scale):
+    """Sphere inputs are scale-invariant: rows times 1e+-300 give the same kernel (the
+    norms used to overflow: K = 0.368 where the answer is 1); Gaussian inputs near
+    1e155 gave NaN; now exact on the diagonal and finite everywhere."""
+    s = load_skeleton(skeleton_path("cifar-deep"))
+    x = cifar_rows[:6]
+    np.testing.assert_allclose(kernel(s, x * scale), kernel(s, x), rtol=0, atol=1e-14)
+    g = parse_skeleton("rfsgen: 1\ninput: {width: 5}\nnodes:\n  - {name: g, base: gaussian, scale: 0.5}\n"
+                       "  - {name: o, activation: step, inputs: [g]}\n")
+    y = np.random.default_rng(2).standard_normal((5, 5)) * scale
+    with np.errstate(invalid="raise", divide="raise"):  # no NaN-producing warnings either (the issue saw 'invalid value in subtract')
+        K = kernel(g, y)
+    assert np.isfinite(K).all()
+    np.testing.assert_allclose(np.diag(K), 1.0, rtol=0, atol=1e-12)
+
+
+def test_empty_inputs_give_empty_kernels():
+    s = load_skeleton(skeleton_path("shallow-gaussian"))
+    assert kernel(s, np.zeros((0, 1728))).shape == (0, 0)
+    assert kernel(s, np.zeros((0, 1728)), np.ones((3, 1728))).shape == (0, 3)

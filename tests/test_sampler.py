@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SMALL_SKELETONS, rows_for, skeleton_path
 from reference import column_value
-from rfsgen import FeatureFileError, SamplerError, kernel, load_skeleton, parse_skeleton
+from rfsgen import FeatureFileError, SamplerError, UsageError, kernel, load_skeleton, parse_skeleton
 from rfsgen.features import load, save
 from rfsgen.sampler import sample
 
@@ -188,6 +188,7 @@ def test_foreign_and_wrong_version(tmp_path, feature_file):
         load(tmp_path / "foreign.h5")
     with h5py.File(feature_file, "a") as f:
         f.attrs["format_version"] = 99
+    _rehash(feature_file)
     with pytest.raises(FeatureFileError, match="format version 99 is not supported"):
         load(feature_file)
     (tmp_path / "text.h5").write_text("hello")
@@ -197,15 +198,27 @@ def test_foreign_and_wrong_version(tmp_path, feature_file):
         load(tmp_path / "missing.h5")
 
 
+def _rehash(path):
+    """Rewrite the file's rfsgen header checksum after an edit (as a forger would)."""
+    from rfsgen.features import _write_header
+
+    with open(path, "r+b") as fh:
+        _write_header(fh)
+
+
 def test_inconsistent_contents(feature_file):
     from rfsgen.features import _seal
 
-    with h5py.File(feature_file, "a") as f:
-        f.attrs["draws"] = int(f.attrs["draws"]) + 1
+    with pytest.raises(FeatureFileError, match="checksum mismatch"):
+        with h5py.File(feature_file, "a") as f:
+            f.attrs["draws"] = int(f.attrs["draws"]) + 1
+        load(feature_file)
+    _rehash(feature_file)
     with pytest.raises(FeatureFileError, match="attributes do not match their checksum"):
         load(feature_file)
     with h5py.File(feature_file, "a") as f:  # a crafted file with a consistent seal
         _seal(f)
+    _rehash(feature_file)
     with pytest.raises(FeatureFileError, match="counts do not add up"):
         load(feature_file)
 
@@ -222,3 +235,67 @@ def test_key_matching_survives_64_bit_collisions():
     known1, known2, ids = np.array([5, 9], dtype=u), np.array([4, 1], dtype=u), np.array([11, 12])
     inv, first, old, u1, u2 = _match(np.array([5, 5, 9], dtype=u), np.array([2, 4, 1], dtype=u), known1, known2, ids)
     assert old[inv].tolist() == [-1, 11, 12]
+
+
+NESTED_STEP = """
+rfsgen: 1
+input: {width: 3}
+nodes:
+  - {name: s, base: sphere}
+  - {name: a, activation: step, inputs: [s]}
+  - {name: b, activation: step, inputs: [a]}
+"""
+
+
+def test_nested_step_samples_or_fails_with_one_line_and_bounded_memory():
+    """Step over step: the inner node needs sums of billions of heavy-tailed degrees.
+    Each seed either samples or ends with a SamplerError that says what happened and
+    after how many draws (the empirical rate) -- never a MemoryError or a traceback;
+    one draw's work is bounded (activations.SUM_BATCH, MAX_TAIL_DRAWS)."""
+    import resource
+
+    s = parse_skeleton(NESTED_STEP, "nested")
+    outcomes = []
+    for seed in range(6):
+        try:
+            fs = sample(s, 20000, seed=seed)
+            outcomes.append("ok")
+            assert fs.columns == 20000
+        except SamplerError as e:
+            msg = str(e)
+            assert "\n" not in msg and "draws of 'nested'" in msg and ("2**6" in msg or "limit of" in msg), msg
+            outcomes.append("error")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: under 4 GiB for the whole run
+    assert len(outcomes) == 6
+
+
+def test_tail_overflow_message_gives_the_true_rate():
+    from rfsgen.activations import make_activation
+
+    t = make_activation("step").tail
+    assert t.overflow_probability() == pytest.approx((2**14 / 2**61) ** 0.5)  # 8.4e-8 per tail degree
+    assert make_activation("relu").tail.overflow_probability() < 1e-20
+
+
+def test_asking_for_more_columns_than_exist_stops_early():
+    """-n far beyond the skeleton's feature space is detected after about STALL_DRAWS
+    fruitless draws, not after time linear in -n."""
+    import time
+
+    from rfsgen.sampler import STALL_DRAWS
+
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: binary, per: column}\n"
+                       "  - {name: out, activation: identity, inputs: [b]}\n", "tiny")
+    t = time.time()
+    with pytest.raises(SamplerError, match=r"only 2 distinct columns in (\d+) draws") as e:
+        sample(s, 10**7, seed=0)
+    draws = int(e.value.args[0].split(" draws")[0].split()[-1])
+    assert draws <= 2 * STALL_DRAWS + (1 << 18)
+    assert time.time() - t < 60
+
+
+@pytest.mark.parametrize("n, seed, message", [(0, 0, "-n must be"), (10**12, 0, "-n must be"), (5, -1, "--seed must be"),
+                                              (5, 2**64, "--seed must be"), (5.5, 0, "-n must be")])
+def test_bad_budgets_and_seeds(n, seed, message):
+    with pytest.raises(UsageError, match=message):
+        sample(skel("cifar-deep"), n, seed=seed)

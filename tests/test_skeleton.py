@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import SKELETONS, SMALL_SKELETONS, skeleton_path
+from conftest import ROOT, SKELETONS, SMALL_SKELETONS, skeleton_path
 from rfsgen import SkeletonError, load_skeleton, parse_skeleton
 from rfsgen.skeleton import InputNode, InternalNode
 
@@ -134,3 +134,72 @@ def test_skeleton_objects_are_immutable():
     assert isinstance(s.nodes[0], InputNode) and isinstance(s.nodes[1], InternalNode)
     with pytest.raises(ValueError):
         s.nodes[1].activation.coefficients[0] = 1.0
+
+
+def test_each_honours_its_name():
+    """`each: NAME` reads NAME, not the previous entry (it used to, silently pruning NAME)."""
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: a, base: circle, per: column}\n"
+                       "  - {name: b, base: binary, per: column}\n  - {name: e, activation: relu, each: a}\n"
+                       "  - {name: o, activation: relu, inputs: [e, b]}\n")
+    e = [n for n in s.nodes if n.layer == "e"]
+    assert len(e) == 4 and all(s.nodes[n.children[0]].layer == "a" for n in e)
+    assert not s.unused_inputs
+    with pytest.raises(SkeletonError, match=r"refers to 'nosuchnode', which is not defined .*defined: a, b"):
+        parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: a, base: circle, per: column}\n"
+                       "  - {name: b, base: binary, per: column}\n  - {name: e, activation: relu, each: nosuchnode}\n")
+
+
+def test_every_limit_is_a_one_line_error_naming_it():
+    """Skeleton files are user input: each hostile construction that used to run for
+    minutes, use gigabytes or end in a traceback is refused quickly, naming its limit."""
+    import sys
+    import time
+
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from fuzz_skeletons import hostile
+
+    expected = {
+        "alias-bomb": "expands to more than", "alias-bomb-inputs": "expands to more than",
+        "deep-nesting": "nested too deeply", "deep-mapping": "nested too deeply",
+        "huge-pixel-image": "over the limit of 250000", "huge-image": "over the limit of 10000000",
+        "width-1e9": "over the limit of 10000000", "chain-3000": "over the limit of 1000",
+        "fan-in-1e6": "over the limit of 250000", "degree-1e9": "over the limit of 100000",
+        "coefficients-1e6": "over the limit of 262144", "beta-1e9": "over the limit of 1000",
+        "columns-range-1e12": "go past the input row", "categories-1e18": "over the limit of 2147483648",
+        "name-newline": "must start with a letter", "binary-bytes": "not a readable YAML skeleton",
+        "empty": "the file is empty", "python-object": "malformed YAML",
+    }
+    for label, text in hostile():
+        if label not in expected:
+            continue
+        t = time.time()
+        with pytest.raises(SkeletonError) as e:
+            parse_skeleton(text, label)
+        assert expected[label] in str(e.value) and "\n" not in str(e.value), (label, str(e.value))
+        assert time.time() - t < 5, label
+
+
+def test_fuzzed_skeletons_succeed_or_fail_cleanly():
+    """A few thousand seeded mutations of the shipped skeletons, corrupted texts and
+    hostile constructions: every outcome is a skeleton (which then samples and
+    evaluates) or an RfsgenError with a one-line message -- never a traceback."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from conftest import rows_for
+    from fuzz_skeletons import cases
+    from rfsgen import RfsgenError, kernel, sample
+
+    counts = {"ok": 0, "error": 0}
+    for label, text in cases(seed=2026, n=2500):
+        try:
+            s = parse_skeleton(text, label)
+            s.describe()
+            if s.width <= 4000 and len(s.nodes) <= 4000:
+                sample(s, 8, seed=1)
+                kernel(s, rows_for(s, 2, seed=1))
+            counts["ok"] += 1
+        except RfsgenError as e:
+            assert "\n" not in str(e), (label, str(e))
+            counts["error"] += 1
+    assert counts["ok"] > 100 and counts["error"] > 1000, counts

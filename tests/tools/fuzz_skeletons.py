@@ -135,7 +135,7 @@ def hostile() -> list[tuple[str, str]]:
         ("degree-1e9", head + "  - {name: o, activation: {name: polynomial, degree: 1000000000}, inputs: [c]}\n"),
         ("coefficients-1e6", head + "  - {name: o, activation: {name: coefficients, values: ["
                               + ", ".join(["1"] * 1_000_000) + "]}, inputs: [c]}\n"),
-        ("beta-1e9", head + "  - {name: o, activation: {name: exp, beta: 1e9}, inputs: [c]}\n"),
+        ("beta-1e9", head + "  - {name: o, activation: {name: exp, beta: 1.0e+9}, inputs: [c]}\n"),
         ("columns-range-1e12", "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
                                "  - {name: c, base: circle, per: column, columns: '0:1000000000000'}\n"
                                "  - {name: o, activation: relu, inputs: [c]}\n"),
