@@ -258,32 +258,49 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
 # differ between its AVX2 and AVX-512 paths.  These loops fix the order of every
 # operation and take cos/sin from the C library, so the bytes are the same on every
 # x86-64 CPU, for any chunk of rows.
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def phases(xp, node, om, re, im):  # pragma: no cover - compiled
-    """Angles ``theta[r, k] = sum_c xp[r, node[k], c] * om[k, c]`` and their cos and sin.
+ROW_TILE = 8  # rows sharing each load of a frequency row
+ATOM_BLOCK = 64  # atoms (of one node) summed together: 8 x 64 accumulators stay in L1
 
-    ``xp`` float64 ``(m, G, w)`` C order; ``node`` int64 ``(a,)`` the node (within the
-    group) of atom ``k``; ``om`` float64 ``(a, w)`` its scaled frequency.  The sum for
-    each (r, k) runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with separate
-    multiply and add (no fused multiply-add), so it equals the numpy expression
-    ``acc = 0.0; for c: acc = acc + xp[:, node, c] * om[:, c]``.  Writes
-    ``re = cos(theta)`` and ``im = sin(theta)``, float64 ``(m, a)``.
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def phases(xp, blk_start, blk_end, blk_node, omt, re, im):  # pragma: no cover - compiled
+    """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
+
+    ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
+    blocks ``blk_start[b]:blk_end[b]`` (at most ATOM_BLOCK atoms, all of node
+    ``blk_node[b]``); ``omt`` float64 ``(w, a)`` holds the scaled frequencies, one
+    column per atom.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order,
+    with separate multiply and add (no fused multiply-add), so it equals the numpy
+    expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
+    CPU, the tiling or the number of rows; the loops only reorder independent sums
+    (tiles of rows x blocks of atoms, the inner loop over atoms vectorised).
+    Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library), float64 ``(m, a)``.
     """
     m = xp.shape[0]
     w = xp.shape[2]
-    a = node.size
-    for r in numba.prange(m):
-        acc = np.empty(8)
-        for k0 in range(0, a, 8):  # 8 independent sums in flight instead of one chain
-            k1 = min(k0 + 8, a)
-            for t in range(k1 - k0):
-                acc[t] = 0.0
+    n_tiles = (m + ROW_TILE - 1) // ROW_TILE
+    for tile in numba.prange(n_tiles):
+        r0 = tile * ROW_TILE
+        nr = min(ROW_TILE, m - r0)
+        acc = np.empty((ROW_TILE, ATOM_BLOCK))
+        for b in range(blk_start.size):
+            k0 = blk_start[b]
+            kb = blk_end[b] - k0
+            g = blk_node[b]
+            for i in range(nr):
+                for t in range(kb):
+                    acc[i, t] = 0.0
             for c in range(w):
-                for t in range(k1 - k0):
-                    acc[t] += xp[r, node[k0 + t], c] * om[k0 + t, c]
-            for t in range(k1 - k0):
-                re[r, k0 + t] = np.cos(acc[t])
-                im[r, k0 + t] = np.sin(acc[t])
+                row = omt[c, k0:k0 + kb]
+                for i in range(nr):
+                    xv = xp[r0 + i, g, c]
+                    a = acc[i]
+                    for t in range(kb):
+                        a[t] = a[t] + xv * row[t]
+            for i in range(nr):
+                for t in range(kb):
+                    re[r0 + i, k0 + t] = np.cos(acc[i, t])
+                    im[r0 + i, k0 + t] = np.sin(acc[i, t])
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)

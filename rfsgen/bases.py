@@ -463,11 +463,39 @@ def _values_continuous(base, xp, gi, omega):
     # number of rows and with the CPU's kernel, and the bytes must not.
     from ._compiled import phases
 
-    m = xp.shape[0]
-    re, im = np.empty((m, gi.size)), np.empty((m, gi.size))
-    om = np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale")
-    phases(np.ascontiguousarray(xp, dtype=np.float64), np.ascontiguousarray(gi, dtype=np.int64), om, re, im)
+    re, im = phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
+                       np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"))
     return re, im
+
+
+def phases_of(xp, gi, om):
+    """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
+    (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each."""
+    from ._compiled import ATOM_BLOCK, phases
+
+    m, a = xp.shape[0], gi.size
+    order = np.argsort(gi, kind="stable")
+    sg = np.asarray(gi, dtype=np.int64)[order]
+    starts = []
+    for lo, hi in zip(*_runs(sg)):
+        starts.extend(range(lo, hi, ATOM_BLOCK))
+    starts = np.array(starts, dtype=np.int64)
+    ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right")) if a else starts
+    omt = np.ascontiguousarray(om[order].T)
+    re_s, im_s = np.empty((m, a)), np.empty((m, a))
+    if m and a:
+        phases(xp, starts, ends, sg[starts] if a else starts, omt, re_s, im_s)
+    re, im = np.empty_like(re_s), np.empty_like(im_s)
+    re[:, order], im[:, order] = re_s, im_s
+    return re, im
+
+
+def _runs(sorted_values):
+    """(starts, ends) of the runs of equal values in a sorted int array."""
+    if not sorted_values.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cut = np.flatnonzero(np.diff(sorted_values)) + 1
+    return np.concatenate(([0], cut)), np.concatenate((cut, [sorted_values.size]))
 
 
 # ---------------------------------------------------------------------- registry

@@ -27,20 +27,24 @@ import pytest
 
 from conftest import ROOT, SKELETONS
 from rfsgen import load_skeleton, sample, save_features
-from rfsgen._compiled import orthonormal_rows, phases
+from rfsgen._compiled import orthonormal_rows
 from rfsgen.transform import transform, transform_file
 
 HASHES = ROOT / "tests" / "tools" / "repro_hashes.py"
 
 
-def test_phases_follow_the_fixed_order_reference():
-    rng = np.random.default_rng(0)
-    xp = rng.standard_normal((13, 3, 37)) * 3
-    node = rng.integers(0, 3, 21)
-    om = rng.standard_normal((21, 37))
-    re, im = np.empty((13, 21)), np.empty((13, 21))
-    phases(xp, node, om, re, im)
-    acc = np.zeros((13, 21))
+@pytest.mark.parametrize("m, a", [(13, 21), (3, 150), (17, 70)])
+def test_phases_follow_the_fixed_order_reference(m, a):
+    """Row tiles, atom blocks and several nodes (unsorted) change nothing: every angle
+    is the left-to-right sum from 0.0, then the C library's cos and sin."""
+    from rfsgen.bases import phases_of
+
+    rng = np.random.default_rng(m)
+    xp = rng.standard_normal((m, 3, 37)) * 3
+    node = rng.integers(0, 3, a)
+    om = rng.standard_normal((a, 37))
+    re, im = phases_of(xp, node, om)
+    acc = np.zeros((m, a))
     for c in range(37):  # left to right from 0.0, one multiply and one add per step
         acc = acc + xp[:, node, c] * om[:, c]
     assert re.tobytes() == np.array([[math.cos(v) for v in row] for row in acc]).tobytes()

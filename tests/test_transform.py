@@ -487,3 +487,32 @@ def test_values_too_large_for_float32_are_an_error():
     with pytest.raises(DataError, match=r"row 1, column 0: the feature's value is too large for float32"):
         Transformer(fs, np.float32).chunk(x)
     np.testing.assert_allclose(Transformer(fs, np.float64).chunk(x)[:, 0], [1.0, 2.0**150], rtol=1e-12)
+
+
+@pytest.mark.parametrize("args", [
+    ["sample", "{skel}", "-n", "20000", "-o", "{out}/o.h5"],
+    ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5"],
+    ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "dense"],
+    ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "dense", "--compression", "gzip"],
+    ["kernel", "{skel}", "{rows}", "-o", "{out}/K.npy"],
+], ids=["sample", "csr", "dense", "dense-gzip", "kernel"])
+def test_a_real_write_failure_inside_hdf5_is_one_line(files, tmp_path, args):
+    """The disk fills up while HDF5 itself is writing (imitated with a file-size limit,
+    which fails writes with EFBIG where a full disk gives ENOSPC): this used to end in
+    a segmentation fault and pages of HDF5 errors; now one line, exit 1, nothing left."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    np.save(tmp_path / "rows.npy", np.concatenate([np.load(files / "rows.npy")] * 4))
+    cmd = [a.format(skel=skeleton_path("cifar-deep"), feats=files / "f.h5", rows=tmp_path / "rows.npy", out=out)
+           for a in args]
+    res = subprocess.run([sys.executable, "-m", "rfsgen", *cmd], capture_output=True, text=True, preexec_fn=limit)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert res.stderr.count("\n") == 1 and "cannot write (File too large)" in res.stderr, res.stderr[-3000:]
+    assert list(out.iterdir()) == []

@@ -50,7 +50,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "memory", "e2e", "storage", "kernel", "floor", "rss")
+SECTIONS = ("sample", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -299,6 +299,51 @@ def bench_rss(args, tmp, res):
     res["rss"] = out
 
 
+def bench_fixed_order(args, tmp, res):
+    """What byte-reproducibility across CPUs costs: the fixed-order compiled loops that
+    replaced BLAS/LAPACK, timed against the calls they replaced on the same data."""
+    import numba
+
+    from rfsgen._compiled import orthonormal_rows
+    from rfsgen.bases import phases_of
+
+    rng = np.random.default_rng(0)
+    m, w, a = (args.rows // 5, 1728, 2048) if not args.quick else (200, 1728, 256)
+    xp = rng.standard_normal((m, 1, w))
+    om = rng.standard_normal((a, w)) * 0.01
+    node = np.zeros(a, dtype=np.int64)
+    phases_of(xp[:8], node, om)  # compile / load the cache
+
+    def fixed():
+        phases_of(xp, node, om)
+
+    def blas():
+        theta = xp[:, 0] @ om.T
+        np.cos(theta), np.sin(theta)
+
+    times = alternate({"fixed": fixed, "blas": blas}, args.repeats)
+    d = 1728 if not args.quick else 256
+    g = rng.standard_normal((d, d))
+    orthonormal_rows(g[:4].copy())
+
+    def gram_schmidt():
+        orthonormal_rows(np.ascontiguousarray(g.T))
+
+    def lapack():
+        np.linalg.qr(g)
+
+    qr = alternate({"gram_schmidt": gram_schmidt, "lapack": lapack}, max(2, args.repeats // 2))
+    r = {"rows": m, "width": w, "atoms": a, "threads": numba.get_num_threads(),
+         "angles_fixed_s": med(times["fixed"]), "angles_blas_s": med(times["blas"]),
+         "orf_block": d, "orf_gram_schmidt_s": med(qr["gram_schmidt"]), "orf_lapack_s": med(qr["lapack"])}
+    r["angles_cost"] = r["angles_fixed_s"] / r["angles_blas_s"]
+    r["orf_cost"] = r["orf_gram_schmidt_s"] / r["orf_lapack_s"]
+    res["fixed_order"] = r
+    print(f"  fixed-order angles {m} rows x {a} gaussian atoms of width {w}: {r['angles_fixed_s']:.3f} s vs BLAS + "
+          f"numpy cos/sin {r['angles_blas_s']:.3f} s ({r['angles_cost']:.2f}x); ORF block {d}x{d}: Gram-Schmidt "
+          f"{r['orf_gram_schmidt_s']:.2f} s vs LAPACK QR {r['orf_lapack_s']:.2f} s ({r['orf_cost']:.1f}x)", flush=True)
+
+
 # ----------------------------------------------------------------------------- main
 def table(res) -> str:
     lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
@@ -326,6 +371,13 @@ def table(res) -> str:
         for k, v in f["memory_over_floor"].items():
             lines.append(f"| in-memory {k} vs floor (cos {f['cos_s']:.3f} s + write {f['write_s']:.3f} s) | | "
                          f"{f['floor_s']:.3f} s | {v:.2f}x the floor |")
+    if "fixed_order" in res:
+        f = res["fixed_order"]
+        lines.append(f"| gaussian-atom angles, {f['rows']} rows x {f['atoms']} atoms x {f['width']} (fixed order) | "
+                     f"{f['angles_fixed_s']:.3f} s | BLAS + numpy cos/sin {f['angles_blas_s']:.3f} s | "
+                     f"{1 / f['angles_cost']:.2f} |")
+        lines.append(f"| ORF orthogonal block {f['orf_block']} x {f['orf_block']} (fixed-order Gram-Schmidt) | "
+                     f"{f['orf_gram_schmidt_s']:.2f} s | LAPACK QR {f['orf_lapack_s']:.2f} s | {1 / f['orf_cost']:.2f} |")
     for r in res.get("rss", []):
         lines.append(f"| transform peak RSS, {r['rows']} rows, D = {r['columns']} | {r['rss_mib']:.0f} MiB | | |")
     return "\n".join(lines)

@@ -50,7 +50,25 @@ def main(out: Path) -> dict:
                 transform_file(feats, out / f"{name}.npy", o, layout=layout, dtype=dtype, chunk_rows=chunk,
                                overwrite=True)
                 result[f"{name}/{scheme}/{layout}/{dtype}/{chunk}"] = digest(o)
+    result["activation tables"] = _activations()
     return result
+
+
+def _activations() -> str:
+    """One hash over every activation's degree table and a run of tail degrees: the
+    sampler's draws depend on their last bits (they were computed with numpy's
+    CPU-specific exp/log before)."""
+    from rfsgen.activations import REGISTRY, make_activation
+
+    h = hashlib.sha256()
+    for name in sorted(REGISTRY):
+        params = {"degree": 9, "c": 0.5} if name == "polynomial" else (
+            {"values": [0.3, 0.2, 0.5]} if name == "coefficients" else ({"beta": 2.5} if name == "exp" else {}))
+        act = make_activation(name, params)
+        h.update(act.coefficients.tobytes())
+        if act.tail is not None:
+            h.update(act.tail.sample(np.random.default_rng(1), 20000).tobytes())
+    return h.hexdigest()
 
 
 if __name__ == "__main__":
