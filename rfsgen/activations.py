@@ -157,6 +157,7 @@ class Activation:
         default=None, repr=False
     )
     gap_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    near_minus_one_fn: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.coefficients.setflags(write=False)
@@ -187,6 +188,19 @@ class Activation:
         """``1 - sigma_hat(rho)`` from ``delta = 1 - rho`` (both float64, same shape),
         accurate where ``rho`` is near 1; see the exact kernel."""
         return np.clip(self.gap_fn(np.clip(rho, -1.0, 1.0), np.clip(delta, 0.0, 2.0)), 0.0, 2.0)
+
+    def dual_and_lift(self, rho: np.ndarray, eps: np.ndarray):
+        """``(sigma_hat(rho), 1 + sigma_hat(rho))`` given also ``eps = 1 + rho``, accurate
+        near rho = -1 for the activations whose dual vanishes there (relu, step):
+        k(x, -x) = 0 exactly, not arcsin's 1e-8 of rounding."""
+        rho = np.clip(rho, -1.0, 1.0)
+        value = self.dual_fn(rho)
+        if self.near_minus_one_fn is not None:
+            near = rho < -0.5
+            if near.any():
+                value = np.array(value, dtype=np.float64, copy=True)
+                value[near] = self.near_minus_one_fn(np.clip(eps[near], 0.0, 2.0))
+        return value, 1.0 + value
 
     def sample_degrees(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` iid degrees (int64) with ``P(l = i) = a_i``."""
@@ -363,6 +377,18 @@ def _relu_gap(rho, delta):
     return (math.pi * np.clip(delta, 0.0, 2.0) - bracket) / math.pi
 
 
+def _relu_near_minus_one(eps):
+    # sigma(-1 + eps) = (sin s - s cos s) / pi with s = arccos(1 - eps): the relu gap's bracket
+    s = _angle(eps)
+    s2 = s * s
+    series = s * s2 * (1 / 3 - s2 * (1 / 30 - s2 * (1 / 840 - s2 * (1 / 45360 - s2 / 3991680))))
+    return np.where(s < 0.1, series, np.sin(s) - s * np.cos(s)) / math.pi
+
+
+def _step_near_minus_one(eps):
+    return _angle(eps) / math.pi  # 1/2 + arcsin(-1 + eps)/pi = arccos(1 - eps)/pi
+
+
 def _step_dual(rho):
     return 0.5 + np.arcsin(rho) / math.pi
 
@@ -444,7 +470,8 @@ def _relu(params) -> Activation:
     a[2 * k + 2] = c / ((2 * k + 2) * math.pi)
     a = a[: 2 * ARCSIN_TABLE_TERMS + 1]
     tail = ArcsinTail(k0=ARCSIN_TABLE_TERMS, offset=2, relu=True, mass=max(0.0, 1.0 - math.fsum(a)))
-    return Activation("relu", params, a, _relu_dual, 1.0, tail=tail, gap_fn=_relu_gap)
+    return Activation("relu", params, a, _relu_dual, 1.0, tail=tail, gap_fn=_relu_gap,
+                      near_minus_one_fn=_relu_near_minus_one)
 
 
 def _step(params) -> Activation:
@@ -454,7 +481,8 @@ def _step(params) -> Activation:
     k = np.arange(ARCSIN_TABLE_TERMS)
     a[2 * k + 1] = c / math.pi
     tail = ArcsinTail(k0=ARCSIN_TABLE_TERMS, offset=1, relu=False, mass=max(0.0, 1.0 - math.fsum(a)))
-    return Activation("step", params, a, _step_dual, math.inf, tail=tail, gap_fn=_step_gap)
+    return Activation("step", params, a, _step_dual, math.inf, tail=tail, gap_fn=_step_gap,
+                      near_minus_one_fn=_step_near_minus_one)
 
 
 def _polynomial(params) -> Activation:

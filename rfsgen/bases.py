@@ -88,8 +88,9 @@ class Base:
 
     def gram(self, xp: np.ndarray, yp: np.ndarray):
         """Exact base kernel between prepared ``(m, G, w)`` and ``(n, G, w)`` rows:
-        ``(rho, delta)``, float64 ``(G, m, n)`` each, where ``delta = 1 - rho`` is
-        computed without cancellation (exactly 0 for equal rows)."""
+        ``(rho, delta, eps)``, float64 ``(G, m, n)`` each, where ``delta = 1 - rho`` and
+        ``eps = 1 + rho`` are computed without cancellation (exactly 0 for equal or
+        opposite rows)."""
         return self.kind.gram(self, xp, yp)
 
     def sample(self, rng: np.random.Generator, counts: np.ndarray):
@@ -213,26 +214,28 @@ def _prepare_sphere(base, x, nodes, row0, source):
 
 
 # ---------------------------------------------------------------------- exact kernels
-# gram(base, xp, yp) -> (rho, delta), float64 (G, m, n) each: the base kernel and
-# delta = 1 - rho computed without cancellation (see rfsgen.kernel).
+# gram(base, xp, yp) -> (rho, delta, eps), float64 (G, m, n) each: the base kernel,
+# delta = 1 - rho and eps = 1 + rho, computed without cancellation (see rfsgen.kernel).
 #: Pairs whose gap from 1 falls below this get their gap recomputed from differences.
 NEAR = 1e-4
 
 
 def _gram_product(base, xp, yp):
     rho = np.einsum("mgc,ngc->gmn", xp, yp, optimize=True)
-    return rho, 1.0 - rho
+    return rho, 1.0 - rho, 1.0 + rho
 
 
 def _gram_sphere(base, xp, yp):
-    # Prepared rows are unit vectors: 1 - <x, y> = |x - y|^2 / 2, exact from differences
-    # (0 for equal rows), recomputed where the subtraction 1 - rho would cancel.
-    rho, delta = _gram_product(base, xp, yp)
-    g, i, j = np.nonzero(delta < NEAR)
-    if g.size:
-        d = xp[i, g] - yp[j, g]
-        delta[g, i, j] = 0.5 * np.sum(d * d, axis=-1)
-    return np.clip(rho, -1.0, 1.0, out=rho), np.clip(delta, 0.0, 2.0, out=delta)
+    # Prepared rows are unit vectors: 1 - <x, y> = |x - y|^2 / 2 and 1 + <x, y> = |x + y|^2 / 2,
+    # exact from differences and sums (0 for equal or opposite rows), recomputed where
+    # 1 -+ rho would cancel.
+    rho, delta, eps = _gram_product(base, xp, yp)
+    for gap, sign in ((delta, -1.0), (eps, 1.0)):
+        g, i, j = np.nonzero(gap < NEAR)
+        if g.size:
+            d = xp[i, g] + sign * yp[j, g]
+            gap[g, i, j] = 0.5 * np.sum(d * d, axis=-1)
+    return np.clip(rho, -1.0, 1.0, out=rho), np.clip(delta, 0.0, 2.0, out=delta), np.clip(eps, 0.0, 2.0, out=eps)
 
 
 def _gram_circle(base, xp, yp):
@@ -241,13 +244,14 @@ def _gram_circle(base, xp, yp):
     c2 = np.cos(yp[..., 0]).T
     s2 = np.sin(yp[..., 0]).T
     rho = c[:, :, None] * c2[:, None, :] + s[:, :, None] * s2[:, None, :]
-    half = np.sin(0.5 * (xp[..., 0].T[:, :, None] - yp[..., 0].T[:, None, :]))
-    return rho, 2.0 * half * half  # 1 - cos(t - t') = 2 sin^2((t - t') / 2)
+    d = 0.5 * (xp[..., 0].T[:, :, None] - yp[..., 0].T[:, None, :])
+    half, co = np.sin(d), np.cos(d)
+    return rho, 2.0 * half * half, 2.0 * co * co  # 1 -+ cos(t - t') = 2 sin^2, 2 cos^2 of the half angle
 
 
 def _gram_categorical(base, xp, yp):
     rho = (xp[..., 0].T[:, :, None] == yp[..., 0].T[:, None, :]).astype(np.float64)
-    return rho, 1.0 - rho
+    return rho, 1.0 - rho, 1.0 + rho
 
 
 def _pow2_scale(xp, yp):
@@ -273,7 +277,8 @@ def _gram_gaussian(base, xp, yp):
     with np.errstate(over="ignore"):
         t = np.sqrt(d2) * f[:, None, None] * s  # scale * |x - y|, inf when it overflows
         e = -0.5 * t * t
-    return np.exp(e), -np.expm1(e)
+    rho = np.exp(e)
+    return rho, -np.expm1(e), 1.0 + rho
 
 
 def _gram_laplace(base, xp, yp):
@@ -286,7 +291,8 @@ def _gram_laplace(base, xp, yp):
         else:
             out += d
     e = -s * out
-    return np.exp(e), -np.expm1(e)
+    rho = np.exp(e)
+    return rho, -np.expm1(e), 1.0 + rho
 
 
 # ---------------------------------------------------------------------- samplers

@@ -124,7 +124,7 @@ def kernel(
     plan = _Plan(skeleton)
     widest = max(ids.size for ids in plan.members)
     # Two levels alive at once at worst, plus the input level.
-    per_row = 16 * n * (len(skeleton.input_nodes) + 2 * widest + 1)  # rho and delta
+    per_row = 24 * n * (len(skeleton.input_nodes) + 2 * widest + 1)  # rho, delta and eps
     block = int(max(1, min(m, memory_bytes // max(per_row, 1))))
     out = np.empty((m, n))
     for a in range(0, m, block):
@@ -139,39 +139,37 @@ def kernel(
 
 
 def _block(skeleton, plan, xp, yp):
-    """One block of rows.  Every level carries rho and delta = 1 - rho, both averaged
-    over children and mapped through the activation (``dual`` and ``gap``), so that
-    values near 1 (an input with itself, close inputs) never lose their digits to
-    1 - rho; the result is 1 - delta where delta < 1/2, rho elsewhere."""
+    """One block of rows.  Every level carries rho, delta = 1 - rho and eps = 1 + rho,
+    averaged over children and mapped through the activation (``dual``, ``gap`` and
+    ``dual_and_lift``), so values near 1 (an input with itself) and near -1 (with its
+    opposite) never lose their digits to 1 -+ rho; the result is 1 - delta where
+    delta < 1/2, -1 + eps where eps < 1/2, rho elsewhere."""
     mb = xp[0].shape[0]
     n = yp[0].shape[0]
     values = {}
-    rho0 = np.empty((plan.members[0].size, mb * n))
-    delta0 = np.empty_like(rho0)
+    level0 = [np.empty((plan.members[0].size, mb * n)) for _ in range(3)]
     for (base, _, _), pos, xg, yg in zip(skeleton.input_groups, plan.input_pos, xp, yp):
-        rho, delta = base.gram(xg, yg)
-        rho0[pos] = rho.reshape(len(pos), mb * n)
-        delta0[pos] = delta.reshape(len(pos), mb * n)
-    values[0] = (rho0, delta0)
+        for dst, part in zip(level0, base.gram(xg, yg)):
+            dst[pos] = part.reshape(len(pos), mb * n)
+    values[0] = tuple(level0)
     for lv in range(1, plan.nlevels):
         acc = None
         for (dst, src), mat in plan.mats.items():
             if dst != lv:
                 continue
-            part = (mat @ values[src][0], mat @ values[src][1])
-            acc = part if acc is None else (acc[0] + part[0], acc[1] + part[1])
-        rho, delta = acc
+            part = tuple(mat @ v for v in values[src])
+            acc = part if acc is None else tuple(a + b for a, b in zip(acc, part))
+        rho, delta, eps = acc
         for act, rows in plan.act_groups[lv]:
-            r, d = rho[rows], delta[rows]
-            rho[rows] = act.dual(r)
+            r, d, e = rho[rows], delta[rows], eps[rows]
+            rho[rows], eps[rows] = act.dual_and_lift(r, e)
             delta[rows] = act.gap(r, d)
-        values[lv] = (rho, delta)
+        values[lv] = (rho, delta, eps)
         for src in list(values):
             if src < lv and plan.last_reader[src] <= lv:
                 del values[src]
-    rho, delta = values[plan.out_level]
-    rho, delta = rho[plan.out_index], delta[plan.out_index]
-    return np.where(delta < 0.5, 1.0 - delta, rho).reshape(mb, n)
+    rho, delta, eps = (v[plan.out_index] for v in values[plan.out_level])
+    return np.where(delta < 0.5, 1.0 - delta, np.where(eps < 0.5, eps - 1.0, rho)).reshape(mb, n)
 
 
 def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None):

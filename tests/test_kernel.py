@@ -168,3 +168,15 @@ def test_empty_inputs_give_empty_kernels():
     s = load_skeleton(skeleton_path("shallow-gaussian"))
     assert kernel(s, np.zeros((0, 1728))).shape == (0, 0)
     assert kernel(s, np.zeros((0, 1728)), np.ones((3, 1728))).shape == (0, 3)
+
+
+@pytest.mark.parametrize("activation, value", [("step", 0.0), ("relu", 0.0)])
+def test_opposite_rows_are_exact_too(activation, value):
+    """k(x, -x) for a step (or relu) over a sphere node is 0: arcsin at a rho that rounds
+    to -1 + 2^-53 gave 6.7e-9; the kernel also carries eps = 1 + rho."""
+    s = parse_skeleton(f"rfsgen: 1\ninput: {{width: 5}}\nnodes:\n  - {{name: s, base: sphere}}\n"
+                       f"  - {{name: o, activation: {activation}, inputs: [s]}}\n")
+    x = np.random.default_rng(0).standard_normal((8, 5)) * 7
+    K = kernel(s, np.concatenate([x, -x]))
+    np.testing.assert_array_equal(np.diag(K[:8, 8:]), value)
+    np.testing.assert_allclose(np.diag(K), 1.0, rtol=0, atol=1e-15)

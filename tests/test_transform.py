@@ -516,3 +516,18 @@ def test_a_real_write_failure_inside_hdf5_is_one_line(files, tmp_path, args):
     assert res.returncode == 1, res.stderr[-3000:]
     assert res.stderr.count("\n") == 1 and "cannot write (File too large)" in res.stderr, res.stderr[-3000:]
     assert list(out.iterdir()) == []
+
+
+def test_sphere_rows_of_any_magnitude_give_the_features_of_the_unscaled_rows(cifar_rows):
+    """Normalisation scales by a power of two before squaring: rows times 2^+-900 give
+    the very same bytes, rows times 1e+-300 (not exact in binary) the same values to
+    rounding; 1e-200 rows are not mistaken for zero vectors."""
+    for name in ("cifar-deep", "shallow-gaussian"):
+        fs = sample(load_skeleton(skeleton_path(name)), 500, seed=3)
+        x = cifar_rows[:5]
+        want = transform(fs, x, layout="dense", dtype="float64")
+        for f in (2.0**-900, 2.0**900):
+            assert transform(fs, x * f, layout="dense", dtype="float64").tobytes() == want.tobytes()
+        for f in (1e-300, 1e-200, 1e200, 1e300):
+            np.testing.assert_allclose(transform(fs, x * f, layout="dense", dtype="float64"), want, rtol=1e-12,
+                                       atol=1e-14)
