@@ -328,3 +328,28 @@ def test_progress_is_told_totals_and_phases(inputs):
     r = Recorder()
     kernel_files(skeleton_path("cifar-deep"), inputs / "rows.npy", None, inputs / "K.npy", progress=r)
     assert r.events[0] == ("kernel", 6) and sum(n for k, n in r.events if k == "update") == 6
+
+
+def test_ctrl_c_during_the_feature_file_write(runner, tmp_path, monkeypatch, capfd):
+    """A SIGINT while HDF5 writes a dataset takes effect at the next dataset boundary:
+    exit 130, one line, no file, and no 'Exception ignored' noise from h5py's cleanup
+    (it used to be swallowed there and the run exited 0)."""
+    import os
+    import signal
+
+    import rfsgen.features
+
+    real = rfsgen.features._put
+    sent = []
+
+    def put(*a, **k):
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)  # arrives inside the HDF5 section
+        return real(*a, **k)
+
+    monkeypatch.setattr(rfsgen.features, "_put", put)
+    res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 2000, "-o", tmp_path / "f.h5"])
+    assert res.exit_code == 130 and "interrupted" in res.stderr and res.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+    assert "Exception ignored" not in capfd.readouterr().err
