@@ -467,8 +467,6 @@ def _values_linear(base, xp, gi, codes):
 def _values_continuous(base, xp, gi, omega):
     # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
     # number of rows and with the CPU's kernel, and the bytes must not.
-    from ._compiled import phases
-
     re, im = phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
                        np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"))
     return re, im

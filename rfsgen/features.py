@@ -156,15 +156,19 @@ USERBLOCK = 512
 MAGIC = b"rfsgen-features\n"
 
 
-def _write_header(sink) -> None:
-    sink.seek(USERBLOCK)
+def _digest_rest(fh) -> str:
+    """SHA-256 of what remains of the binary file ``fh`` from its current position."""
     digest = hashlib.sha256()
     while True:
-        block = sink.read(1 << 20)
+        block = fh.read(1 << 20)
         if not block:
-            break
+            return digest.hexdigest()
         digest.update(block)
-    header = MAGIC + f"format_version {FORMAT_VERSION}\nsha256 {digest.hexdigest()}\n".encode()
+
+
+def _write_header(sink) -> None:
+    sink.seek(USERBLOCK)
+    header = MAGIC + f"format_version {FORMAT_VERSION}\nsha256 {_digest_rest(sink)}\n".encode()
     sink.seek(0)
     sink.write(header.ljust(USERBLOCK, b"\0"))
 
@@ -181,13 +185,8 @@ def _check_header(p: str) -> None:
                                    "re-create it with 'rfsgen sample'")
         fields = dict(line.split(" ", 1) for line in head[len(MAGIC):].split(b"\0", 1)[0].decode("ascii", "replace")
                       .splitlines() if " " in line)
-        digest = hashlib.sha256()
-        while True:
-            block = fh.read(1 << 20)
-            if not block:
-                break
-            digest.update(block)
-    if fields.get("sha256") != digest.hexdigest():
+        digest = _digest_rest(fh)
+    if fields.get("sha256") != digest:
         raise FeatureFileError(f"{p}: checksum mismatch: the file is corrupted or truncated; re-create it with "
                                "'rfsgen sample'")
 

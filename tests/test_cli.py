@@ -206,6 +206,20 @@ def _rfsgen(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "rfsgen", *map(str, args)], stderr=subprocess.PIPE, **kw)
 
 
+def _transform_in_progress(inputs, cifar_rows):
+    """A `transform` reading rows from a pipe, once its temporary output exists (it then
+    waits for more rows: a signal lands while the run is demonstrably in progress)."""
+    import subprocess
+
+    out = inputs / "out"
+    out.mkdir()
+    proc = _rfsgen("transform", inputs / "f.h5", "-", "-o", out / "o.h5", "--chunk-rows", 4, stdin=subprocess.PIPE)
+    proc.stdin.write("\n".join(",".join(map(str, r)) for r in cifar_rows[:9]).encode() + b"\n")
+    proc.stdin.flush()
+    _wait_for_part(out, proc)
+    return out, proc
+
+
 def _wait_for_part(directory, proc, timeout=60):
     import time
 
@@ -224,14 +238,8 @@ def test_signals_end_a_run_cleanly(inputs, cifar_rows, signame, code):
     conventional exit code, and neither the output nor a temporary file left.  Rows
     arrive on a pipe, so the signal lands while the run is demonstrably in progress."""
     import signal
-    import subprocess
 
-    out = inputs / "out"
-    out.mkdir()
-    proc = _rfsgen("transform", inputs / "f.h5", "-", "-o", out / "o.h5", "--chunk-rows", 4, stdin=subprocess.PIPE)
-    proc.stdin.write("\n".join(",".join(map(str, r)) for r in cifar_rows[:9]).encode() + b"\n")
-    proc.stdin.flush()
-    _wait_for_part(out, proc)
+    out, proc = _transform_in_progress(inputs, cifar_rows)
     proc.send_signal(getattr(signal, signame))
     err = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == code, err
@@ -244,12 +252,7 @@ def test_kill_9_leftovers_are_swept_by_the_next_run(inputs, cifar_rows):
     the same directory, which removes it (its writer is gone)."""
     import subprocess
 
-    out = inputs / "out"
-    out.mkdir()
-    proc = _rfsgen("transform", inputs / "f.h5", "-", "-o", out / "o.h5", "--chunk-rows", 4, stdin=subprocess.PIPE)
-    proc.stdin.write("\n".join(",".join(map(str, r)) for r in cifar_rows[:9]).encode() + b"\n")
-    proc.stdin.flush()
-    _wait_for_part(out, proc)
+    out, proc = _transform_in_progress(inputs, cifar_rows)
     proc.kill()
     proc.communicate(timeout=60)
     assert [p.name for p in out.iterdir() if p.name.endswith(".part")]
