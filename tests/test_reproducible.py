@@ -118,9 +118,9 @@ def test_output_files_do_not_depend_on_chunk_rows_or_sharding(tmp_path, cifar_ro
     assert np.concatenate(parts).tobytes() == whole.tobytes()
 
 
-def _avx512() -> bool:
+def _has(flag: str) -> bool:
     try:
-        return "avx512f" in Path("/proc/cpuinfo").read_text()
+        return f" {flag}" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
 
@@ -131,10 +131,11 @@ VARIANTS = {
     "host": {},
     "generic": {"NUMBA_CPU_NAME": "generic", "OPENBLAS_CORETYPE": "Prescott",
                 "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR X86_V3"},
-    "haswell": {"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
-                "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
 }
-if _avx512():
+if _has("avx2") and _has("fma"):
+    VARIANTS["haswell"] = {"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
+                           "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}
+if _has("avx512f"):
     VARIANTS["skylake-avx512"] = {"NUMBA_CPU_NAME": "skylake-avx512", "OPENBLAS_CORETYPE": "SkylakeX"}
 
 
