@@ -120,7 +120,9 @@ def _put(f, name, data, compress=True):
         return
     chunk = (int(min(data.size, 1 << 18)),)
     if compress:
-        kw.update(compression="gzip", compression_opts=9, shuffle=True)
+        # gzip level 4: measured at 10^6 columns, 0.23 s against 7.8 s for level 9, for a file
+        # 4.8% larger (2.5% at 10^4); lzf was faster still but 50% larger
+        kw.update(compression="gzip", compression_opts=4, shuffle=True)
     f.create_dataset(name, data=data, chunks=chunk, **kw)
 
 
