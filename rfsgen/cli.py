@@ -269,10 +269,12 @@ def inspect_cmd(features, as_json):
               help="HDF5 compression (these features compress poorly; off by default).")
 @click.option("--chunk-rows", type=int, default=None, help="Rows per chunk (default: about 64 MiB of work).")
 @click.option("--rows", help="Only rows START:STOP of INPUT (for sharded batch jobs).")
+@click.option("--shard", metavar="K/N", help="Only the K-th (from 0) of N nearly equal contiguous row ranges, "
+              "e.g. --shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
-def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, overwrite, quiet):
+def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
     INPUT may be .npy (memory-mapped), .npz[:key], .h5[:/path], .csv/.tsv or
@@ -282,13 +284,14 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
     \b
     Example:
       rfsgen transform feats.h5 rows.npy -o out.h5 --rows 0:50000
+      rfsgen transform feats.h5 rows.npy -o part-3.h5 --shard 3/8
       cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
     """
     from .transform import transform_file
 
     with _Progress(None, "rows", quiet, "transform") as bar:
         info = transform_file(features, input, output, layout=layout, dtype=dtype, compression=compression,
-                              chunk_rows=chunk_rows, rows=rows, overwrite=overwrite, progress=bar)
+                              chunk_rows=chunk_rows, rows=rows, shard=shard, overwrite=overwrite, progress=bar)
     if not quiet:
         click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {output}", err=True)
 

@@ -451,6 +451,21 @@ def resolve_rows(spec, n_rows: int | None, source: str):
     return start, n_rows if stop is None else stop
 
 
+def shard_rows(spec: str, n_rows: int | None, source: str):
+    """``--shard K/N``: the K-th (0-based) of N nearly equal contiguous row ranges of an
+    input of ``n_rows`` rows, ``(K n // N, (K + 1) n // N)``, so a job array's tasks
+    cover every row exactly once.  Returns ``(start, stop)``."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
+    if not m:
+        raise UsageError(f"--shard '{spec}' must look like K/N, e.g. 0/4 (K counts from 0)")
+    k, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or k >= n:
+        raise UsageError(f"--shard {spec}: K must be 0 to N - 1 and N at least 1")
+    if n_rows is None:
+        raise UsageError(f"--shard needs an input of known length, but {source} is a stream; use --rows START:STOP")
+    return k * n_rows // n, (k + 1) * n_rows // n
+
+
 def check_finite(x: np.ndarray, row0: int, source: str):
     """Raise :class:`DataError` naming the first row/column holding NaN or inf."""
     bad = ~np.isfinite(x)

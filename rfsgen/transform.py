@@ -409,22 +409,26 @@ class _Appender:
 
 
 def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
-                   chunk_rows=None, rows=None, overwrite=False, progress=None, stdin=None) -> dict:
+                   chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None) -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
-    renamed on success.  Returns a summary dict (rows, columns, nnz, output).
+    renamed on success.  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
+    :func:`rfsgen.io.shard_rows`) select part of the input.  Returns a summary dict
+    (rows, columns, nnz, output).
     """
     import h5py
 
     from . import __version__
     from .features import load
     from ._signals import deferred
-    from .io import SafeFile, atomic_path, check_width, open_input, parse_rows, resolve_rows
+    from .io import SafeFile, atomic_path, check_width, open_input, parse_rows, resolve_rows, shard_rows
 
     _check_options(layout, dtype, compression)
     if chunk_rows is not None and chunk_rows < 1:
         raise UsageError(f"--chunk-rows must be at least 1, got {chunk_rows}")
+    if rows is not None and shard is not None:
+        raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
     fs = load(features)
     sha = hashlib.sha256()
@@ -437,7 +441,10 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     D = fs.columns
     with open_input(input, stdin=stdin) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
-        start, stop = resolve_rows(rows, src.n_rows, src.name)
+        if shard is not None:
+            start, stop = shard_rows(shard, src.n_rows, src.name)
+        else:
+            start, stop = resolve_rows(rows, src.n_rows, src.name)
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("transform", None if stop is None else stop - start)
         with atomic_path(output, overwrite, inputs=[features, input]) as tmp, SafeFile(tmp) as sink:

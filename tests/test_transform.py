@@ -531,3 +531,40 @@ def test_sphere_rows_of_any_magnitude_give_the_features_of_the_unscaled_rows(cif
         for f in (1e-300, 1e-200, 1e200, 1e300):
             np.testing.assert_allclose(transform(fs, x * f, layout="dense", dtype="float64"), want, rtol=1e-12,
                                        atol=1e-14)
+
+
+def test_shards_cover_every_row_once_with_the_unsharded_values(files, tmp_path):
+    """--shard K/N (a job array's task id and count): N nearly equal contiguous ranges
+    that cover the rows exactly once, each holding exactly the unsharded values."""
+    rows = np.load(files / "rows.npy")
+    whole = transform(load(files / "f.h5"), rows, layout="dense")
+    parts, ranges = [], []
+    for k in range(7):
+        out = tmp_path / f"s{k}.h5"
+        res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--layout", "dense", "--shard", f"{k}/7"])
+        assert res.exit_code == 0, res.stderr
+        with h5py.File(out) as f:
+            parts.append(f["X"][()])
+            ranges.append((int(f.attrs["rows_start"]), int(f.attrs["rows_stop"])))
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(rows)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
+    assert np.concatenate(parts).tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shard", "7/7"], "K must be 0 to N - 1"),
+    (["--shard", "a/b"], "must look like K/N"),
+    (["--shard", "0/0"], "K must be 0 to N - 1"),
+    (["--shard", "0/2", "--rows", "0:5"], "give --rows or --shard, not both"),
+])
+def test_bad_shards_are_usage_errors(files, tmp_path, args, message):
+    res = run(["transform", files / "f.h5", files / "rows.npy", "-o", tmp_path / "o.h5", *args])
+    assert res.exit_code == 2 and message in res.stderr and res.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shard_of_a_stream_is_refused(files, tmp_path):
+    row = ",".join(["0.5"] * 1728) + "\n"
+    res = run(["transform", files / "f.h5", "-", "-o", tmp_path / "o.h5", "--shard", "0/2"], input=row)
+    assert res.exit_code == 2 and "--shard needs an input of known length" in res.stderr
