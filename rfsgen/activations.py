@@ -270,7 +270,10 @@ class Activation:
         p = np.append(self.coefficients, self.tail_mass)
         p = p / p.sum()
         counts = rng.multinomial(count, p)
-        total = int(np.dot(counts[:-1], np.arange(counts.size - 1)))
+        degrees = np.arange(counts.size - 1)
+        if float(np.dot(counts[:-1].astype(np.float64), degrees)) >= DEGREE_LIMIT / 2:
+            raise _overflow(self.name)
+        total = int(np.dot(counts[:-1], degrees))  # exact: below 2**61, no int64 overflow
         n_tail = int(counts[-1])
         if n_tail > MAX_TAIL_DRAWS:
             raise SamplerError(
@@ -279,12 +282,10 @@ class Activation:
             )
         while n_tail:
             k = min(n_tail, SUM_BATCH)
-            total += int(self.tail.sample(rng, k).sum(dtype=np.float64))
+            total += int(_checked_sums(self.tail.sample(rng, k), np.zeros(1, np.int64), self.name)[0])
             n_tail -= k
             if total >= DEGREE_LIMIT:
                 raise _overflow(self.name)
-        if total >= DEGREE_LIMIT:
-            raise _overflow(self.name)
         return total
 
 
@@ -367,22 +368,22 @@ def _relu_dual(rho):
     return (np.sqrt(np.maximum(0.0, 1 - rho * rho)) + (math.pi - np.arccos(rho)) * rho) / math.pi
 
 
-def _relu_gap(rho, delta):
-    # 1 - sigma = (pi delta - (sin t - t cos t)) / pi with t = arccos(1 - delta); the
-    # bracket is t^3/3 - t^5/30 + ... (its Taylor series where direct evaluation cancels).
-    t = _angle(delta)
+def _sin_minus_t_cos(t):
+    """sin t - t cos t for t in [0, pi], by its Taylor series t^3/3 - t^5/30 + ... where
+    the direct difference cancels (small t)."""
     t2 = t * t
     series = t * t2 * (1 / 3 - t2 * (1 / 30 - t2 * (1 / 840 - t2 * (1 / 45360 - t2 / 3991680))))
-    bracket = np.where(t < 0.1, series, np.sin(t) - t * np.cos(t))
-    return (math.pi * np.clip(delta, 0.0, 2.0) - bracket) / math.pi
+    return np.where(t < 0.1, series, np.sin(t) - t * np.cos(t))
+
+
+def _relu_gap(rho, delta):
+    # 1 - sigma = (pi delta - (sin t - t cos t)) / pi with t = arccos(1 - delta)
+    return (math.pi * np.clip(delta, 0.0, 2.0) - _sin_minus_t_cos(_angle(delta))) / math.pi
 
 
 def _relu_near_minus_one(eps):
-    # sigma(-1 + eps) = (sin s - s cos s) / pi with s = arccos(1 - eps): the relu gap's bracket
-    s = _angle(eps)
-    s2 = s * s
-    series = s * s2 * (1 / 3 - s2 * (1 / 30 - s2 * (1 / 840 - s2 * (1 / 45360 - s2 / 3991680))))
-    return np.where(s < 0.1, series, np.sin(s) - s * np.cos(s)) / math.pi
+    # sigma(-1 + eps) = (sin s - s cos s) / pi with s = arccos(1 - eps)
+    return _sin_minus_t_cos(_angle(eps)) / math.pi
 
 
 def _step_near_minus_one(eps):

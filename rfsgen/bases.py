@@ -467,9 +467,8 @@ def _values_linear(base, xp, gi, codes):
 def _values_continuous(base, xp, gi, omega):
     # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
     # number of rows and with the CPU's kernel, and the bytes must not.
-    re, im = phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
-                       np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"))
-    return re, im
+    return phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
+                     np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"))
 
 
 def phases_of(xp, gi, om):
@@ -484,11 +483,10 @@ def phases_of(xp, gi, om):
     for lo, hi in zip(*_runs(sg)):
         starts.extend(range(lo, hi, ATOM_BLOCK))
     starts = np.array(starts, dtype=np.int64)
-    ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right")) if a else starts
-    omt = np.ascontiguousarray(om[order].T)
+    ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right"))
     re_s, im_s = np.empty((m, a)), np.empty((m, a))
     if m and a:
-        phases(xp, starts, ends, sg[starts] if a else starts, omt, re_s, im_s)
+        phases(xp, starts, ends, sg[starts], np.ascontiguousarray(om[order].T), re_s, im_s)
     re, im = np.empty_like(re_s), np.empty_like(im_s)
     re[:, order], im[:, order] = re_s, im_s
     return re, im

@@ -341,10 +341,6 @@ def _check_options(layout, dtype, compression):
 
 
 # ----------------------------------------------------------------------------- HDF5 output
-def _nothing():
-    pass
-
-
 class _Appender:
     """Appends to resizable 1-D datasets of equal length (CSR ``data`` and ``indices``)
     in fixed blocks, writing block k of every dataset before block k + 1 of any.
@@ -355,9 +351,9 @@ class _Appender:
     rows) would lay the file out differently from alternating them (small chunks).
     """
 
-    def __init__(self, group, names, dtypes, block, compression, check=None):
+    def __init__(self, group, names, dtypes, block, compression, check):
         self.block = block
-        self.check = check or _nothing
+        self.check = check  # called after every block: raises a recorded write error
         kw = {} if compression == "none" else {"compression": compression}
         self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
                                         track_times=False, **kw) for n, t in zip(names, dtypes)]

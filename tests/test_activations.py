@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from rfsgen import SamplerError
 from rfsgen.activations import REGISTRY, TOLERANCE, hermite_coefficients, make_activation
 
 PARAMS = {"polynomial": {"degree": 4, "c": 0.7}, "coefficients": {"values": [0.1, 0.0, 2.0, 1.0]}, "exp": {"beta": 1.3}}
@@ -168,3 +169,21 @@ def test_guide_table_search_equals_binary_search(name):
         cdf[::97], 1.0 - np.logspace(-16, -1, 200),  # exact table values and the fine far tail
     ])
     np.testing.assert_array_equal(act._search(v), np.searchsorted(cdf, v, side="right"))
+
+
+def test_huge_multiplicity_sums_are_exact_integers(monkeypatch):
+    """Sums of heavy-tail degrees above 2**53 stay exact (a float64 sum would round)."""
+    from rfsgen.activations import DEGREE_LIMIT, make_activation
+
+    act = make_activation("step")
+    big = 2**55 + 1  # odd and above 2**53: float64 cannot hold 3 * big exactly
+    monkeypatch.setattr(type(act.tail), "sample", lambda self, rng, n: np.full(n, big, dtype=np.int64))
+
+    class AllFromTheTail:  # the multinomial puts all 3 degrees in the tail
+        def multinomial(self, n, p):
+            return np.concatenate([np.zeros(len(p) - 1, np.int64), [n]])
+
+    assert act._sum_many(AllFromTheTail(), 3) == 3 * big
+    monkeypatch.setattr(type(act.tail), "sample", lambda self, rng, n: np.full(n, DEGREE_LIMIT // 2, dtype=np.int64))
+    with pytest.raises(SamplerError, match=r"reached 2\*\*62"):
+        act._sum_many(AllFromTheTail(), 3)
