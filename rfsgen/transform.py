@@ -7,7 +7,7 @@ coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of row
 
 * the rows are validated and prepared; sphere atoms are linear in the prepared
   values and read from them directly, other bases compute their atoms' values
-  row-major (gaussian and laplace angles as one BLAS product per node);
+  row-major (gaussian and laplace angles by a fixed-order compiled sum, not BLAS);
 * one compiled loop (:mod:`rfsgen._compiled`) takes tiles of 8 rows, raises the
   distinct (atom, power != 1) factors once, multiplies each column's factors in
   8-lane float64 vector operations, and stores ``scale * Re`` (or ``-Im`` for the
