@@ -53,6 +53,8 @@ def approx(
     max_abs, corr, draws (means over trials), their ``*_std`` and dedup_ratio.
     """
     x = np.asarray(x, dtype=np.float64)
+    if not skeleton.bound and x.ndim == 2:
+        skeleton = skeleton.bind(x.shape[1])
     if rows > x.shape[0]:
         raise UsageError(f"--subset {rows} is more than the {x.shape[0]} rows of the input; lower --subset")
     if rows < 2:

@@ -124,8 +124,9 @@ def main():
 @main.command("skeleton")
 @click.argument("skeleton", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
+@click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
 @translate_errors
-def skeleton_cmd(skeleton, as_json):
+def skeleton_cmd(skeleton, as_json, width):
     """Validate SKELETON and describe the kernel it defines.
 
     Prints node counts per layer, fan-in, depth, input width, the complexity
@@ -137,9 +138,15 @@ def skeleton_cmd(skeleton, as_json):
     """
     from .skeleton import load_skeleton
 
-    info = load_skeleton(skeleton).describe()
+    skel = load_skeleton(skeleton)
+    info = (skel.bind(width) if width is not None else skel).describe()
     if as_json:
         _emit_json(info)
+        return
+    if info["width"] == "auto":
+        click.echo(f"skeleton   {info['path']}")
+        click.echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
+        click.echo("           sample --width N); pass --width N to see it for N columns")
         return
     shape = f" (shape {info['shape']})" if info["shape"] else ""
     click.echo(f"skeleton   {info['path']}")
@@ -200,10 +207,11 @@ def kernel_cmd(skeleton, input, input2, output, rows, overwrite, quiet):
               help="rfs: the compositional scheme; rr / orf: Rahimi-Recht / orthogonal random features "
                    "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes).")
 @click.option("-o", "--output", required=True, help="Feature file to write (.h5).")
+@click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
-def sample_cmd(skeleton, columns, seed, scheme, output, overwrite, quiet):
+def sample_cmd(skeleton, columns, seed, scheme, output, width, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 
     Draws features by the paper's RFSS recursion until the D-th distinct column
@@ -217,7 +225,8 @@ def sample_cmd(skeleton, columns, seed, scheme, output, overwrite, quiet):
     from .sampler import sample_file
 
     with _Progress(columns, "col", quiet, "sample") as bar:
-        fs = sample_file(skeleton, columns, seed, output, scheme=scheme, overwrite=overwrite, progress=bar)
+        fs = sample_file(skeleton, columns, seed, output, scheme=scheme, width=width, overwrite=overwrite,
+                         progress=bar)
     if not quiet:
         click.echo(f"wrote {fs.columns} columns from {fs.draws} draws (dedup ratio {fs.draws / fs.columns:.2f}) to {output}", err=True)
 
@@ -339,6 +348,8 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
         if Path(plot_path).exists() and not overwrite:
             raise OutputExistsError(f"{plot_path}: already exists; pass --overwrite to replace it")
     with open_input(input) as src:
+        if not skel.bound:
+            skel = skel.bind(src.width)
         check_width(src, skel.width, skel.path, skel.shape)
         start, stop = resolve_rows(rows, src.n_rows, src.name)
         x = src.read(start, stop)

@@ -34,8 +34,11 @@ class RfsgenError(Exception):
         super().__init__(one_line(message))
 
 
-class UsageError(RfsgenError):
-    """The user asked for something that cannot work as given (exit code 2)."""
+class UsageError(RfsgenError, ValueError):
+    """The user asked for something that cannot work as given (exit code 2).
+
+    Also a ``ValueError``, as Python code (scikit-learn's included) expects of a bad
+    argument."""
 
     exit_code = 2
 
@@ -48,8 +51,9 @@ class InputError(UsageError):
     """An input file cannot be opened or does not fit the skeleton."""
 
 
-class DataError(RfsgenError):
-    """Input values are invalid for the kernel (NaN/inf, out of domain, zero vectors)."""
+class DataError(RfsgenError, ValueError):
+    """Input values are invalid for the kernel (NaN/inf, out of domain, zero vectors);
+    also a ``ValueError``."""
 
 
 class FeatureFileError(UsageError):

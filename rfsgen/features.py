@@ -211,6 +211,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
         "command": fs.command,
         "stats": json.dumps(fs.stats, sort_keys=True),
     }
+    if fs.skeleton.auto:
+        attrs["input_width"] = int(fs.skeleton.width)
     for k, v in attrs.items():
         f.attrs[k] = v
     datasets = [
@@ -259,13 +261,15 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- attribute seal
 ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
          "skeleton_sha256", "nodes", "command", "stats")
+#: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
+OPTIONAL_ATTRS = ("input_width",)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
     """SHA-256 of the root attributes (and term_node's encoding): fletcher32 covers the
     datasets only, so without this a flipped bit in an attribute would go unnoticed."""
     items = []
-    for k in ATTRS:
+    for k in ATTRS + tuple(k for k in OPTIONAL_ATTRS if k in attrs):
         v = attrs[k]
         v = _plain(v)
         items.append([k, v if isinstance(v, (int, str)) else repr(v)])
@@ -284,7 +288,8 @@ def _plain(v):
 
 def _seal(f):
     enc = f["term_node"].attrs["encoding"]
-    f.attrs["attrs_sha256"] = _attrs_digest({k: f.attrs[k] for k in ATTRS}, enc if isinstance(enc, str) else enc.decode())
+    keys = ATTRS + tuple(k for k in OPTIONAL_ATTRS if k in f.attrs)
+    f.attrs["attrs_sha256"] = _attrs_digest({k: f.attrs[k] for k in keys}, enc if isinstance(enc, str) else enc.decode())
 
 
 # ----------------------------------------------------------------------------- reading
@@ -354,6 +359,7 @@ def _read(p, f):
         if k not in f.attrs:
             raise _bad(p, f"missing attribute '{k}'")
         attrs[k] = f.attrs[k]
+    attrs.update({k: f.attrs[k] for k in OPTIONAL_ATTRS if k in f.attrs})
     for k in REQUIRED:
         obj = f.get(k, getlink=True)
         if obj is None:
@@ -412,10 +418,14 @@ def _from_arrays(p, attrs, data) -> FeatureSet:
         raise _bad(p, "the embedded skeleton is not UTF-8 text") from None
     if hashlib.sha256(src.encode()).hexdigest() != _attr(p, attrs, "skeleton_sha256"):
         raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted")
+    width = _attr(p, attrs, "input_width", int) if "input_width" in attrs else None
     try:
-        skel = parse_skeleton(src, _attr(p, attrs, "skeleton_path"))
+        skel = parse_skeleton(src, _attr(p, attrs, "skeleton_path"), width=width)
     except RfsgenError as e:
         raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
+    if skel.auto != (width is not None):
+        raise _bad(p, "the embedded skeleton says 'width: auto' but the file records no input width" if skel.auto
+                   else "the file records an input width for a fixed-width skeleton")
     columns = _attr(p, attrs, "columns", int)
     draws = _attr(p, attrs, "draws", int)
     seed = _attr(p, attrs, "seed", int)

@@ -110,9 +110,15 @@ def kernel(
 ) -> np.ndarray:
     """Exact kernel matrix ``K[i, j] = k_S(x_i, y_j)``, float64 ``(m, n)``.
 
-    ``x`` and ``y`` are ``(m, width)`` and ``(n, width)`` arrays (``y`` defaults to
-    ``x``).  ``progress(rows_done)`` is called after each block of ``x`` rows.
+    ``x`` and ``y`` are ``(m, width)`` and ``(n, width)`` rows (``y`` defaults to
+    ``x``): arrays, ``scipy.sparse`` matrices, DataFrames, lists of rows, or paths
+    (anything :func:`rfsgen.io.open_input` takes).  A ``width: auto`` skeleton is
+    bound to the rows' width.  ``progress(rows_done)`` is called after each block of ``x`` rows.
     """
+    x = _rows(x)
+    y = None if y is None else _rows(y)
+    if not skeleton.bound:
+        skeleton = skeleton.bind(x.shape[1])
     same = y is None
     if np.asarray(x).shape[0] == 0 or (y is not None and np.asarray(y).shape[0] == 0):
         m, n = np.asarray(x).shape[0], np.asarray(x if y is None else y).shape[0]
@@ -136,6 +142,16 @@ def kernel(
         # Symmetrise away rounding differences so the Gram matrix is exactly symmetric.
         out = 0.5 * (out + out.T)
     return out
+
+
+def _rows(obj) -> np.ndarray:
+    """Rows as a 2-D array (the kernel needs them all at once)."""
+    if isinstance(obj, np.ndarray) and obj.ndim == 2:
+        return obj
+    from .io import open_input
+
+    with open_input(obj) as src:
+        return src.read()
 
 
 def _block(skeleton, plan, xp, yp):
@@ -190,6 +206,8 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
         if spec is None:
             continue
         with open_input(spec) as src:
+            if not skel.bound:
+                skel = skel.bind(src.width)
             check_width(src, skel.width, skel.path, skel.shape)
             start, stop = resolve_rows(rows, src.n_rows, src.name)
             arrays.append(src.read(start, stop))

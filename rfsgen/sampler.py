@@ -470,6 +470,7 @@ def sample(
     ``audit``, if a list, receives ``(kind, terms)`` of every consumed draw in
     draw order (slow; for checking deduplication).
     """
+    skeleton.require_bound("sampling")
     if scheme != "rfs":
         from .schemes import apply_scheme
 
@@ -588,15 +589,20 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
     )
 
 
-def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", overwrite=False, progress=None) -> FeatureSet:
-    """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``)."""
+def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", width=None, overwrite=False,
+                progress=None) -> FeatureSet:
+    """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``).
+    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`)."""
     from . import __version__
     from .features import save
     from .skeleton import load_skeleton
 
     skel = load_skeleton(skeleton_path)
+    if width is not None:
+        skel = skel.bind(width)
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
-    fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}"
+    fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (
+        f" --width {width}" if width is not None else "")
     save(fs, output, overwrite=overwrite, inputs=[skeleton_path], progress=progress)
     return fs

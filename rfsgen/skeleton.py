@@ -3,13 +3,17 @@
 A skeleton file (schema version 1) looks like::
 
     rfsgen: 1
-    input: {shape: [24, 24, 3]}          # or {width: N}
+    input: {shape: [24, 24, 3]}          # or {width: N}, or {width: auto}
     nodes:
       - {name: pixels, base: sphere, scheme: pair, per: pixel}
       - {name: conv1, activation: {name: exp, beta: 0.25}, conv: {size: 5, stride: 2}}
       - {name: conv2, activation: relu, conv: {size: 4, stride: 2}}
       - {name: out, activation: relu, dense: true}
     output: out                           # optional: the unique node that feeds nothing
+
+A skeleton with ``input: {width: auto}`` takes its width from the data: it parses
+to an *unbound* :class:`Skeleton` (no nodes yet) and :meth:`Skeleton.bind` builds
+it for a given width (the scikit-learn estimator does this at fit time).
 
 See README.md ("Skeleton files") for the whole language.  :func:`load_skeleton`
 and :func:`parse_skeleton` return a :class:`Skeleton`; every problem raises a
@@ -19,6 +23,7 @@ the line and the key, and lists the allowed values.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -104,6 +109,39 @@ class Skeleton:
     layers: tuple
     description: str = ""
     unused_inputs: tuple = ()  # labels of input nodes pruned because they feed nothing
+    auto: bool = False  # the file says 'input: {width: auto}'; unbound while width is None
+
+    # -------------------------------------------------------------- width: auto
+    @property
+    def bound(self) -> bool:
+        """False for a ``width: auto`` skeleton not yet bound to a width (no nodes)."""
+        return self.width is not None
+
+    def bind(self, width: int) -> "Skeleton":
+        """This skeleton for rows of ``width`` values.
+
+        A ``width: auto`` skeleton is built for ``width``; a fixed-width skeleton is
+        returned as it is when ``width`` matches, else :class:`InputError`.
+        """
+        if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
+            raise TypeError(f"width must be an integer, got {width!r}")
+        width = int(width)
+        if self.width == width:
+            return self
+        if not self.auto:
+            from .errors import InputError
+
+            raise InputError(f"rows have {width} values but skeleton '{self.path}' expects width {self.width}; "
+                             "pass matching rows, or write 'input: {width: auto}' in the skeleton")
+        return parse_skeleton(self.source, self.path, width=width)
+
+    def require_bound(self, what: str) -> None:
+        if not self.bound:
+            raise SkeletonError(
+                f"{self.path}: the skeleton has 'input: {{width: auto}}', so {what} needs its width: bind it first "
+                "(skeleton.bind(n_columns), --width N on the command line, or rfsgen.sklearn.SkeletonFeatures, "
+                "which binds at fit time)"
+            )
 
     # -------------------------------------------------------------- structure
     @cached_property
@@ -156,7 +194,11 @@ class Skeleton:
         raise KeyError(label)
 
     def describe(self) -> dict:
-        """A JSON-ready summary: layers, node counts, fan-in, depth, width, C(S)."""
+        """A JSON-ready summary: layers, node counts, fan-in, depth, width, C(S).
+        For an unbound ``width: auto`` skeleton: path, ``width: "auto"`` and no layers."""
+        if not self.bound:
+            return {"path": self.path, "width": "auto", "shape": None, "description": self.description,
+                    "layers": []}
         layers = []
         for layer in self.layers:
             first = self.nodes[layer.ids[0]]
@@ -175,6 +217,7 @@ class Skeleton:
         return {
             "path": self.path,
             "width": self.width,
+            "width_auto": self.auto,
             "shape": list(self.shape) if self.shape else None,
             "nodes": len(self.nodes),
             "input_nodes": len(self.input_nodes),
@@ -239,8 +282,12 @@ def load_skeleton(path) -> Skeleton:
     return parse_skeleton(text, str(path))
 
 
-def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
-    """Parse skeleton YAML ``text``; ``path`` is used in error messages."""
+def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None) -> Skeleton:
+    """Parse skeleton YAML ``text``; ``path`` is used in error messages.
+
+    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`); without
+    it such a skeleton is checked at a probe width and returned unbound.
+    """
     if not isinstance(text, str):
         raise SkeletonError(f"{path}: a skeleton must be YAML text, not {type(text).__name__}")
     if len(text) > MAX_SOURCE_BYTES:
@@ -271,7 +318,10 @@ def parse_skeleton(text: str, path: str = "<skeleton>") -> Skeleton:
     finally:
         if loader is not None:
             loader.dispose()
-    return _Builder(path, text).build(doc)
+    skel = _Builder(path, text, width).build(doc)
+    if width is not None and skel.width != width:
+        return skel.bind(width)  # a fixed-width file: same skeleton or an InputError
+    return skel
 
 
 def _check_yaml_size(root, path):
@@ -305,10 +355,17 @@ _REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*\Z", re.DOT
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
+#: An unbound ``width: auto`` skeleton is checked by building it at a probe width:
+#: the smallest multiple of every 'group' size that is at least this.
+AUTO_PROBE_WIDTH = 64
+
+
 class _Builder:
-    def __init__(self, path: str, text: str):
+    def __init__(self, path: str, text: str, bind_width: int | None = None):
         self.path = path
         self.text = text
+        self.bind_width = bind_width
+        self.auto = False
         self.nodes: list = []
         self.arrays: dict[str, np.ndarray] = {}
         self.layers: list = []
@@ -347,6 +404,9 @@ class _Builder:
         output = self.prune(self.find_output(doc))
         self.check_depth(doc)
         description = doc.get("description", "")
+        if self.auto and self.bind_width is None:
+            return Skeleton(source=self.text, path=self.path, width=None, shape=None, nodes=(), output=-1, layers=(),
+                            description=str(description or ""), auto=True)
         return Skeleton(
             source=self.text,
             path=self.path,
@@ -357,6 +417,7 @@ class _Builder:
             layers=tuple(self.layers),
             description=str(description or ""),
             unused_inputs=tuple(self.unused),
+            auto=self.auto,
         )
 
     def parse_input(self, doc):
@@ -369,8 +430,10 @@ class _Builder:
             raise self.err(line, "'input' needs exactly one of 'width: N' or 'shape: [H, W, C]'")
         if "width" in spec:
             w = spec["width"]
+            if w == "auto":
+                return self.auto_width(doc, spec.lines["width"]), None
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise self.err(spec.lines["width"], f"'width' must be a positive integer, got {w!r}")
+                raise self.err(spec.lines["width"], f"'width' must be a positive integer or 'auto', got {w!r}")
             if w > MAX_WIDTH:
                 raise self.err(spec.lines["width"], f"'width' {w} is over the limit of {MAX_WIDTH} values per row")
             return w, None
@@ -386,6 +449,41 @@ class _Builder:
             raise self.err(spec.lines["shape"], f"'shape' {shape} makes rows of {width} values, over the limit of "
                                                 f"{MAX_WIDTH}")
         return int(width), tuple(shape)
+
+    def auto_width(self, doc, line) -> int:
+        """Check that the structure does not depend on the width; return the width to
+        build at (the bound width, or a probe)."""
+        self.auto = True
+        entries = doc.get("nodes") if isinstance(doc.get("nodes"), list) else []
+        groups = [1]
+        for e in entries:
+            if not isinstance(e, dict) or "base" not in e:
+                refs = e.get("inputs", []) if isinstance(e, dict) else []
+                for r in refs if isinstance(refs, list) else [refs]:
+                    m = _REF.match(str(r))
+                    if m and m.group(2) is not None:
+                        raise self.err(e.lines["inputs"], f"node '{e.get('name')}' refers to '{r}', an index into an "
+                                       "array whose size follows the width; a 'width: auto' skeleton cannot index "
+                                       "its nodes (use dense, conv, pool or each), or give 'width: N'")
+                continue
+            name = e.get("name")
+            if "columns" in e and e["columns"] != "all":
+                raise self.err(e.lines["columns"], f"input node '{name}' picks columns {e['columns']!r}, which needs a "
+                               "fixed width; with 'width: auto' an input node takes all columns (per: all, column or "
+                               "group), or give 'width: N'")
+            if e.get("per") == "pixel":
+                raise self.err(e.lines["per"], f"'per: pixel' in node '{name}' needs an image shape; "
+                               "'width: auto' takes per: all, column or group")
+            g = e.get("group")
+            if isinstance(g, int) and not isinstance(g, bool) and g >= 1:
+                groups.append(g)
+        if self.bind_width is not None:
+            w = int(self.bind_width)
+            if w < 1 or w > MAX_WIDTH:
+                raise self.err(line, f"cannot bind 'width: auto' to {w} columns (1 to {MAX_WIDTH})")
+            return w
+        step = math.lcm(*groups)
+        return step * max(1, -(-AUTO_PROBE_WIDTH // step))
 
     # ------------------------------------------------------------------ entries
     def build_entries(self, entries, line):

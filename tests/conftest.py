@@ -22,6 +22,14 @@ def skeleton_path(name: str) -> str:
     return str(SKELETONS / f"{name}.yaml")
 
 
+def load_shipped(path, auto_width: int = 6):
+    """A shipped skeleton, a 'width: auto' one bound to ``auto_width`` columns."""
+    from rfsgen import load_skeleton
+
+    s = load_skeleton(path)
+    return s if s.bound else s.bind(auto_width)
+
+
 def rows_for(skel, n, seed=0):
     """Valid random rows for any skeleton: each input group's columns get values in its base's domain."""
     rng = np.random.default_rng(seed)

@@ -356,3 +356,24 @@ def test_ctrl_c_during_the_feature_file_write(runner, tmp_path, monkeypatch, cap
     assert res.exit_code == 130 and "interrupted" in res.stderr and res.stderr.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_width_auto_skeleton_from_the_shell(runner, tmp_path):
+    auto = skeleton_path("tabular-auto")
+    res = run(runner, ["skeleton", auto])
+    assert res.exit_code == 0 and "width auto" in res.output
+    res = run(runner, ["skeleton", auto, "--width", "5", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["input_nodes"] == 5
+    res = run(runner, ["sample", auto, "-n", "20", "-o", tmp_path / "f.h5"])
+    assert res.exit_code == 2 and "width: auto" in res.output and "--width N" in res.output
+    assert not (tmp_path / "f.h5").exists()
+    res = run(runner, ["sample", auto, "-n", "20", "--width", "5", "-o", tmp_path / "f.h5", "-q"])
+    assert res.exit_code == 0
+    x = np.random.default_rng(0).standard_normal((6, 5))
+    np.save(tmp_path / "x.npy", x)
+    assert run(runner, ["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5"]).exit_code == 0
+    np.save(tmp_path / "x4.npy", x[:, :4])
+    res = run(runner, ["transform", tmp_path / "f.h5", tmp_path / "x4.npy", "-o", tmp_path / "o4.h5"])
+    assert res.exit_code == 2 and "expects width 5" in res.output
+    res = run(runner, ["kernel", auto, tmp_path / "x4.npy", "-o", tmp_path / "K.npy"])  # binds to the rows
+    assert res.exit_code == 0 and np.load(tmp_path / "K.npy").shape == (6, 6)

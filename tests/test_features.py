@@ -168,12 +168,12 @@ def test_skeletons_feature_sets_activations_and_bases_pickle():
     import glob
     import pickle
 
-    from conftest import ROOT, rows_for
+    from conftest import ROOT, load_shipped, rows_for
     from rfsgen.activations import REGISTRY as ACTIVATIONS
     from rfsgen.activations import make_activation
     from rfsgen.bases import REGISTRY as BASES
 
-    skeletons = [load_skeleton(p) for p in sorted(glob.glob(str(ROOT / "skeletons" / "*.yaml")))]
+    skeletons = [load_shipped(p) for p in sorted(glob.glob(str(ROOT / "skeletons" / "*.yaml")))]
     skeletons += [parse_skeleton(v, k) for k, v in SMALL_SKELETONS.items()]
     for s in skeletons:
         small = any(k in s.path for k in ("coordinate", "binary", "categorical"))

@@ -3,10 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from conftest import DATA, SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
+from conftest import DATA, SKELETONS, SMALL_SKELETONS, load_shipped, rows_for, skeleton_path
 from rfsgen import DataError, InputError, kernel, load_skeleton, parse_skeleton
 
-ALL = [(p.stem, lambda p=p: load_skeleton(p)) for p in sorted(SKELETONS.glob("*.yaml"))] + [
+ALL = [(p.stem, lambda p=p: load_shipped(p)) for p in sorted(SKELETONS.glob("*.yaml"))] + [
     (k, lambda k=k, v=v: parse_skeleton(v, k)) for k, v in SMALL_SKELETONS.items()
 ]
 

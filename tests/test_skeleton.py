@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import ROOT, SKELETONS, SMALL_SKELETONS, skeleton_path
+from conftest import ROOT, SKELETONS, SMALL_SKELETONS, load_shipped, skeleton_path
 from rfsgen import SkeletonError, load_skeleton, parse_skeleton
 from rfsgen.skeleton import InputNode, InternalNode
 
@@ -37,7 +37,7 @@ def test_shallow_structure():
 
 @pytest.mark.parametrize("path", sorted(SKELETONS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_skeletons_parse_and_say_what_they_are(path):
-    s = load_skeleton(path)
+    s = load_shipped(path)
     assert path.read_text().startswith("# "), "each shipped skeleton starts with a comment block"
     assert s.nodes[s.output].id == s.output
     # topological order: children before parents
@@ -195,6 +195,9 @@ def test_fuzzed_skeletons_succeed_or_fail_cleanly():
         try:
             s = parse_skeleton(text, label)
             s.describe()
+            if not s.bound:  # width: auto
+                s = s.bind(7)
+                s.describe()
             if s.width <= 4000 and len(s.nodes) <= 4000:
                 sample(s, 8, seed=1)
                 kernel(s, rows_for(s, 2, seed=1))

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 from click.testing import CliRunner
 
-from conftest import SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
+from conftest import load_shipped, SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
 from reference import column_value
 from rfsgen import DataError, kernel, load_skeleton, parse_skeleton
 from rfsgen.cli import main
@@ -17,7 +17,7 @@ from rfsgen.features import load, save
 from rfsgen.sampler import sample
 from rfsgen.transform import transform
 
-ALL = [(p.stem, lambda p=p: load_skeleton(p)) for p in sorted(SKELETONS.glob("*.yaml"))] + [
+ALL = [(p.stem, lambda p=p: load_shipped(p)) for p in sorted(SKELETONS.glob("*.yaml"))] + [
     (k, lambda k=k, v=v: parse_skeleton(v, k)) for k, v in SMALL_SKELETONS.items()
 ]
 FINITE = {"categorical": 60, "binary": 24, "sphere-coordinate": 20, "categorical-poly": 300}

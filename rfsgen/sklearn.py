@@ -1,0 +1,165 @@
+"""scikit-learn adapter: :class:`SkeletonFeatures`, a transformer for pipelines.
+
+Needs the optional extra ``sklearn`` (``pip install 'rfsgen[sklearn]'``); the rest
+of rfsgen never imports scikit-learn.  Example::
+
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.linear_model import LogisticRegression
+    from rfsgen.sklearn import SkeletonFeatures
+
+    model = make_pipeline(StandardScaler(),
+                          SkeletonFeatures("skeletons/tabular-auto.yaml", n_components=4096, random_state=0),
+                          LogisticRegression(max_iter=1000))
+    model.fit(X_train, y_train)
+
+``fit`` binds the skeleton to the width of ``X`` (for ``input: {width: auto}``
+skeletons), validates ``X`` and samples the feature set (``features_``); ``transform``
+is deterministic: it equals ``rfsgen.transform(self.features_, X)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .errors import UsageError
+from .skeleton import Skeleton, load_skeleton, parse_skeleton
+
+#: The skeleton used when none is given: two ReLU layers (the arc-cosine kernel of
+#: degree 1, composed twice) over each row scaled to unit length.  It has no scale
+#: parameter; standardise the columns first (StandardScaler) so that no column
+#: dominates the row's direction.
+DEFAULT_SKELETON = """\
+rfsgen: 1
+description: two ReLU layers (arc-cosine kernel) over the unit-normalised row
+input: {width: auto}
+nodes:
+  - {name: x, base: sphere, zero: uniform}
+  - {name: hidden, activation: relu, inputs: [x]}
+  - {name: out, activation: relu, inputs: [hidden]}
+"""
+
+_DTYPES = ("float32", "float64")
+
+
+def resolve_skeleton(spec) -> Skeleton:
+    """A :class:`Skeleton` from a ``Skeleton``, YAML text (a string with a newline or
+    starting with ``rfsgen:``), a path, or ``None`` (:data:`DEFAULT_SKELETON`)."""
+    if spec is None:
+        return parse_skeleton(DEFAULT_SKELETON, "<SkeletonFeatures default>")
+    if isinstance(spec, Skeleton):
+        return spec
+    if isinstance(spec, str) and ("\n" in spec or spec.lstrip().startswith("rfsgen:")):
+        return parse_skeleton(spec, "<skeleton text>")
+    if isinstance(spec, (str, os.PathLike)):
+        return load_skeleton(spec)
+    raise UsageError(f"skeleton must be a path, YAML text or rfsgen.Skeleton, not {type(spec).__name__}")
+
+
+def _seed(random_state) -> int:
+    """rfsgen seeds are integers 0 .. 2**63 - 1; an int is used as it is, so
+    ``random_state=1`` samples what ``rfsgen sample --seed 1`` does."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool) and 0 <= random_state < 2**63:
+        return int(random_state)
+    rs = check_random_state(random_state)
+    return int(rs.randint(0, 2**63 - 1, dtype=np.int64))
+
+
+class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Random features of a compositional kernel, as a scikit-learn transformer.
+
+    Parameters
+    ----------
+    skeleton : str, os.PathLike, Skeleton or None
+        A skeleton file, YAML text, or a parsed :class:`rfsgen.Skeleton`.
+        ``input: {width: auto}`` skeletons take the width of ``X`` at fit time.
+        None: :data:`DEFAULT_SKELETON`.
+    n_components : int
+        Number of feature columns D.
+    random_state : int, numpy RandomState or None
+        Seed of the sampler (an int ``s`` samples exactly ``rfsgen sample --seed s``).
+    scheme : {"rfs", "rr", "orf"}
+        The sampling scheme (see ``rfsgen sample --help``).
+    dtype : {"float32", "float64"}
+        Output dtype; inputs of either float dtype are read as they are.
+    sparse_output : bool
+        Return a ``scipy.sparse.csr_matrix`` (exact zeros dropped) instead of an array.
+
+    Attributes
+    ----------
+    features_ : rfsgen.FeatureSet
+        The sampled features (save it with ``rfsgen.save_features``).
+    skeleton_ : rfsgen.Skeleton
+        The skeleton bound to ``n_features_in_`` columns.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str, when fitted on a DataFrame with string column names.
+    """
+
+    def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
+                 sparse_output=False):
+        self.skeleton = skeleton
+        self.n_components = n_components
+        self.random_state = random_state
+        self.scheme = scheme
+        self.dtype = dtype
+        self.sparse_output = sparse_output
+
+    def _check_params(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if isinstance(self.n_components, bool) or not isinstance(self.n_components, (int, np.integer)) \
+                or self.n_components < 1:
+            raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
+
+    def fit(self, X, y=None):
+        """Bind the skeleton to ``X``'s width and sample ``n_components`` features.
+
+        ``X``: array-like or scipy.sparse ``(n_samples, n_features)``, finite values.
+        """
+        from .sampler import sample
+
+        self._check_params()
+        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
+        skel = resolve_skeleton(self.skeleton)
+        try:
+            skel = skel.bind(X.shape[1])
+        except UsageError as e:
+            raise type(e)(f"X has {X.shape[1]} feature(s), which the skeleton cannot take: {e}") from None
+        _check_domain(skel, X)
+        self.skeleton_ = skel
+        self.features_ = sample(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme)
+        return self
+
+    def transform(self, X):
+        """Features of ``X``: float ``(n_samples, n_components)``, dense or CSR."""
+        from .transform import transform
+
+        check_is_fitted(self, "features_")
+        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
+        return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype)
+
+    @property
+    def _n_features_out(self):
+        return self.features_.columns
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = [self.dtype] if self.dtype in _DTYPES else []
+        return tags
+
+
+def _check_domain(skel: Skeleton, X, chunk_rows: int = 4096) -> None:
+    """Raise :class:`rfsgen.DataError` (a ValueError) naming the first row out of a
+    base's domain (a category out of range, an all-zero row for a sphere node)."""
+    from .io import open_input
+    from .kernel import prepare_inputs
+
+    with open_input(X) as src:
+        for row0, block in src.chunks(chunk_rows):
+            prepare_inputs(skel, block, row0, "X")
