@@ -28,7 +28,7 @@ import numpy as np
 from .errors import DataError, InputError, OutputError, OutputExistsError, UsageError
 
 TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
-HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
 
 
 class InputSource:
@@ -48,6 +48,11 @@ class InputSource:
         if not parts:
             return np.zeros((0, self.width))
         return np.concatenate(parts).astype(np.float64, copy=False)
+
+    def row_names(self, start: int, stop: int):
+        """Names of rows ``start:stop`` (list of str) when the input has them (the
+        ``obs`` index of an ``.h5ad``), else None."""
+        return None
 
     def close(self):
         pass
@@ -225,15 +230,88 @@ def _is_number(s: str) -> bool:
 
 def _split_spec(spec: str):
     """``path[:key]`` -> (path, key or None), only splitting at a known container suffix."""
-    m = re.match(r"^(.*?\.(?:npz|h5|hdf5|hdf))(?::(.+))?$", spec, flags=re.IGNORECASE)
+    m = re.match(r"^(.*?\.(?:npz|h5ad|h5|hdf5|hdf))(?::(.+))?$", spec, flags=re.IGNORECASE)
     if m and (m.group(2) is not None or os.path.exists(m.group(1))):
         return m.group(1), m.group(2)
     return spec, None
 
 
+class CsrRowsSource(InputSource):
+    """Rows of a CSR matrix held as three sliceable parts (numpy arrays, h5py datasets,
+    or members of a ``.npz`` read in order): each chunk reads its slice of ``indptr``,
+    ``data`` and ``indices`` and is densified alone, so memory follows the chunk,
+    never the whole matrix.  Duplicate entries add up, as in scipy."""
+
+    def __init__(self, name: str, shape, indptr, data, indices, closer=None, row_names=None):
+        self.name = name
+        self.n_rows, self.width = (int(v) for v in shape)
+        self.indptr, self.data, self.indices = indptr, data, indices
+        self._closer = closer
+        self._row_names = row_names
+        for part, what in ((data, "data"), (indices, "indices"), (indptr, "indptr")):
+            if part.ndim != 1:
+                raise InputError(f"{name}: the sparse matrix's '{what}' is not 1-D; rewrite it with scipy or anndata")
+        if data.dtype.kind not in "iuf":
+            raise InputError(f"{name}: the sparse matrix has dtype {data.dtype}, not real numbers; convert it")
+        if indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
+            raise InputError(f"{name}: the sparse matrix's indices are not integers; rewrite it with scipy or anndata")
+        if indptr.shape[0] != self.n_rows + 1:
+            raise InputError(f"{name}: the sparse matrix's indptr has {indptr.shape[0]} entries for {self.n_rows} rows "
+                             "(a CSR matrix has rows + 1); the file is damaged or not CSR")
+
+    def chunks(self, chunk_rows, start=0, stop=None):
+        stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        dtype = np.float32 if self.data.dtype == np.float32 else np.float64
+        for a in range(start, stop, chunk_rows):
+            b = min(a + chunk_rows, stop)
+            ptr = np.asarray(self.indptr[a:b + 1], dtype=np.int64)
+            lo, hi = int(ptr[0]), int(ptr[-1])
+            if np.any(np.diff(ptr) < 0) or lo < 0 or hi > self.data.shape[0] or hi > self.indices.shape[0]:
+                raise InputError(f"{self.name}: rows {a}:{b}: the sparse matrix's indptr is not increasing or points "
+                                 "past its data; the file is damaged")
+            cols = np.asarray(self.indices[lo:hi], dtype=np.int64)
+            vals = np.asarray(self.data[lo:hi])
+            if cols.size and (cols.min() < 0 or cols.max() >= self.width):
+                r = a + int(np.searchsorted(ptr, lo + int(np.argmax((cols < 0) | (cols >= self.width))), "right")) - 1
+                raise InputError(f"{self.name}: row {r}: a column index is outside 0..{self.width - 1}; "
+                                 "the file is damaged")
+            block = np.zeros((b - a, self.width), dtype=dtype)
+            rows = np.repeat(np.arange(b - a), np.diff(ptr))
+            if _has_duplicates(ptr, cols):
+                np.add.at(block, (rows, cols), vals.astype(dtype, copy=False))
+            else:
+                block[rows, cols] = vals
+            yield a, block
+
+    def row_names(self, start: int, stop: int):
+        return None if self._row_names is None else self._row_names(start, stop)
+
+    def close(self):
+        if self._closer:
+            self._closer()
+            self._closer = None
+
+
+def _has_duplicates(ptr, cols) -> bool:
+    """True if some row lists a column twice (then values must add up, not overwrite)."""
+    if cols.size < 2:
+        return False
+    d = np.diff(cols)
+    inner = np.ones(cols.size - 1, dtype=bool)
+    starts = (ptr[1:-1] - ptr[0]).astype(np.int64)  # a row boundary between k-1 and k
+    starts = starts[(starts > 0) & (starts < cols.size)]
+    inner[starts - 1] = False
+    if (d[inner] > 0).all():
+        return False  # sorted and unique within every row: the common case
+    keyed = np.repeat(np.arange(ptr.size - 1), np.diff(ptr)) * (cols.max() + 1) + cols
+    return np.unique(keyed).size != keyed.size
+
+
 class SparseSource(InputSource):
-    """Rows of a ``scipy.sparse`` matrix or array (any format), densified one chunk at a
-    time: memory follows the chunk, never the whole matrix."""
+    """Rows of an in-memory ``scipy.sparse`` matrix or array.  CSR is read through
+    :class:`CsrRowsSource`; other formats that slice by rows (CSC, LIL, DOK) are
+    converted one chunk of rows at a time, and COO, DIA and BSR, which do not, to CSR
+    once (a copy of the nonzeros, never dense)."""
 
     def __init__(self, matrix, name: str):
         import scipy.sparse as sp
@@ -242,11 +320,18 @@ class SparseSource(InputSource):
             raise InputError(f"{name}: a sparse input must be 2-D, got shape {matrix.shape}")
         if matrix.dtype.kind not in "iuf":
             raise InputError(f"{name}: has dtype {matrix.dtype}, not real numbers; convert it")
-        self.matrix = matrix if matrix.format == "csr" else sp.csr_matrix(matrix)
+        if matrix.format not in ("csr", "csc", "lil", "dok"):  # coo, dia, bsr do not slice rows
+            matrix = sp.csr_matrix(matrix)
+        self.matrix = matrix
         self.name = name
         self.n_rows, self.width = (int(v) for v in matrix.shape)
+        self._csr = CsrRowsSource(name, matrix.shape, matrix.indptr, matrix.data, matrix.indices) \
+            if matrix.format == "csr" else None
 
     def chunks(self, chunk_rows, start=0, stop=None):
+        if self._csr is not None:
+            yield from self._csr.chunks(chunk_rows, start, stop)
+            return
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
@@ -327,12 +412,21 @@ def open_input(spec, stdin=None) -> InputSource:
     )
 
 
+#: Members of a ``scipy.sparse.save_npz`` archive holding a CSR matrix.
+SCIPY_CSR_KEYS = {"format", "shape", "data", "indices", "indptr"}
+
+
 def _open_npz(p: Path, key):
     try:
         z = np.load(p, allow_pickle=False)
     except Exception as e:  # zipfile/pickle errors vary
         raise InputError(f"{p}: not a readable .npz archive ({e})") from None
     keys = list(z.files)
+    if key is None and {"format", "shape", "data"} <= set(keys):  # scipy.sparse.save_npz
+        try:
+            return _open_scipy_npz(p, z)
+        finally:
+            z.close()
     if key is None:
         if len(keys) != 1:
             z.close()
@@ -351,28 +445,159 @@ def _open_npz(p: Path, key):
     return ArraySource(arr, f"{p}:{key}")
 
 
+def _open_scipy_npz(p: Path, z):
+    """A matrix written by ``scipy.sparse.save_npz``.  CSR is streamed: ``indptr`` is
+    read whole (8 bytes a row), ``data`` and ``indices`` a chunk at a time from the
+    archive; other formats are loaded as they are (their nonzeros, never dense)."""
+    import zipfile
+
+    try:
+        fmt = z["format"].item()
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        shape = tuple(int(v) for v in z["shape"])
+    except Exception:
+        raise InputError(f"{p}: looks like a scipy.sparse archive but its 'format'/'shape' are unreadable; "
+                         "rewrite it with scipy.sparse.save_npz") from None
+    if len(shape) != 2:
+        raise InputError(f"{p}: holds a sparse matrix of shape {shape}; rows need a 2-D matrix")
+    if fmt != "csr":
+        import scipy.sparse as sp
+
+        try:
+            m = sp.load_npz(p)
+        except Exception as e:
+            raise InputError(f"{p}: not a readable scipy.sparse archive ({' '.join(str(e).split())[:160]})") from None
+        return SparseSource(m, str(p))
+    if not SCIPY_CSR_KEYS <= set(z.files):
+        raise InputError(f"{p}: a CSR archive needs {', '.join(sorted(SCIPY_CSR_KEYS))}; rewrite it with "
+                         "scipy.sparse.save_npz")
+    indptr = z["indptr"]
+    zf = zipfile.ZipFile(p)
+    try:
+        data = _NpyMember(zf, "data.npy", p)
+        indices = _NpyMember(zf, "indices.npy", p)
+    except BaseException:
+        zf.close()
+        raise
+    return CsrRowsSource(str(p), shape, indptr, data, indices, closer=zf.close)
+
+
+class _NpyMember:
+    """A 1-D ``.npy`` member of a zip archive read forwards in slices, so that a
+    compressed member is never decompressed whole.  Slices must not go backwards."""
+
+    def __init__(self, zf, member: str, path):
+        from numpy.lib import format as npformat
+
+        self.path = path
+        try:
+            self.stream = zf.open(member)
+            version = npformat.read_magic(self.stream)
+            reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            shape, _fortran, self.dtype = reader(self.stream)
+        except Exception as e:
+            raise InputError(f"{path}: member {member} is not a readable .npy array "
+                             f"({' '.join(str(e).split())[:120]})") from None
+        if self.dtype.hasobject:
+            raise InputError(f"{path}: member {member} holds Python objects, not numbers")
+        self.shape = tuple(shape)
+        self.ndim = len(shape)
+        self.pos = 0
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b = sl.start, sl.stop
+        if a < self.pos:
+            raise InputError(f"{self.path}: a compressed archive is read forwards only")
+        size = self.dtype.itemsize
+        if a > self.pos:
+            self.stream.seek((a - self.pos) * size, 1)
+        buf = self.stream.read((b - a) * size)
+        if len(buf) != (b - a) * size:
+            raise InputError(f"{self.path}: the archive ended early (truncated?); re-create it")
+        self.pos = b
+        return np.frombuffer(buf, dtype=self.dtype)
+
+
+def _encoding(obj) -> str:
+    v = obj.attrs.get("encoding-type", "")
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
 def _open_h5(p: Path, key):
+    """An HDF5 dataset, or a CSR group in the anndata encoding (``encoding-type:
+    csr_matrix`` with data, indices, indptr).  ``file.h5ad`` alone means its ``X``."""
     import h5py
 
     try:
         f = h5py.File(p, "r")
     except OSError:
         raise InputError(f"{p}: not a readable HDF5 file") from None
-    names = []
-    f.visititems(lambda n, o: names.append("/" + n) if isinstance(o, h5py.Dataset) else None)
-    if key is None:
-        if len(names) != 1:
-            f.close()
-            raise InputError(f"{p}: holds {len(names)} datasets ({', '.join(names[:6])}); choose one as {p}:/PATH")
-        key = names[0]
-    if key not in f or not isinstance(f[key], h5py.Dataset):
-        f.close()
-        raise InputError(f"{p}: has no dataset '{key}' (available: {', '.join(names[:6]) or 'none'})")
     try:
-        return ArraySource(f[key], f"{p}:{key}", closer=f.close)
-    except UsageError:
+        if key is None and p.suffix.lower() == ".h5ad":
+            key = "/X"
+        names = []
+
+        def visit(n, o):
+            if isinstance(o, h5py.Group) and _encoding(o).endswith("_matrix"):
+                names.append("/" + n)
+            elif isinstance(o, h5py.Dataset) and not _encoding(o.parent).endswith("_matrix"):
+                names.append("/" + n)
+
+        f.visititems(visit)
+        if key is None:
+            if len(names) != 1:
+                raise InputError(f"{p}: holds {len(names)} datasets ({', '.join(names[:6])}); choose one as {p}:/PATH")
+            key = names[0]
+        obj = f.get(key)
+        if isinstance(obj, h5py.Group) and _encoding(obj) == "csr_matrix":
+            src = _h5_csr(f, obj, p, key)
+        elif isinstance(obj, h5py.Group) and _encoding(obj).endswith("_matrix"):
+            raise InputError(f"{p}:{key}: is a {_encoding(obj)}; rfsgen reads rows, so it needs CSR (in Python: "
+                             "adata.X = adata.X.tocsr(), then write it again)")
+        elif isinstance(obj, h5py.Dataset):
+            src = ArraySource(obj, f"{p}:{key}", closer=f.close)
+            names = _obs_names(f, p, key, obj.shape[0] if obj.ndim else 0)
+            if names is not None:
+                src.row_names = names
+        else:
+            raise InputError(f"{p}: has no dataset or CSR group '{key}' (available: {', '.join(names[:6]) or 'none'})")
+        return src
+    except BaseException:
         f.close()
         raise
+
+
+def _h5_csr(f, g, p, key):
+    import h5py
+
+    for part in ("data", "indices", "indptr"):
+        if not isinstance(g.get(part), h5py.Dataset):
+            raise InputError(f"{p}:{key}: the CSR group has no '{part}' dataset; the file is damaged")
+    shape = g.attrs.get("shape")
+    if shape is None or len(shape) != 2:
+        raise InputError(f"{p}:{key}: the CSR group has no 2-D 'shape' attribute; rewrite it with anndata")
+    names = _obs_names(f, p, key, int(shape[0]))
+    return CsrRowsSource(f"{p}:{key}", shape, g["indptr"], g["data"], g["indices"], closer=f.close, row_names=names)
+
+
+def _obs_names(f, p, key, n_rows):
+    """For an AnnData file's X or layers: a reader of the ``obs`` index (row names),
+    ``(start, stop) -> list[str]``; None when the file has none that fits."""
+    if not (key in ("/X", "X") or key.lstrip("/").startswith("layers/")):
+        return None
+    obs = f.get("obs")
+    if obs is None or _encoding(obs) != "dataframe":
+        return None
+    index = obs.attrs.get("_index")
+    index = index.decode() if isinstance(index, bytes) else index
+    ds = obs.get(str(index)) if index else None
+    if ds is None or not hasattr(ds, "shape") or ds.shape != (n_rows,) or ds.dtype.kind not in "OSU":
+        return None
+
+    def read(start, stop):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[start:stop]]
+
+    return read
 
 
 def _open_stdin(stream) -> InputSource:

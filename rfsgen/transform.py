@@ -30,6 +30,7 @@ import scipy.sparse as sp
 
 from .errors import DataError, UsageError
 from .features import FeatureSet
+from .h5ad import mark_csr, mark_dense, mark_root, write_index
 from .kernel import prepare_inputs
 from .skeleton import InputNode
 
@@ -450,6 +451,7 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
                 n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress,
                                      sink)
                 with deferred():
+                    _write_annotations(f, src, start, n_rows, D, layout)
                     f.attrs["rfsgen_version"] = __version__
                     f.attrs["features_file"] = str(features)
                     f.attrs["features_sha256"] = sha.hexdigest()
@@ -460,6 +462,22 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
                     f.attrs["layout"] = layout
             sink.check()
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+
+
+def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> None:
+    """What makes the output an AnnData file: encodings, ``obs`` (the input's row
+    names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
+    their rows' names) and ``var`` (column numbers)."""
+    if layout == "dense":
+        mark_dense(f["X"])
+    mark_root(f)
+    src_names = None
+    probe = src.row_names(start, start)
+    if probe is not None:
+        def src_names(a, b):
+            return src.row_names(start + a, start + b)
+    write_index(f, "obs", n_rows, src_names, first=start)
+    write_index(f, "var", columns, None)
 
 
 def _overlapped(chunks, put, progress) -> int:
@@ -663,7 +681,5 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     indptr = np.concatenate(indptr_parts)
     kw = {} if compression == "none" else {"compression": compression}
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)
-    g.attrs["encoding-type"] = "csr_matrix"
-    g.attrs["encoding-version"] = "0.1.0"
-    g.attrs["shape"] = np.array([n_rows, D], dtype=np.int64)
+    mark_csr(g, (n_rows, D))
     return n_rows, nnz

@@ -68,7 +68,7 @@ def test_open_errors(tmp_path, table):
         read(f"{tmp_path}/b.npz:nope")
     with h5py.File(tmp_path / "c.h5", "w") as f:
         f.create_dataset("x", data=table)
-    with pytest.raises(InputError, match="has no dataset '/y' \\(available: /x\\)"):
+    with pytest.raises(InputError, match="has no dataset or CSR group '/y' \\(available: /x\\)"):
         read(f"{tmp_path}/c.h5:/y")
     with pytest.raises(InputError, match="no such input file"):
         read(tmp_path / "missing.npy")
@@ -266,3 +266,109 @@ def test_safe_file_records_write_errors_instead_of_raising(tmp_path, monkeypatch
         assert f.write(b"defg") == 4  # HDF5 is told it worked...
         with pytest.raises(OSError, match="No space left"):  # ...rfsgen is not
             f.check()
+
+
+def _sparse_table(n=40, width=6, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, width))
+    x[np.abs(x) < 0.9] = 0.0
+    return x
+
+
+def _chunks(spec, chunk_rows, start=0, stop=None):
+    with open_input(spec) as src:
+        parts = [b for _, b in src.chunks(chunk_rows, start, stop)]
+        return np.concatenate(parts), src
+
+
+def test_sparse_inputs_read_like_their_dense_form(tmp_path):
+    """scipy.sparse in memory (every format), save_npz archives and anndata CSR groups
+    give the same float64 rows as the dense array, chunk by chunk, for any chunk size."""
+    import scipy.sparse as sp
+
+    x = _sparse_table()
+    sp.save_npz(tmp_path / "csr.npz", sp.csr_matrix(x))
+    sp.save_npz(tmp_path / "csr-raw.npz", sp.csr_array(x), compressed=False)
+    sp.save_npz(tmp_path / "csc.npz", sp.csc_matrix(x))
+    sp.save_npz(tmp_path / "coo.npz", sp.coo_matrix(x))
+    m = sp.csr_matrix(x)
+    with h5py.File(tmp_path / "a.h5ad", "w") as f:
+        g = f.create_group("X")
+        g.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": [40, 6]})
+        for k in ("data", "indices", "indptr"):
+            g.create_dataset(k, data=getattr(m, k))
+        g2 = f.create_group("layers/counts")
+        g2.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": [40, 6]})
+        for k in ("data", "indices", "indptr"):
+            g2.create_dataset(k, data=getattr(sp.csr_matrix(2 * x), k))
+    specs = [tmp_path / "csr.npz", tmp_path / "csr-raw.npz", tmp_path / "csc.npz", tmp_path / "coo.npz",
+             tmp_path / "a.h5ad", f"{tmp_path}/a.h5ad:/X"]
+    specs += [sp.csr_matrix(x).asformat(f) for f in ("csr", "csc", "coo", "lil", "dok", "bsr", "dia")]
+    specs += [sp.csr_array(x).asformat(f) for f in ("csr", "csc", "coo")]
+    for spec in specs:
+        for chunk in (1, 7, 100):
+            got, src = _chunks(spec, chunk)
+            assert got.dtype == np.float64 and got.tobytes() == x.tobytes(), (spec, chunk)
+        got, _ = _chunks(spec, 4, 9, 30)
+        assert got.tobytes() == x[9:30].tobytes(), spec
+    got, _ = _chunks(f"{tmp_path}/a.h5ad:/layers/counts", 5)
+    assert got.tobytes() == (2 * x).tobytes()
+    f32 = sp.csr_matrix(x.astype(np.float32))
+    assert _chunks(f32, 8)[0].tobytes() == x.astype(np.float32).tobytes()  # float32 stays float32
+
+
+def test_h5ad_row_names_and_plain_h5_csr_group(tmp_path):
+    import scipy.sparse as sp
+
+    x = _sparse_table(n=5)
+    m = sp.csr_matrix(x)
+    with h5py.File(tmp_path / "a.h5ad", "w") as f:
+        g = f.create_group("X")
+        g.attrs.update({"encoding-type": "csr_matrix", "shape": [5, 6]})
+        for k in ("data", "indices", "indptr"):
+            g.create_dataset(k, data=getattr(m, k))
+        obs = f.create_group("obs")
+        obs.attrs.update({"encoding-type": "dataframe", "_index": "_index"})
+        obs.create_dataset("_index", data=np.array([f"cell-{i}" for i in range(5)], dtype=object),
+                           dtype=h5py.string_dtype())
+    with open_input(tmp_path / "a.h5ad") as src:
+        assert src.row_names(1, 3) == ["cell-1", "cell-2"]
+    with h5py.File(tmp_path / "b.h5", "w") as f:  # the only matrix in a plain HDF5 file: found without a key
+        g = f.create_group("m")
+        g.attrs.update({"encoding-type": "csr_matrix", "shape": [5, 6]})
+        for k in ("data", "indices", "indptr"):
+            g.create_dataset(k, data=getattr(m, k))
+    with open_input(tmp_path / "b.h5") as src:
+        assert src.name.endswith("b.h5:/m") and src.row_names(0, 5) is None
+        assert src.read().tobytes() == x.tobytes()
+
+
+def test_sparse_input_errors(tmp_path):
+    import scipy.sparse as sp
+
+    x = _sparse_table(n=6)
+    m = sp.csr_matrix(x)
+
+    def h5(name, attrs, parts):
+        with h5py.File(tmp_path / name, "w") as f:
+            g = f.create_group("X")
+            g.attrs.update(attrs)
+            for k, v in parts.items():
+                g.create_dataset(k, data=v)
+        return tmp_path / name
+
+    good = {"data": m.data, "indices": m.indices, "indptr": m.indptr}
+    csr = {"encoding-type": "csr_matrix", "shape": [6, 6]}
+    cases = {
+        h5("csc.h5ad", {"encoding-type": "csc_matrix", "shape": [6, 6]}, good): r"is a csc_matrix; .* needs CSR",
+        h5("missing.h5ad", csr, {"data": m.data, "indptr": m.indptr}): "has no 'indices' dataset",
+        h5("ptr.h5ad", csr, dict(good, indptr=m.indptr[:-1])): "indptr has 6 entries for 6 rows",
+        h5("back.h5ad", csr, dict(good, indptr=m.indptr[::-1].copy())): "not increasing",
+        h5("col.h5ad", csr, dict(good, indices=m.indices + 3)): r"row \d: a column index is outside 0..5",
+        h5("str.h5ad", csr, dict(good, data=np.array([b"a"] * m.nnz))): "not real numbers",
+    }
+    for path, msg in cases.items():
+        with pytest.raises(InputError, match=msg):
+            read(path)
+    np.savez(tmp_path / "fake.npz", format=np.array("csr"), shape=np.array([6, 6]), data=m.data)
+    with pytest.raises(InputError, match="a CSR archive needs data, format, indices, indptr, shape"):
+        read(tmp_path / "fake.npz")

@@ -1,0 +1,58 @@
+"""AnnData's on-disk encoding, written with h5py (anndata itself is not needed).
+
+A transform output is an ``.h5ad``-compatible HDF5 file: ``X`` (a ``csr_matrix``
+group or a dense ``array``), ``obs`` and ``var`` dataframes holding only their string
+index (row names, and column numbers ``"0" .. "D-1"``), and empty ``uns``/``obsm``/...
+dicts, with rfsgen's provenance attributes at the root.  ``anndata.read_h5ad`` opens
+it, also in backed mode.  See https://anndata.readthedocs.io (on-disk format).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+#: Names are written in blocks of this many, so memory does not grow with the rows.
+NAME_BLOCK = 1 << 16
+
+_EMPTY_DICTS = ("layers", "obsm", "obsp", "uns", "varm", "varp")
+
+
+def _enc(obj, kind: str, version: str) -> None:
+    obj.attrs["encoding-type"] = kind
+    obj.attrs["encoding-version"] = version
+
+
+def mark_root(f) -> None:
+    """Root attributes and the empty mappings anndata writes beside X, obs and var."""
+    _enc(f, "anndata", "0.1.0")
+    for name in _EMPTY_DICTS:
+        _enc(f.create_group(name), "dict", "0.1.0")
+
+
+def mark_dense(ds) -> None:
+    _enc(ds, "array", "0.2.0")
+
+
+def mark_csr(group, shape) -> None:
+    _enc(group, "csr_matrix", "0.1.0")
+    group.attrs["shape"] = np.asarray(shape, dtype=np.int64)
+
+
+def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, first: int = 0) -> None:
+    """A dataframe group ``name`` (``obs`` or ``var``) with ``n`` string index values:
+    ``names(a, b)`` for entries ``a:b`` when given, else the numbers
+    ``first .. first + n - 1`` as strings."""
+    import h5py
+
+    g = f.create_group(name)
+    _enc(g, "dataframe", "0.2.0")
+    g.attrs["_index"] = "_index"
+    g.attrs["column-order"] = np.array([], dtype=np.float64)
+    ds = g.create_dataset("_index", shape=(n,), dtype=h5py.string_dtype("utf-8"), track_times=False)
+    _enc(ds, "string-array", "0.2.0")
+    for a in range(0, n, NAME_BLOCK):
+        b = min(n, a + NAME_BLOCK)
+        block = names(a, b) if names is not None else [str(i) for i in range(first + a, first + b)]
+        ds[a:b] = np.array(block, dtype=object)
