@@ -471,13 +471,18 @@ def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: st
     if layout == "dense":
         mark_dense(f["X"])
     mark_root(f)
-    src_names = None
-    probe = src.row_names(start, start)
-    if probe is not None:
-        def src_names(a, b):
-            return src.row_names(start + a, start + b)
-    write_index(f, "obs", n_rows, src_names, first=start)
+    names = None
+    if src.row_names(start, start) is not None:  # the input has row names
+        names = _offset_names(src, start)
+    write_index(f, "obs", n_rows, names, first=start)
     write_index(f, "var", columns, None)
+
+
+def _offset_names(src, start):
+    def names(a, b):
+        return src.row_names(start + a, start + b)
+
+    return names
 
 
 def _overlapped(chunks, put, progress) -> int:
