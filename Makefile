@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO   := demo-output
 
-.PHONY: test test-fast demo bench reproduce clean
+.PHONY: test test-fast demo bench learn reproduce clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,5 +37,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python tests/bench/bench.py --out bench-output
 
+learn: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python tests/learn/estimator.py --out learn-output
+
 clean:
-	rm -rf $(VENV) $(DEMO) bench-output reproduce-output build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output build *.egg-info .pytest_cache

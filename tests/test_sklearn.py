@@ -179,3 +179,23 @@ def test_width_auto_feature_file_round_trip(tmp_path):
     # The kernel binds a width-auto skeleton to the rows it is given.
     k = rfsgen.kernel(rfsgen.load_skeleton(AUTO), x)
     assert k.shape == (50, 50) and np.allclose(np.diag(k), 1.0)
+
+
+def test_the_core_imports_no_optional_extra():
+    """The adapters sit above the core: using the core loads neither scikit-learn,
+    anndata, pandas nor dask."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, numpy as np, scipy.sparse as sp
+import rfsgen, rfsgen.cli, rfsgen.approx, rfsgen.h5ad, rfsgen.io, rfsgen.kernel, rfsgen.schemes
+s = rfsgen.load_skeleton(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((5, 3))
+rfsgen.transform(rfsgen.sample(s.bind(3), 16, seed=0), sp.csr_matrix(x))
+rfsgen.kernel(s, x)
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'anndata', 'pandas', 'dask', 'distributed'))
+print(bad)
+"""
+    res = subprocess.run([sys.executable, "-c", code, AUTO], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout
