@@ -414,12 +414,9 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     :func:`rfsgen.io.shard_rows`) select part of the input.  Returns a summary dict
     (rows, columns, nnz, output).
     """
-    import h5py
-
     from . import __version__
     from .features import load
-    from ._signals import deferred
-    from .io import SafeFile, atomic_path, check_width, open_input, parse_rows, resolve_rows, shard_rows
+    from .io import check_width, open_input, parse_rows, resolve_rows, shard_rows
 
     _check_options(layout, dtype, compression)
     if chunk_rows is not None and chunk_rows < 1:
@@ -428,39 +425,59 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
     fs = load(features)
-    sha = hashlib.sha256()
-    with open(features, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            sha.update(block)
     tr = Transformer(fs, DTYPES[dtype])
-    chunk_rows = chunk_rows or default_chunk_rows(fs.columns)
-    np_dtype = np.dtype(DTYPES[dtype])
-    D = fs.columns
     with open_input(input, stdin=stdin) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
         if shard is not None:
             start, stop = shard_rows(shard, src.n_rows, src.name)
         else:
             start, stop = resolve_rows(rows, src.n_rows, src.name)
-        if progress is not None and hasattr(progress, "phase"):
-            progress.phase("transform", None if stop is None else stop - start)
-        with atomic_path(output, overwrite, inputs=[features, input]) as tmp, SafeFile(tmp) as sink:
-            # HDF5 writes through SafeFile: a full disk is reported by sink.check()
-            # after each block and at the end, never inside HDF5 (where h5py crashes).
-            with h5py.File(sink, "w", libver="earliest") as f:
-                n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress,
-                                     sink)
-                with deferred():
-                    _write_annotations(f, src, start, n_rows, D, layout)
-                    f.attrs["rfsgen_version"] = __version__
-                    f.attrs["features_file"] = str(features)
-                    f.attrs["features_sha256"] = sha.hexdigest()
-                    f.attrs["input"] = src.name
-                    f.attrs["rows_start"] = start
-                    f.attrs["rows_stop"] = start + n_rows
-                    f.attrs["columns"] = D
-                    f.attrs["layout"] = layout
-            sink.check()
+        provenance = {"rfsgen_version": __version__, "features_file": str(features),
+                      "features_sha256": file_sha256(features), "input": src.name}
+        return write_output(output, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
+                            chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
+                            provenance=provenance)
+
+
+def file_sha256(path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write_output(output, tr, src, start, stop, *, layout, dtype, compression, chunk_rows, overwrite, inputs, progress,
+                 provenance: dict) -> dict:
+    """Write rows ``start:stop`` of ``src`` through ``tr`` (anything with ``columns``
+    and ``chunks`` like :class:`Transformer`) into the HDF5/AnnData file ``output``,
+    atomically.  ``provenance`` holds the root attributes rfsgen_version,
+    features_file, features_sha256 and input (written in that order, then
+    rows_start, rows_stop, columns, layout).  Returns a summary dict."""
+    import h5py
+
+    from ._signals import deferred
+    from .io import SafeFile, atomic_path
+
+    chunk_rows = chunk_rows or default_chunk_rows(tr.columns)
+    np_dtype = np.dtype(DTYPES[dtype])
+    D = tr.columns
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase("transform" if isinstance(tr, Transformer) else "merge", None if stop is None else stop - start)
+    with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
+        # HDF5 writes through SafeFile: a full disk is reported by sink.check()
+        # after each block and at the end, never inside HDF5 (where h5py crashes).
+        with h5py.File(sink, "w", libver="earliest") as f:
+            n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink)
+            with deferred():
+                _write_annotations(f, src, start, n_rows, D, layout)
+                for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
+                    f.attrs[key] = provenance[key]
+                f.attrs["rows_start"] = start
+                f.attrs["rows_stop"] = start + n_rows
+                f.attrs["columns"] = D
+                f.attrs["layout"] = layout
+        sink.check()
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
 
 

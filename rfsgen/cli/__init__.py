@@ -1,0 +1,128 @@
+"""The ``rfsgen`` command line: thin wrappers over the library, one module per command.
+
+Each command parses options, makes one library call and translates
+:class:`~rfsgen.errors.RfsgenError` into a one-line message on stderr with exit
+code 2 (usage) or 1 (runtime).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import RfsgenError
+
+
+def _fail(message: str, code: int):
+    click.echo(f"rfsgen: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _stdout_closed():
+    """The reader of stdout went away (``| head``): stop quietly, as a program killed by
+    SIGPIPE would (exit 141), without Python's complaint when it flushes at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(141)
+
+
+def translate_errors(fn):
+    """Map library errors, interruptions and closed pipes to one-line messages and exit codes:
+    usage errors 2, runtime errors 1, Ctrl-C 130, SIGTERM 143, SIGHUP 129, closed stdout 141."""
+    from .._signals import Terminated
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RfsgenError as e:
+            _fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted; no output was written", 130)
+        except Terminated as t:
+            _fail(f"terminated by {t.name}; no output was written", t.exit_code)
+        except BrokenPipeError:
+            _stdout_closed()
+
+    return wrapper
+
+
+class _Progress:
+    """A tqdm bar on stderr, silent when stderr is not a terminal or with --quiet.
+
+    The library reports work with ``progress(n)`` and may announce a total or a new
+    phase (e.g. sampling, then writing the file) with ``progress.phase(name, total)``.
+    """
+
+    def __init__(self, total, unit, quiet, desc):
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+
+    def __call__(self, n):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def phase(self, name, total):
+        if self.bar is not None:
+            self.bar.reset(total=total)
+            self.bar.set_description(name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _emit_json(obj):
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
+
+
+class _Group(click.Group):
+    """Click's usage errors (unknown options, bad values) as one line, exit code 2."""
+
+    def main(self, args=None, prog_name=None, **kwargs):
+        from ..errors import one_line
+
+        kwargs.pop("standalone_mode", None)
+        try:
+            return super().main(args, prog_name, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            _fail(one_line(e.format_message()) + where, 2)
+        except click.Abort:
+            _fail("interrupted; no output was written", 130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rfsgen")
+def main():
+    """Random features for compositional kernels.
+
+    \b
+    Describe a kernel as a YAML computation skeleton, then:
+      rfsgen skeleton skeletons/cifar-deep.yaml           # validate and describe
+      rfsgen kernel skeletons/cifar-deep.yaml rows.npy -o K.npy
+      rfsgen sample skeletons/cifar-deep.yaml -n 10000 --seed 1 -o feats.h5
+      rfsgen transform feats.h5 rows.npy -o out.h5
+    """
+
+
+# One module per command (as rasterio's rio does); importing them registers the commands.
+from . import approx, inspect, kernel, merge, sample, skeleton, transform  # noqa: E402,F401  (pyflakes: registers)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,43 @@
+"""``rfsgen inspect``."""
+
+from __future__ import annotations
+
+import click
+
+from . import main, translate_errors, _emit_json
+
+
+@main.command("inspect")
+@click.argument("features", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output with stable keys.")
+@translate_errors
+def inspect_cmd(features, as_json):
+    """Summarise a feature file: columns, draws, dedup ratio, terms, node usage.
+
+    \b
+    Example:
+      rfsgen inspect feats.h5 --json
+    """
+    from ..features import describe, load
+
+    info = describe(load(features), features)
+    if as_json:
+        _emit_json(info)
+        return
+    rows = [
+        ("file", f"{info['path']} ({info['file_bytes']} bytes, {info['bytes_per_column']:.2f} bytes/column)"),
+        ("skeleton", info["skeleton"]),
+        ("sampler", f"scheme {info['scheme']}, seed {info['seed']}, rfsgen {info['tool_version']}"),
+        ("columns", f"{info['columns']} ({info['kinds']['real']} real, {info['kinds']['cos']} cos, {info['kinds']['sin']} sin)"),
+        ("features", f"{info['features']} distinct term sets"),
+        ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
+        ("constant", f"weight {info['constant_weight']:.6f}"),
+        ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
+        ("factors", f"mean {info['mean_factors_per_draw']:.4f} per draw before combining; C(S) = {info['complexity']:.4g}"),
+        ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)),
+        ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
+         + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
+        ("command", info["command"]),
+    ]
+    for k, v in rows:
+        click.echo(f"{k:<12} {v}")

@@ -1,0 +1,39 @@
+"""``rfsgen merge``."""
+
+from __future__ import annotations
+
+import click
+
+from . import _Progress, main, translate_errors
+
+
+@main.command("merge")
+@click.argument("shards", nargs=-1, required=True, metavar="SHARD.h5...")
+@click.option("-o", "--output", required=True, help="The merged HDF5/AnnData file.")
+@click.option("--virtual", is_flag=True,
+              help="Dense shards only: make X an HDF5 virtual dataset over the shards instead of copying them. "
+                   "The shards must then stay where they are (paths are stored relative to OUTPUT's directory).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@translate_errors
+def merge_cmd(shards, output, virtual, overwrite, quiet):
+    """Merge transform shards (from --rows or --shard) back into one file.
+
+    Checks that the shards come from one feature file, one input, one layout
+    and dtype, and that their row ranges meet with no gap or overlap (in any
+    argument order).  The result is identical, dataset by dataset and attribute
+    by attribute, to one 'rfsgen transform' over the whole range.
+
+    \b
+    Example:
+      rfsgen merge part-*.h5 -o all.h5
+      rfsgen merge part-*.h5 -o all.h5 --virtual     # dense shards, no copy
+    """
+    from ..merge import merge_files
+
+    with _Progress(None, "rows", quiet, "merge") as bar:
+        info = merge_files(list(shards), output, virtual=virtual, overwrite=overwrite, progress=bar)
+    if not quiet:
+        note = "; X reads the shards in place: keep them where they are" if virtual else ""
+        click.echo(f"merged {info['shards']} shards: {info['rows']} rows x {info['columns']} columns to {output}{note}",
+                   err=True)

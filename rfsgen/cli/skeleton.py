@@ -1,0 +1,59 @@
+"""``rfsgen skeleton``."""
+
+from __future__ import annotations
+
+import click
+
+from . import main, translate_errors, _emit_json
+
+
+@main.command("skeleton")
+@click.argument("skeleton", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
+@click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
+@translate_errors
+def skeleton_cmd(skeleton, as_json, width):
+    """Validate SKELETON and describe the kernel it defines.
+
+    Prints node counts per layer, fan-in, depth, input width, the complexity
+    C(S) (expected factors per feature) and each layer's activation or base.
+
+    \b
+    Example:
+      rfsgen skeleton skeletons/cifar-deep.yaml
+    """
+    from ..skeleton import load_skeleton
+
+    skel = load_skeleton(skeleton)
+    info = (skel.bind(width) if width is not None else skel).describe()
+    if as_json:
+        _emit_json(info)
+        return
+    if info["width"] == "auto":
+        click.echo(f"skeleton   {info['path']}")
+        click.echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
+        click.echo("           sample --width N); pass --width N to see it for N columns")
+        return
+    shape = f" (shape {info['shape']})" if info["shape"] else ""
+    click.echo(f"skeleton   {info['path']}")
+    click.echo(f"input      width {info['width']}{shape}")
+    click.echo(f"nodes      {info['nodes']} ({info['input_nodes']} input, {info['internal_nodes']} internal)")
+    click.echo(f"depth      {info['depth']}")
+    click.echo(f"output     {info['output']}")
+    click.echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
+    if info["unused_input_nodes"]:
+        click.echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
+    click.echo("")
+    click.echo(f"{'layer':<12} {'kind':<7} {'shape':<10} {'nodes':>6} {'fan-in':>9}  what")
+    for layer in info["layers"]:
+        shape = "x".join(map(str, layer["shape"])) or "1"
+        if "base" in layer:
+            fan = "-"
+            what = f"{layer['base']}, {layer['columns_per_node']} columns/node, C = {layer['norm_bound']:.4g}"
+        else:
+            lo, hi = layer["fan_in"]
+            fan = str(lo) if lo == hi else f"{lo}-{hi}"
+            what = f"{layer['activation']}, sigma'(1) = {layer['derivative_at_one']:.4g}"
+            if layer["truncation"]:
+                what += f", series truncated (dropped mass {layer['truncation']:.2g})"
+        click.echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")

@@ -1,0 +1,45 @@
+"""``rfsgen transform``."""
+
+from __future__ import annotations
+
+import click
+
+from . import main, translate_errors, _Progress
+
+
+@main.command("transform")
+@click.argument("features", type=click.Path(dir_okay=False))
+@click.argument("input", metavar="INPUT")
+@click.option("-o", "--output", required=True, help="Output HDF5 file.")
+@click.option("--layout", type=click.Choice(["csr", "dense"]), default="csr", show_default=True,
+              help="csr: group X in the anndata/scipy CSR encoding; dense: 2-D dataset X.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True,
+              help="HDF5 compression (these features compress poorly; off by default).")
+@click.option("--chunk-rows", type=int, default=None, help="Rows per chunk (default: about 64 MiB of work).")
+@click.option("--rows", help="Only rows START:STOP of INPUT (for sharded batch jobs).")
+@click.option("--shard", metavar="K/N", help="Only the K-th (from 0) of N nearly equal contiguous row ranges, "
+              "e.g. --shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}.")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@translate_errors
+def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, overwrite, quiet):
+    """Stream rows of INPUT through FEATURES into an HDF5 file.
+
+    INPUT may be .npy (memory-mapped), .npz[:key], .h5[:/path], .csv/.tsv or
+    '-' for standard input.  Memory is bounded by the chunk; the output is
+    identical whatever --chunk-rows is.
+
+    \b
+    Example:
+      rfsgen transform feats.h5 rows.npy -o out.h5 --rows 0:50000
+      rfsgen transform feats.h5 rows.npy -o part-3.h5 --shard 3/8
+      cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
+    """
+    from ..transform import transform_file
+
+    with _Progress(None, "rows", quiet, "transform") as bar:
+        info = transform_file(features, input, output, layout=layout, dtype=dtype, compression=compression,
+                              chunk_rows=chunk_rows, rows=rows, shard=shard, overwrite=overwrite, progress=bar)
+    if not quiet:
+        click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {output}", err=True)
