@@ -160,6 +160,8 @@ class _Copy:
     """What :func:`rfsgen.transform.write_output` needs of a transformer, for rows
     that are already features: they are copied as they are."""
 
+    copies = True
+
     def __init__(self, columns: int, dtype):
         self.columns = columns
         self.dtype = np.dtype(dtype)

@@ -406,13 +406,16 @@ class _Appender:
 
 
 def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
-                   chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None) -> dict:
+                   chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
+                   engine=None) -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
     renamed on success.  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
     :func:`rfsgen.io.shard_rows`) select part of the input.  Returns a summary dict
-    (rows, columns, nnz, output).
+    (rows, columns, nnz, output).  ``engine(fs, dtype)``, if given, makes what computes
+    the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one that
+    runs them on a cluster); the output is the same.
     """
     from . import __version__
     from .features import load
@@ -425,7 +428,7 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
     fs = load(features)
-    tr = Transformer(fs, DTYPES[dtype])
+    tr = (engine or Transformer)(fs, DTYPES[dtype])
     with open_input(input, stdin=stdin) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
         if shard is not None:
@@ -463,7 +466,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
     if progress is not None and hasattr(progress, "phase"):
-        progress.phase("transform" if isinstance(tr, Transformer) else "merge", None if stop is None else stop - start)
+        progress.phase("merge" if getattr(tr, "copies", False) else "transform", None if stop is None else stop - start)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).
@@ -556,7 +559,8 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     row_bytes = D * np.dtype(dtype).itemsize
     fd = os.open(sink.path, os.O_RDWR)
     try:
-        if _reserve(fd, offset, n * row_bytes):
+        # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
+        if _reserve(fd, offset, n * row_bytes) and not getattr(tr, "remote", False):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress)
 
         def put(row0, vals):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
 from . import main, translate_errors, _Progress
 
 
@@ -20,10 +21,16 @@ from . import main, translate_errors, _Progress
 @click.option("--rows", help="Only rows START:STOP of INPUT (for sharded batch jobs).")
 @click.option("--shard", metavar="K/N", help="Only the K-th (from 0) of N nearly equal contiguous row ranges, "
               "e.g. --shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}.")
+@click.option("--dask-scheduler", metavar="tcp://HOST:PORT", envvar="DASK_SCHEDULER_ADDRESS",
+              help="Compute the chunks on this running Dask cluster (default: $DASK_SCHEDULER_ADDRESS); the output "
+                   "is written here, in row order, and is the same file as a local run's. At most 4 chunks are on "
+                   "the cluster at a time, so memory stays bounded. Needs the 'dask' extra here and rfsgen on the "
+                   "workers.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
-def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, overwrite, quiet):
+def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
+                  overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
     INPUT may be .npy (memory-mapped), .npz[:key], .h5[:/path], .csv/.tsv or
@@ -35,11 +42,21 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
       rfsgen transform feats.h5 rows.npy -o out.h5 --rows 0:50000
       rfsgen transform feats.h5 rows.npy -o part-3.h5 --shard 3/8
       cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
+      rfsgen transform feats.h5 rows.npy -o out.h5 --dask-scheduler tcp://10.0.0.5:8786
     """
-    from ..transform import transform_file
+    options = dict(layout=layout, dtype=dtype, compression=compression, chunk_rows=chunk_rows, rows=rows,
+                   shard=shard, overwrite=overwrite)
+    if dask_scheduler:
+        try:
+            from ..dask import transform_file
+        except ImportError as e:
+            raise UsageError(f"--dask-scheduler needs dask and distributed ({e}); install them with "
+                             "pip install 'rfsgen[dask]'") from None
+        options["scheduler"] = dask_scheduler
+    else:
+        from ..transform import transform_file
 
     with _Progress(None, "rows", quiet, "transform") as bar:
-        info = transform_file(features, input, output, layout=layout, dtype=dtype, compression=compression,
-                              chunk_rows=chunk_rows, rows=rows, shard=shard, overwrite=overwrite, progress=bar)
+        info = transform_file(features, input, output, progress=bar, **options)
     if not quiet:
         click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {output}", err=True)

@@ -1,0 +1,277 @@
+"""Dask adapter: the transform and the exact kernel as lazy ``dask.array`` graphs.
+
+Needs the optional extra ``dask`` (``pip install 'rfsgen[dask]'``); the rest of rfsgen
+never imports dask.  The feature set (or skeleton) enters each graph once, as one
+task that every block refers to by key, so it travels to each worker once, not
+with every task::
+
+    import dask.array as da
+    import rfsgen, rfsgen.dask
+
+    fs = rfsgen.load_features("features.h5")
+    X = da.from_zarr("rows.zarr")                        # (n, width), any row chunks
+    Z = rfsgen.dask.transform(fs, X, layout="csr")       # blocks are scipy.sparse CSR
+    K = rfsgen.dask.kernel(fs.skeleton, X[:1000])       # exact, float64, blocked
+
+Every block is computed by the same code as :func:`rfsgen.transform`, so the result
+is identical, value for value and byte for byte, to the in-memory transform of the
+whole array, whatever the chunking.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import dask
+import dask.array as da
+import numpy as np
+
+from .errors import InputError, UsageError
+from .features import FeatureSet
+from .skeleton import Skeleton
+
+_TRANSFORMERS: dict = {}
+_LOCK = threading.Lock()
+
+
+def _transformer(fs: FeatureSet, dtype: str):
+    """One :class:`~rfsgen.transform.Transformer` per feature set and dtype in each
+    worker process (building one plans the columns; blocks reuse it)."""
+    from .transform import DTYPES, Transformer
+
+    key = (id(fs), dtype)
+    with _LOCK:
+        entry = _TRANSFORMERS.get(key)
+        if entry is None or entry[0] is not fs:
+            entry = (fs, Transformer(fs, DTYPES[dtype]))
+            _TRANSFORMERS[key] = entry
+            if len(_TRANSFORMERS) > 8:  # a few feature sets at a time; forget the oldest
+                _TRANSFORMERS.pop(next(iter(_TRANSFORMERS)))
+        return entry[1]
+
+
+def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0: int = 0, source: str = "<dask>"):
+    """Features of one block of rows ``x`` (float ``(m, width)``): an ndarray, or a
+    ``scipy.sparse.csr_matrix`` for ``layout="csr"`` (exact zeros dropped)."""
+    import scipy.sparse as sp
+
+    from .transform import _sparse_parts
+
+    x = np.asarray(x)
+    vals = _transformer(fs, dtype).chunk(x, row0, source)
+    if layout == "dense":
+        return vals
+    data, indices, counts = _sparse_parts(vals)
+    indptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return sp.csr_matrix((data.copy(), indices.copy(), indptr), shape=vals.shape)
+
+
+def _block_with_offset(x, fs, layout, dtype, block_info=None):
+    row0 = block_info[0]["array-location"][0][0] if block_info else 0
+    return transform_block(x, fs, layout, dtype, row0)
+
+
+def transform(fs: FeatureSet, X, *, layout: str = "dense", dtype: str = "float32", chunk_rows: int | None = None):
+    """Lazy features of ``X``: a ``dask.array`` of shape ``(n, D)``.
+
+    ``X`` is a ``dask.array`` ``(n, width)`` (any row chunking; columns are put in one
+    chunk) or a path, opened lazily as one (row chunks of ``chunk_rows``).  Blocks are
+    float ``dtype`` ndarrays, or ``scipy.sparse.csr_matrix`` for ``layout="csr"``.
+    """
+    import scipy.sparse as sp
+
+    from .transform import DTYPES, _check_options
+
+    _check_options(layout, dtype, "none")
+    if isinstance(X, (str, os.PathLike)):
+        X = from_path(X, chunk_rows)
+    if not isinstance(X, da.Array):
+        raise InputError(f"<{type(X).__name__}>: rfsgen.dask.transform takes a dask.array or a path; "
+                         "for arrays in memory use rfsgen.transform")
+    if X.ndim != 2:
+        raise InputError(f"<dask.array>: rows must be 2-D (n, width), got shape {X.shape}")
+    width = fs.skeleton.width
+    if X.shape[1] != width:
+        raise InputError(f"<dask.array>: rows have {X.shape[1]} values but skeleton '{fs.skeleton.path}' expects "
+                         f"width {width}; pass matching rows")
+    if X.dtype.kind not in "iuf":
+        raise InputError(f"<dask.array>: has dtype {X.dtype}, not numbers; convert it")
+    if X.numblocks[1] != 1:
+        X = X.rechunk({1: -1})
+    out_dtype = np.dtype(DTYPES[dtype])
+    meta = sp.csr_matrix((0, 0), dtype=out_dtype) if layout == "csr" else np.empty((0, 0), dtype=out_dtype)
+    # One task holds the feature set; every block task refers to it by key.
+    fs_task = dask.delayed(fs, pure=True, traverse=False)
+    return da.map_blocks(_block_with_offset, X, fs_task, layout, dtype, dtype=out_dtype, meta=meta,
+                         chunks=(X.chunks[0], (fs.columns,)), name=f"rfsgen-transform-{dask.base.tokenize(X, fs)}")
+
+
+def _read_rows(spec, a: int, b: int) -> np.ndarray:
+    from .io import open_input
+
+    with open_input(spec) as src:
+        parts = [block for _, block in src.chunks(b - a, a, b)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def from_path(spec, chunk_rows: int | None = None):
+    """A file of rows (any format :func:`rfsgen.open_input` reads, except streams) as a
+    lazy ``dask.array``: each block opens the file and reads its rows."""
+    from .io import open_input
+
+    spec = os.fspath(spec)
+    with open_input(spec) as src:
+        n, width = src.n_rows, src.width
+        if n is None:
+            raise UsageError(f"{spec}: a stream has no known length; Dask needs a file")
+        head = next(src.chunks(1), (0, np.zeros((0, width))))[1]
+    chunk_rows = chunk_rows or max(1, min(n, (64 << 20) // max(1, 8 * width)))
+    blocks = [da.from_delayed(dask.delayed(_read_rows, pure=True)(spec, a, min(n, a + chunk_rows)),
+                              shape=(min(n, a + chunk_rows) - a, width), dtype=head.dtype)
+              for a in range(0, n, chunk_rows)]
+    if not blocks:
+        return da.zeros((0, width), dtype=head.dtype, chunks=(1, width))
+    return da.concatenate(blocks, axis=0)
+
+
+def _kernel_block(skeleton: Skeleton, x, y=None) -> np.ndarray:
+    from .kernel import kernel
+
+    return kernel(skeleton, np.asarray(x), None if y is None else np.asarray(y))
+
+
+def kernel(skeleton: Skeleton, X, Y=None):
+    """The exact kernel ``k_S(X_i, Y_j)`` as a blocked float64 ``dask.array``.
+
+    ``X`` and ``Y`` are dask arrays (or paths); blocks follow their row chunks.  With
+    ``Y`` omitted the result is exactly symmetric: block (j, i) is the transpose of
+    block (i, j) and diagonal blocks are symmetrised, as :func:`rfsgen.kernel` does.
+    """
+    X = from_path(X) if isinstance(X, (str, os.PathLike)) else X
+    Y = from_path(Y) if isinstance(Y, (str, os.PathLike)) else Y
+    for A in (X,) if Y is None else (X, Y):
+        if not isinstance(A, da.Array) or A.ndim != 2:
+            raise InputError("rfsgen.dask.kernel takes 2-D dask arrays (or paths) of rows")
+    if not skeleton.bound:
+        skeleton = skeleton.bind(X.shape[1])
+    X = X.rechunk({1: -1})
+    xs = X.to_delayed()[:, 0]
+    sk = dask.delayed(skeleton, pure=True, traverse=False)
+    rx = X.chunks[0]
+    if Y is None:
+        grid = [[None] * len(xs) for _ in xs]
+        for i in range(len(xs)):
+            for j in range(i, len(xs)):
+                block = dask.delayed(_kernel_block, pure=True)(sk, xs[i], None if i == j else xs[j])
+                grid[i][j] = da.from_delayed(block, shape=(rx[i], rx[j]), dtype=np.float64)
+                if j != i:
+                    grid[j][i] = grid[i][j].T
+        return da.block(grid) if grid else da.zeros((0, 0), chunks=1)
+    Y = Y.rechunk({1: -1})
+    ys = Y.to_delayed()[:, 0]
+    ry = Y.chunks[0]
+    return da.block([[da.from_delayed(dask.delayed(_kernel_block, pure=True)(sk, xs[i], ys[j]),
+                                      shape=(rx[i], ry[j]), dtype=np.float64) for j in range(len(ys))]
+                     for i in range(len(xs))])
+
+
+# ----------------------------------------------------------------------------- a cluster behind the CLI
+#: Chunks submitted to the cluster and not yet written, at most (bounds memory: each
+#: is one chunk of input rows and one of output values).
+IN_FLIGHT = 4
+
+
+class ClusterTransformer:
+    """Computes chunks on a ``distributed`` cluster for
+    :func:`rfsgen.transform.transform_file` (``engine=``), which writes them locally in
+    row order.  The feature set is scattered to every worker once; at most
+    :data:`IN_FLIGHT` chunks are on the cluster at a time."""
+
+    remote = True  # the writer must not compute into memory maps of the output itself
+
+    def __init__(self, client, address: str, fs: FeatureSet, dtype):
+        from .transform import DTYPES
+
+        self.client = client
+        self.address = address
+        self.columns = fs.columns
+        self.dtype = np.dtype(dtype)
+        self.dtype_name = next(k for k, v in DTYPES.items() if np.dtype(v) == self.dtype)
+        self.fs_future = self._guard(lambda: client.scatter(fs, broadcast=True, hash=False), "sending the feature set")
+
+    def _guard(self, fn, what):
+        from distributed.scheduler import KilledWorker
+
+        from .errors import RfsgenError
+
+        try:
+            return fn()
+        except RfsgenError:
+            raise
+        except KilledWorker as e:
+            raise RfsgenError(f"a Dask worker died while {what} (scheduler {self.address}): {e}; nothing was "
+                              "written; check the workers' memory and logs, then run again") from None
+        except (OSError, TimeoutError) as e:
+            raise RfsgenError(f"lost the Dask scheduler at {self.address} while {what} ({type(e).__name__}: {e}); "
+                              "nothing was written") from None
+
+    def chunks(self, src, chunk_rows, start=0, stop=None, buffers=1):
+        from collections import deque
+
+        pending = deque()
+        try:
+            for row0, block in src.chunks(chunk_rows, start, stop):
+                fut = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
+                                                             self.dtype_name, row0, src.name, pure=False),
+                                  f"sending rows {row0}:{row0 + block.shape[0]}")
+                pending.append((row0, block.shape[0], fut))
+                if len(pending) >= IN_FLIGHT:
+                    yield self._collect(*pending.popleft())
+            while pending:
+                yield self._collect(*pending.popleft())
+        finally:
+            for _, _, fut in pending:
+                fut.cancel()
+
+    def _collect(self, row0, m, fut):
+        vals = self._guard(fut.result, f"transforming rows {row0}:{row0 + m}")
+        return row0, np.ascontiguousarray(vals, dtype=self.dtype)
+
+    def chunk(self, block, row0=0, source="<array>", out=None):
+        vals = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
+                                                      self.dtype_name, row0, source, pure=False).result(),
+                           f"transforming rows {row0}:{row0 + block.shape[0]}")
+        if out is None:
+            return vals
+        out[...] = vals
+        return out
+
+
+def connect(address: str, timeout: float = 10.0):
+    """A ``distributed.Client`` for ``address`` (``tcp://HOST:PORT``), or a one-line
+    :class:`~rfsgen.errors.RfsgenError` if the scheduler cannot be reached."""
+    from distributed import Client
+
+    from .errors import RfsgenError
+
+    try:
+        return Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise RfsgenError(f"cannot reach the Dask scheduler at {address} ({type(e).__name__}: {detail}); check the "
+                          "address and that the scheduler is running, or run without --dask-scheduler (and "
+                          "DASK_SCHEDULER_ADDRESS)") from None
+
+
+def transform_file(features, input, output, *, scheduler: str, **options) -> dict:
+    """:func:`rfsgen.transform.transform_file` with the chunks computed on the Dask
+    cluster at ``scheduler``; the output file is the same as a local run's."""
+    from .transform import transform_file as local
+
+    with connect(scheduler) as client:
+        def engine(fs, dtype):
+            return ClusterTransformer(client, scheduler, fs, dtype)
+
+        return local(features, input, output, engine=engine, **options)
