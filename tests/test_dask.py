@@ -104,18 +104,90 @@ def files(tmp_path, fs, x, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def shell_cluster(tmp_path_factory):
+    """A `dask scheduler` and two `dask worker` processes on 127.0.0.1, as a user would
+    start them; stopped at the end."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    d = tmp_path_factory.mktemp("cluster")
+    dask_cli = str(Path(sys.executable).parent / "dask")
+    info = d / "scheduler.json"
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(info)], cwd=d, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() or not info.read_text().strip():
+            assert time.monotonic() < deadline and procs[0].poll() is None, "the dask scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        for k in range(2):
+            procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                           "--no-dashboard", "--name", f"w{k}"], cwd=d, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+        with distributed.Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("layout", ["csr", "dense"])
-def test_cli_on_a_cluster_writes_the_local_file(files, cluster, layout, monkeypatch):
+def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, monkeypatch):
     base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 37, "-q"]
     assert run(base + ["-o", "local.h5"]).exit_code == 0
-    res = run(base + ["-o", "remote.h5", "--dask-scheduler", cluster.scheduler_address])
+    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
     assert res.exit_code == 0, res.output
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
-    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler_address)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", shell_cluster)
     assert run(base + ["-o", "env.h5", "--shard", "1/2"]).exit_code == 0
     assert run(["transform", "f.h5", "x.npy", "--layout", layout, "-q", "-o", "env-local.h5", "--shard", "1/2"],
                env={"DASK_SCHEDULER_ADDRESS": ""}).exit_code == 0
     assert open("env.h5", "rb").read() == open("env-local.h5", "rb").read()
+
+
+def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_cluster, monkeypatch):
+    """SIGKILL one worker after the fifth chunk has come back: Dask reruns its tasks on
+    the other worker (the nanny restarts the killed one) and the file is the same."""
+    import signal
+
+    assert run(["transform", "f.h5", "x.npy", "--chunk-rows", 10, "-q", "-o", "local.h5"]).exit_code == 0
+    collect = rd.ClusterTransformer._collect
+    state = {"done": 0, "killed": None}
+
+    def collect_and_kill(self, row0, m, fut):
+        out = collect(self, row0, m, fut)
+        state["done"] += 1
+        if state["done"] == 5:
+            pids = self.client.run(os.getpid)  # {worker address: pid}
+            victim = sorted(pids)[0]
+            os.kill(pids[victim], signal.SIGKILL)
+            state["killed"] = victim
+        return out
+
+    monkeypatch.setattr(rd.ClusterTransformer, "_collect", collect_and_kill)
+    res = run(["transform", "f.h5", "x.npy", "--chunk-rows", 10, "-q", "-o", "remote.h5",
+               "--dask-scheduler", shell_cluster])
+    assert res.exit_code == 0, res.output
+    assert state["killed"] is not None and state["done"] == 30
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    with distributed.Client(shell_cluster, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
 
 
 def test_unreachable_scheduler_is_one_line_and_leaves_nothing(files):
