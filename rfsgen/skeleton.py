@@ -41,10 +41,10 @@ SCHEMA_VERSION = 1
 TOP_KEYS = ("rfsgen", "description", "input", "nodes", "output")
 INPUT_KEYS = ("width", "shape")
 COMMON_KEYS = ("name", "description")
-INPUT_NODE_KEYS = ("base", "columns", "per", "group")
+INPUT_NODE_KEYS = ("base", "columns", "per", "group", "patch")
 INTERNAL_KEYS = ("activation", "inputs", "conv", "pool", "dense", "each", "from")
 WIRINGS = ("inputs", "conv", "pool", "dense", "each")
-PER_VALUES = ("all", "column", "pixel", "group")
+PER_VALUES = ("all", "column", "pixel", "patch", "group")
 
 # A skeleton file is user input: parsing and expanding it is bounded in time and
 # memory.  Each limit is stated in the README; exceeding one is a one-line error.
@@ -471,8 +471,8 @@ class _Builder:
                 raise self.err(e.lines["columns"], f"input node '{name}' picks columns {e['columns']!r}, which needs a "
                                "fixed width; with 'width: auto' an input node takes all columns (per: all, column or "
                                "group), or give 'width: N'")
-            if e.get("per") == "pixel":
-                raise self.err(e.lines["per"], f"'per: pixel' in node '{name}' needs an image shape; "
+            if e.get("per") in ("pixel", "patch"):
+                raise self.err(e.lines["per"], f"'per: {e['per']}' in node '{name}' needs an image shape; "
                                "'width: auto' takes per: all, column or group")
             g = e.get("group")
             if isinstance(g, int) and not isinstance(g, bool) and g >= 1:
@@ -601,6 +601,8 @@ class _Builder:
         per = e.get("per", "all")
         if per not in PER_VALUES:
             raise self.err(e.lines["per"], f"'per' of node '{name}' must be one of {', '.join(PER_VALUES)}, got {per!r}")
+        if "patch" in e and per != "patch":
+            raise self.err(e.lines["patch"], f"'patch' needs 'per: patch' in node '{name}'")
         if "group" in e and per != "group":
             raise self.err(e.lines["group"], f"'group' needs 'per: group' in node '{name}'")
         if per == "all":
@@ -618,13 +620,26 @@ class _Builder:
             groups, shape = [cols[i:i + g] for i in range(0, len(cols), g)], (len(cols) // g,)
         else:
             if self.shape is None:
-                raise self.err(e.lines["per"], f"'per: pixel' in node '{name}' needs 'input: {{shape: [H, W, C]}}'")
+                raise self.err(e.lines["per"], f"'per: {per}' in node '{name}' needs 'input: {{shape: [H, W, C]}}'")
             if "columns" in e:
-                raise self.err(e.lines["columns"], f"'per: pixel' in node '{name}' takes the whole image; drop 'columns'")
+                raise self.err(e.lines["columns"], f"'per: {per}' in node '{name}' takes the whole image; drop 'columns'")
             h, w, c = self.shape
-            self.check_nodes(h * w, e, name)
-            groups = [list(range((r * w + q) * c, (r * w + q + 1) * c)) for r in range(h) for q in range(w)]
-            shape = (h, w)
+            if per == "pixel":
+                size, stride = (1, 1), (1, 1)
+            else:
+                if "patch" not in e:
+                    raise self.err(e.lines["per"], f"node '{name}' with 'per: patch' needs 'patch: {{size: K, stride: S}}'")
+                size, stride = self.parse_window(e, "patch", 2)
+            if size[0] > h or size[1] > w:
+                raise self.err(e.lines.get("patch", e.line), f"patch {size[0]}x{size[1]} of node '{name}' does not fit "
+                                                             f"the {h}x{w} image; use a smaller size")
+            oh, ow = (h - size[0]) // stride[0] + 1, (w - size[1]) // stride[1] + 1
+            self.check_nodes(oh * ow, e, name)
+            # A patch's columns in (row, column, channel) order of the image.
+            groups = [[((r * stride[0] + i) * w + q * stride[1] + j) * c + k
+                       for i in range(size[0]) for j in range(size[1]) for k in range(c)]
+                      for r in range(oh) for q in range(ow)]
+            shape = (oh, ow)
         try:
             base = _bases.make_base(base_name, params, len(groups[0]))
         except ValueError as ex:

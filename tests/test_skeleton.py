@@ -206,3 +206,48 @@ def test_fuzzed_skeletons_succeed_or_fail_cleanly():
             assert "\n" not in str(e), (label, str(e))
             counts["error"] += 1
     assert counts["ok"] > 100 and counts["error"] > 1000, counts
+
+
+def test_per_patch_input_nodes_take_image_windows():
+    """'per: patch' makes one input node per K x K window of the image (all channels),
+    in (row, column, channel) order; the kernel is the windows' base kernel averaged."""
+    import numpy as np
+
+    from rfsgen import kernel
+
+    text = """
+rfsgen: 1
+input: {shape: [4, 5, 2]}
+nodes:
+  - {name: p, base: gaussian, scale: 0.7, per: patch, patch: {size: 2, stride: [2, 1]}}
+  - {name: out, activation: identity, dense: true}
+"""
+    s = parse_skeleton(text, "patch.yaml")
+    layer = next(layer for layer in s.layers if layer.name == "p")
+    assert layer.shape == (2, 4) and len(s.input_nodes) == 8
+    first = s.nodes[layer.ids[0]].columns
+    assert first == (0, 1, 2, 3, 10, 11, 12, 13)  # pixels (0,0), (0,1), (1,0), (1,1), two channels each
+    last = s.nodes[layer.ids[-1]].columns
+    assert last == (26, 27, 28, 29, 36, 37, 38, 39)  # pixels (2,3), (2,4), (3,3), (3,4)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((3, 40)), rng.standard_normal((2, 40))
+    img = lambda r: r.reshape(4, 5, 2)  # noqa: E731
+    want = np.zeros((3, 2))
+    for i in range(3):
+        for j in range(2):
+            d = [np.sum((img(x[i])[a:a + 2, b:b + 2] - img(y[j])[a:a + 2, b:b + 2]) ** 2)
+                 for a in (0, 2) for b in range(4)]
+            want[i, j] = np.mean(np.exp(-0.49 * np.array(d) / 2))
+    np.testing.assert_allclose(kernel(s, x, y), want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("body, msg", [
+    ("{name: p, base: gaussian, per: patch}", r"'per: patch' needs 'patch: \{size: K, stride: S\}'"),
+    ("{name: p, base: gaussian, per: pixel, patch: {size: 2}}", "'patch' needs 'per: patch'"),
+    ("{name: p, base: gaussian, per: patch, patch: {size: 5}}", "patch 5x5 of node 'p' does not fit the 4x4 image"),
+    ("{name: p, base: gaussian, per: patch, patch: {size: 0}}", "'size' of 'patch' in node 'p' must be a positive"),
+])
+def test_per_patch_errors(body, msg):
+    text = f"rfsgen: 1\ninput: {{shape: [4, 4, 1]}}\nnodes:\n  - {body}\n  - {{name: o, activation: relu, dense: true}}\n"
+    with pytest.raises(SkeletonError, match=msg):
+        parse_skeleton(text, "t.yaml")
