@@ -39,7 +39,7 @@ bench: $(STAMP)
 
 learn: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	$(BIN)/python tests/learn/estimator.py --out learn-output
+	$(BIN)/python tests/learn/learn.py --out learn-output
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output build *.egg-info .pytest_cache

@@ -21,6 +21,7 @@ _EXPORTS = {
     "DataError": "errors", "FeatureFileError": "errors", "InputError": "errors", "OutputError": "errors",
     "OutputExistsError": "errors", "RfsgenError": "errors", "SamplerError": "errors", "SkeletonError": "errors",
     "UsageError": "errors",
+    "cooccurrence": "cooccurrence",
     "FeatureSet": "features", "describe": "features", "load_features": ("features", "load"),
     "save_features": ("features", "save"),
     "open_input": "io",

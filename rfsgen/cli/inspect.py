@@ -10,17 +10,29 @@ from . import main, translate_errors, _emit_json
 @main.command("inspect")
 @click.argument("features", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output with stable keys.")
+@click.option("--plot-cooccurrence", "plot_path", metavar="OUT.png",
+              help="Also draw how often 4 pixels appear in features together with every other pixel "
+                   "(the paper's Figure 4; image skeletons; needs matplotlib).")
+@click.option("--overwrite", is_flag=True, help="Replace the --plot-cooccurrence file if it exists.")
 @translate_errors
-def inspect_cmd(features, as_json):
+def inspect_cmd(features, as_json, plot_path, overwrite):
     """Summarise a feature file: columns, draws, dedup ratio, terms, node usage.
 
     \b
     Example:
       rfsgen inspect feats.h5 --json
+      rfsgen inspect feats.h5 --plot-cooccurrence cooc.png
     """
     from ..features import describe, load
 
-    info = describe(load(features), features)
+    fs = load(features)
+    if plot_path:
+        from ..cooccurrence import plot_cooccurrence
+        from ..io import atomic_path
+
+        with atomic_path(plot_path, overwrite, inputs=[features]) as tmp:
+            plot_cooccurrence(fs, tmp, title=f"{fs.skeleton.path}: {fs.columns} features")
+    info = describe(fs, features)
     if as_json:
         _emit_json(info)
         return

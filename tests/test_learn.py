@@ -1,0 +1,64 @@
+"""The learning benchmark (tests/learn/learn.py) end to end on a few rows: the real
+pipeline (data files in their official formats, the shipped skeletons with their stated
+preprocessing, RBFSampler, Nystroem, the streaming AdaGrad learner), small D."""
+
+import gzip
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import DATA, ROOT
+
+pytest.importorskip("sklearn")
+sys.path.insert(0, str(ROOT / "tests" / "learn"))
+
+import learn  # noqa: E402
+
+
+def _idx(path, arr):
+    header = struct.pack(">BBBB", 0, 0, 8, arr.ndim) + b"".join(struct.pack(">I", n) for n in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def data(tmp_path):
+    fm = np.load(DATA / "fashion_mnist_test_0-31.npy").reshape(-1, 28, 28)
+    cf = np.load(DATA / "cifar10_test_0-63.npy")
+    d = tmp_path / "data"
+    (d / "fashion-mnist").mkdir(parents=True)
+    (d / "cifar10").mkdir()
+    labels = np.arange(32) % 10
+    _idx(d / "fashion-mnist" / "train-images-idx3-ubyte.gz", fm[:24])
+    _idx(d / "fashion-mnist" / "train-labels-idx1-ubyte.gz", labels[:24])
+    _idx(d / "fashion-mnist" / "t10k-images-idx3-ubyte.gz", fm[24:])
+    _idx(d / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz", labels[24:])
+    np.savez(d / "cifar10" / "cifar10_jpeg_data_batch_1.npz", data=cf[:48], labels=np.arange(48) % 10)
+    np.savez(d / "cifar10" / "cifar10_jpeg_test.npz", data=cf[48:], labels=np.arange(16) % 10)
+    return d
+
+
+def test_learning_benchmark_end_to_end(data, tmp_path, capsys):
+    results = learn.main(["--data", str(data), "--D", "16", "--epochs", "2", "--out", str(tmp_path / "out")])
+    models = {(r["dataset"], r["model"].split(" gamma")[0]) for r in results}
+    assert models == {(ds, m) for ds in ("fashion-mnist", "cifar10")
+                      for m in ("raw pixels", "RBFSampler", "Nystroem")} | {
+        ("fashion-mnist", "rfsgen mnist-conv"), ("cifar10", "rfsgen cifar-deep"), ("cifar10", "rfsgen shallow-gaussian")}
+    for r in results:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["train_rows"] in (24, 48)
+        assert r["D"] == (16 if r["model"] != "raw pixels" else {"fashion-mnist": 784, "cifar10": 1728}[r["dataset"]])
+    out = capsys.readouterr().out
+    assert "JPEG re-encodings" in out and "rfsgen mnist-conv" in out
+    assert (tmp_path / "out" / "learn.json").exists()
+
+
+def test_the_learner_learns():
+    """AdaGrad softmax on separable standardised features reaches high accuracy."""
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((3, 20)) * 3
+    y = rng.integers(0, 3, 600)
+    f = (centers[y] + rng.standard_normal((600, 20))).astype(np.float32)
+    model = learn.train_adagrad(f[:400], y[:400], 3, epochs=5, seed=0, lr=0.1)
+    assert learn.accuracy(f[400:], y[400:], model) > 0.95
