@@ -229,7 +229,7 @@ def _mix(x):  # pragma: no cover - compiled
 def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pragma: no cover - compiled
     """Two 64-bit hashes per draw of (kind, its sorted terms) into ``out`` (n, 2) uint64.
 
-    The same arithmetic as the numpy formulation it replaced (``rfsgen.sampler.term_keys``),
+    The same arithmetic as the numpy formulation it replaced (``rfsgen.features.term_keys``),
     bit for bit: term t of a draw contributes mix(base_t ^ mix(t + salt)) to a wrapping sum.
     Hashed keys get an even second half; a draw with a continuous term is unique by
     construction and gets (first_draw + i, all ones) instead.

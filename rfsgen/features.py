@@ -529,6 +529,23 @@ def _code_ranges(base):
 
 
 # ----------------------------------------------------------------------------- inspection
+def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> np.ndarray:
+    """A 128-bit identity per draw (numpy void16): two independent hashes of (kind, sorted terms).
+
+    Terms are in canonical order, so equal features get equal keys; the chance that
+    two different features share both 64-bit halves is about n^2 / 2^129.  Draws with
+    a continuous term are unique by construction and get a key made from their index.
+    """
+    from ._compiled import draw_keys
+
+    n = kind.size
+    out = np.empty((n, 2), dtype=np.uint64)
+    draw_keys(np.ascontiguousarray(kind), np.ascontiguousarray(ptr, dtype=np.int64), np.ascontiguousarray(node, dtype=np.int64),
+              np.ascontiguousarray(code, dtype=np.int64), np.ascontiguousarray(power, dtype=np.int64),
+              np.ascontiguousarray(continuous, dtype=np.bool_), int(first_draw), out)
+    return out
+
+
 def describe(fs: FeatureSet, path=None) -> dict:
     """A JSON-ready summary of a feature set (``rfsgen inspect``).
 
@@ -547,8 +564,6 @@ def describe(fs: FeatureSet, path=None) -> dict:
     has_cont = np.zeros(fs.columns, dtype=bool)
     if fs.node.size:
         np.logical_or.at(has_cont, np.repeat(np.arange(fs.columns), lengths), cont_node[fs.node])
-    from .sampler import term_keys
-
     keys = term_keys(np.zeros(fs.columns, np.uint8), fs.ptr, fs.node, fs.code, fs.power, has_cont)
     n_features = int(np.unique(keys, axis=0).shape[0]) if fs.columns else 0
     usage = np.bincount(fs.node, minlength=len(skel.nodes)) if fs.node.size else np.zeros(len(skel.nodes), int)

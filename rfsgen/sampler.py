@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import SamplerError, UsageError
-from .features import FeatureSet
+from .features import FeatureSet, term_keys
 from .skeleton import InputNode, Skeleton
 
 KIND_REAL, KIND_COS, KIND_SIN = 0, 1, 2
@@ -320,23 +320,6 @@ def _canonicalise(skel, t, b: _Batch, phase):
 
 def _keys(b: _Batch, first_draw: int) -> np.ndarray:
     return term_keys(b.kind, b.ptr, b.node, b.code, b.power, b.continuous, first_draw)
-
-
-def term_keys(kind, ptr, node, code, power, continuous, first_draw: int = 0) -> np.ndarray:
-    """A 128-bit identity per draw (numpy void16): two independent hashes of (kind, sorted terms).
-
-    Terms are in canonical order, so equal features get equal keys; the chance that
-    two different features share both 64-bit halves is about n^2 / 2^129.  Draws with
-    a continuous term are unique by construction and get a key made from their index.
-    """
-    from ._compiled import draw_keys
-
-    n = kind.size
-    out = np.empty((n, 2), dtype=np.uint64)
-    draw_keys(np.ascontiguousarray(kind), np.ascontiguousarray(ptr, dtype=np.int64), np.ascontiguousarray(node, dtype=np.int64),
-              np.ascontiguousarray(code, dtype=np.int64), np.ascontiguousarray(power, dtype=np.int64),
-              np.ascontiguousarray(continuous, dtype=np.bool_), int(first_draw), out)
-    return out
 
 
 def _void(k1, k2):

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import scipy.sparse as sp
 
 from .errors import DataError, UsageError
 from .features import FeatureSet
@@ -295,6 +294,8 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
                 progress(vals.shape[0])
     if layout == "dense":
         return np.concatenate(parts) if parts else np.zeros((0, D), DTYPES[dtype])
+    import scipy.sparse as sp  # imported here: file outputs never need it
+
     if not parts:
         return sp.csr_matrix((0, D), dtype=DTYPES[dtype])
     indptr = np.zeros(sum(p[2].size for p in parts) + 1, dtype=np.int64)
@@ -307,6 +308,8 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
 def _csr_known_rows(tr, src, chunk_rows, progress):
     """In-memory CSR of a source of known length: each chunk's nonzeros are compacted
     straight into arrays sized for the dense case (m * D), trimmed at the end."""
+    import scipy.sparse as sp
+
     from ._compiled import compress_rows
 
     n, D = src.n_rows, tr.columns
