@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 from click.testing import CliRunner
 
-from conftest import load_shipped, SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
+from conftest import ROOT, load_shipped, SKELETONS, SMALL_SKELETONS, rows_for, skeleton_path
 from reference import column_value
 from rfsgen import DataError, kernel, load_skeleton, parse_skeleton
 from rfsgen.cli import main
@@ -595,3 +595,55 @@ def test_peak_memory_of_sparse_inputs_does_not_grow_with_rows(tmp_path, fmt):
         peaks.append(int(res.stdout.strip()))
     del big
     assert peaks[1] < peaks[0] * 1.15 + 30_000, peaks  # KiB; 200k rows hold 48 MB of nonzeros, 1.6 GB dense
+
+
+CACHED_RUN = r"""
+import numpy as np, rfsgen
+s = rfsgen.parse_skeleton("rfsgen: 1\ninput: {width: 3}\nnodes:\n  - {name: c, base: circle, per: column}\n"
+                          "  - {name: o, activation: relu, inputs: [c]}\n")
+rfsgen.transform(rfsgen.sample(s, 50, seed=1), np.ones((4, 3)))
+print("ok", rfsgen.__file__)
+"""
+
+
+@pytest.mark.slow
+def test_read_only_install_caches_compiled_code_per_user(tmp_path):
+    """A shared, read-only install: numba cannot cache next to the package, so the
+    compiled code goes to the user's cache directory (XDG_CACHE_HOME/numba) and the next
+    run loads it instead of compiling again."""
+    import os
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="rfsgen-ro-", dir="/tmp")
+    try:
+        site, cache = os.path.join(base, "site"), os.path.join(base, "cache")
+        shutil.copytree(ROOT / "rfsgen", os.path.join(site, "rfsgen"), ignore=shutil.ignore_patterns("__pycache__"))
+        os.makedirs(cache)
+        for d, dirs, files in os.walk(site):
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o444)
+            os.chmod(d, 0o555)
+        os.chmod(base, 0o755)
+        os.chmod(cache, 0o777)
+        env = dict(os.environ, PYTHONPATH=site, XDG_CACHE_HOME=cache, HOME=cache, NUMBA_DEBUG_CACHE="1")
+        env.pop("NUMBA_CACHE_DIR", None)
+        if os.geteuid() == 0:  # root ignores permissions: make the package directories immutable instead
+            for d, _, _ in os.walk(site):
+                if subprocess.run(["chattr", "+i", d], capture_output=True).returncode:
+                    pytest.skip("running as root without chattr: cannot make a directory read-only for root")
+        runs = [subprocess.run([sys.executable, "-c", CACHED_RUN], env=env, cwd=base, capture_output=True, text=True,
+                               timeout=600) for _ in range(2)]
+        for r in runs:
+            assert r.returncode == 0 and f"ok {site}" in r.stdout, r.stderr[-2000:]
+        user_cache = os.path.join(cache, "numba")
+        assert f"index saved to '{user_cache}" in runs[0].stdout or f"index saved to {user_cache}" in runs[0].stdout, \
+            runs[0].stdout[-2000:]
+        assert "data loaded from" in runs[1].stdout and user_cache in runs[1].stdout
+        assert "index saved to" not in runs[1].stdout, runs[1].stdout[-2000:]  # nothing compiled the second time
+        assert not any(p.endswith((".nbi", ".nbc")) for _, _, fs in os.walk(site) for p in fs)
+    finally:
+        for d, dirs, files in os.walk(base):
+            subprocess.run(["chattr", "-i", d], capture_output=True)
+            os.chmod(d, 0o755)
+        shutil.rmtree(base, ignore_errors=True)
