@@ -45,7 +45,8 @@ def test_learning_benchmark_end_to_end(data, tmp_path, capsys):
     models = {(r["dataset"], r["model"].split(" gamma")[0]) for r in results}
     assert models == {(ds, m) for ds in ("fashion-mnist", "cifar10")
                       for m in ("raw pixels", "RBFSampler", "Nystroem")} | {
-        ("fashion-mnist", "rfsgen mnist-conv"), ("cifar10", "rfsgen cifar-deep"), ("cifar10", "rfsgen shallow-gaussian")}
+        ("fashion-mnist", "rfsgen mnist-conv"), ("cifar10", "rfsgen cifar-patches"), ("cifar10", "rfsgen cifar-deep"),
+        ("cifar10", "rfsgen shallow-gaussian")}
     for r in results:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["train_rows"] in (24, 48)
         assert r["D"] == (16 if r["model"] != "raw pixels" else {"fashion-mnist": 784, "cifar10": 1728}[r["dataset"]])

@@ -81,7 +81,7 @@ nodes:
 ERRORS = [
     ("rfsgen: 1\ninput: {width: 4\nnodes: []\n", r"<s>:\d+: malformed YAML"),
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column, colour: red}\n",
-     r"<s>:4: unknown key 'colour' in input node 'x' \(base circle\) \(allowed: name, description, base, columns, per, group, scale\)"),
+     r"<s>:4: unknown key 'colour' in input node 'x' \(base circle\) \(allowed: name, description, base, columns, per, group, patch, scale\)"),
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column}\n  - {name: o, activation: sigmoidal, inputs: [x]}\n",
      r"<s>:5: unknown activation 'sigmoidal' in node 'o' \(allowed: abs, coefficients, cos, erf, exp"),
     (HEAD + "nodes:\n  - {name: x, base: circel, per: column}\n", r"unknown base 'circel' in node 'x' \(allowed: binary, categorical, circle"),

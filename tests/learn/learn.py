@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data"))
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 CHUNK = 2048
 
-SKELETONS = {"fashion-mnist": ["mnist-conv"], "cifar10": ["cifar-deep", "shallow-gaussian"]}
+SKELETONS = {"fashion-mnist": ["mnist-conv"], "cifar10": ["cifar-patches", "cifar-deep", "shallow-gaussian"]}
 
 
 # ----------------------------------------------------------------------------- data
