@@ -33,6 +33,7 @@ reproduce: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[plot]'
 	$(BIN)/python tests/reproduce/figure3.py --out reproduce-output
 	$(BIN)/python tests/reproduce/figure4.py --out reproduce-output
+	$(BIN)/python tests/reproduce/table1.py --out reproduce-output
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

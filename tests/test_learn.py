@@ -63,3 +63,20 @@ def test_the_learner_learns():
     f = (centers[y] + rng.standard_normal((600, 20))).astype(np.float32)
     model = learn.train_adagrad(f[:400], y[:400], 3, epochs=5, seed=0, lr=0.1)
     assert learn.accuracy(f[400:], y[400:], model) > 0.95
+
+
+def test_table1_reproduction_end_to_end(data, tmp_path, capsys):
+    """tests/reproduce/table1.py on 48 training and 16 test rows, D = 32: every architecture's
+    skeleton is built from the patch PCA, sampled, transformed and trained; ranks and the
+    Spearman correlation with the paper's column are reported."""
+    sys.path.insert(0, str(ROOT / "tests" / "reproduce"))
+    import table1
+
+    res = table1.main(["--data", str(data), "--D", "32", "--epochs", "1", "--out", str(tmp_path / "out")])
+    assert [r["arch"] for r in res["rows"]] == ["4,5", "6,4", "6,6", "4,4", "5,4", "4,6", "5,6", "6,5", "5,5", "Full"]
+    assert sorted(r["rank"] for r in res["rows"]) == list(range(1, 11))
+    assert [r["paper_rank"] for r in res["rows"]] == list(range(1, 11))
+    assert -1.0 <= res["spearman"] <= 1.0
+    out = capsys.readouterr().out
+    assert "Spearman rank correlation" in out and (tmp_path / "out" / "table1.json").exists()
+    assert table1.used_grid(4, 5) == 11 and table1.used_grid(4, 4) == 10 and table1.used_grid(6, 6) == 10
