@@ -154,6 +154,7 @@ def run(data, D, epochs, train, seed, work, log=print, base="sphere", archs=None
         t_train = time.perf_counter() - t
         acc = 100 * learn.accuracy(fte, yte, model)
         rows.append({"arch": name, "accuracy": acc, "paper": PAPER[arch], "feature_s": t_feat, "train_s": t_train})
+        print(f"  ({name}: {acc:.2f}%, {t_feat:.0f} s + {t_train:.0f} s)", file=sys.stderr, flush=True)
         del ftr, fte
     ours, paper = [r["accuracy"] for r in rows], [r["paper"] for r in rows]
     for r, mine, theirs in zip(rows, ranks(ours), ranks(paper)):
