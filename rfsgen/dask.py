@@ -189,7 +189,7 @@ class ClusterTransformer:
     row order.  The feature set is scattered to every worker once; at most
     :data:`IN_FLIGHT` chunks are on the cluster at a time."""
 
-    remote = True  # the writer must not compute into memory maps of the output itself
+    remote = True  # chunks arrive as arrays: the writer must not ask for them in memory maps of the output
 
     def __init__(self, client, address: str, fs: FeatureSet, dtype):
         from .transform import DTYPES
@@ -238,15 +238,6 @@ class ClusterTransformer:
     def _collect(self, row0, m, fut):
         vals = self._guard(fut.result, f"transforming rows {row0}:{row0 + m}")
         return row0, np.ascontiguousarray(vals, dtype=self.dtype)
-
-    def chunk(self, block, row0=0, source="<array>", out=None):
-        vals = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
-                                                      self.dtype_name, row0, source, pure=False).result(),
-                           f"transforming rows {row0}:{row0 + block.shape[0]}")
-        if out is None:
-            return vals
-        out[...] = vals
-        return out
 
 
 def connect(address: str, timeout: float = 10.0):

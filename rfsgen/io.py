@@ -49,10 +49,12 @@ class InputSource:
             return np.zeros((0, self.width))
         return np.concatenate(parts).astype(np.float64, copy=False)
 
+    _row_names = None  # a reader (start, stop) -> list of str, for inputs with row names
+
     def row_names(self, start: int, stop: int):
         """Names of rows ``start:stop`` (list of str) when the input has them (the
         ``obs`` index of an ``.h5ad``), else None."""
-        return None
+        return None if self._row_names is None else self._row_names(start, stop)
 
     def close(self):
         pass
@@ -72,7 +74,7 @@ def _float(a: np.ndarray) -> np.ndarray:
 class ArraySource(InputSource):
     """Rows of an array-like (numpy array, memmap or h5py dataset)."""
 
-    def __init__(self, array, name: str, closer=None):
+    def __init__(self, array, name: str, closer=None, row_names=None):
         if array.ndim == 0:
             raise InputError(f"{name}: holds a scalar, not a table of rows")
         self.array = array
@@ -80,6 +82,7 @@ class ArraySource(InputSource):
         self.n_rows = int(array.shape[0])
         self.width = int(np.prod(array.shape[1:])) if array.ndim > 1 else 1
         self._closer = closer
+        self._row_names = row_names
         kind = getattr(array.dtype, "kind", "f")
         if kind == "b":
             raise InputError(f"{name}: holds booleans; convert to numbers (binary inputs are coded -1/+1)")
@@ -282,9 +285,6 @@ class CsrRowsSource(InputSource):
             else:
                 block[rows, cols] = vals
             yield a, block
-
-    def row_names(self, start: int, stop: int):
-        return None if self._row_names is None else self._row_names(start, stop)
 
     def close(self):
         if self._closer:
@@ -555,10 +555,8 @@ def _open_h5(p: Path, key):
             raise InputError(f"{p}:{key}: is a {_encoding(obj)}; rfsgen reads rows, so it needs CSR (in Python: "
                              "adata.X = adata.X.tocsr(), then write it again)")
         elif isinstance(obj, h5py.Dataset):
-            src = ArraySource(obj, f"{p}:{key}", closer=f.close)
-            names = _obs_names(f, p, key, obj.shape[0] if obj.ndim else 0)
-            if names is not None:
-                src.row_names = names
+            src = ArraySource(obj, f"{p}:{key}", closer=f.close,
+                              row_names=_obs_names(f, p, key, obj.shape[0] if obj.ndim else 0))
         else:
             raise InputError(f"{p}: has no dataset or CSR group '{key}' (available: {', '.join(names[:6]) or 'none'})")
         return src

@@ -160,8 +160,6 @@ class _Copy:
     """What :func:`rfsgen.transform.write_output` needs of a transformer, for rows
     that are already features: they are copied as they are."""
 
-    copies = True
-
     def __init__(self, columns: int, dtype):
         self.columns = columns
         self.dtype = np.dtype(dtype)
@@ -202,7 +200,8 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
             provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")}
             info = write_output(output, _Copy(src.width, first.dtype), src, start, stop, layout=first.attrs["layout"],
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
-                                overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance)
+                                overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
+                                phase="merge")
         info.update(shards=len(order), virtual=virtual)
         return info
     finally:

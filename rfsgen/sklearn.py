@@ -121,6 +121,13 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
         ``X``: array-like or scipy.sparse ``(n_samples, n_features)``, finite values.
         """
+        return self._fit(X, check_domain=True)
+
+    def fit_transform(self, X, y=None, **fit_params):
+        """``fit(X).transform(X)``, checking the rows' domain once (in the transform)."""
+        return self._fit(X, check_domain=False).transform(X)
+
+    def _fit(self, X, check_domain: bool):
         from .sampler import sample
 
         self._check_params()
@@ -130,7 +137,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             skel = skel.bind(X.shape[1])
         except UsageError as e:
             raise type(e)(f"X has {X.shape[1]} feature(s), which the skeleton cannot take: {e}") from None
-        _check_domain(skel, X)
+        if check_domain:  # transform checks every row anyway
+            _check_domain(skel, X)
         self.skeleton_ = skel
         self.features_ = sample(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme)
         return self

@@ -454,12 +454,13 @@ def file_sha256(path) -> str:
 
 
 def write_output(output, tr, src, start, stop, *, layout, dtype, compression, chunk_rows, overwrite, inputs, progress,
-                 provenance: dict) -> dict:
+                 provenance: dict, phase: str = "transform") -> dict:
     """Write rows ``start:stop`` of ``src`` through ``tr`` (anything with ``columns``
     and ``chunks`` like :class:`Transformer`) into the HDF5/AnnData file ``output``,
     atomically.  ``provenance`` holds the root attributes rfsgen_version,
     features_file, features_sha256 and input (written in that order, then
-    rows_start, rows_stop, columns, layout).  Returns a summary dict."""
+    rows_start, rows_stop, columns, layout).  ``phase`` names the work on the progress
+    bar.  Returns a summary dict."""
     import h5py
 
     from ._signals import deferred
@@ -469,7 +470,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
     if progress is not None and hasattr(progress, "phase"):
-        progress.phase("merge" if getattr(tr, "copies", False) else "transform", None if stop is None else stop - start)
+        progress.phase(phase, None if stop is None else stop - start)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).

@@ -34,15 +34,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import PY, ROOT, load_rows, machine, run_rss  # noqa: E402
 
+from rfsgen.transform import file_sha256  # noqa: E402
+
 RFSGEN = [PY, "-m", "rfsgen"]
-
-
-def digest(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 22), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def x_digest(path) -> str:
@@ -78,7 +72,7 @@ def main():
                                   "-q"])
     res["local"] = {"seconds": t, "rss_mib": rss}
     print(f"local transform           {t:7.1f} s   peak RSS {rss:6.0f} MiB", flush=True)
-    want = digest(work / "local.h5")
+    want = file_sha256(work / "local.h5")
 
     # 4 shards, two at a time, each with half the cores.
     env = dict(os.environ, NUMBA_NUM_THREADS=str(max(1, cores // 2)))
@@ -99,7 +93,7 @@ def main():
     t_virtual, rss_virtual, _ = run_rss(RFSGEN + ["merge", *parts, "-o", work / "virtual.h5", "--virtual", "-q"])
     res["shards"] = {"seconds": t_shards, "rss_mib": max(shard_rss), "merge_seconds": t_merge,
                      "merge_rss_mib": rss_merge, "virtual_seconds": t_virtual, "virtual_rss_mib": rss_virtual,
-                     "merged_identical": digest(work / "merged.h5") == want}
+                     "merged_identical": file_sha256(work / "merged.h5") == want}
     res["shards"]["virtual_X_identical"] = x_digest(work / "virtual.h5") == x_digest(work / "local.h5")
     print(f"4 shards, 2 at a time     {t_shards:7.1f} s   peak RSS {max(shard_rss):6.0f} MiB per shard", flush=True)
     print(f"merge (copy)              {t_merge:7.1f} s   peak RSS {rss_merge:6.0f} MiB   identical bytes: "
@@ -134,7 +128,7 @@ def main():
 
             worker_rss = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         res["dask"] = {"seconds": t, "rss_mib": rss, "worker_rss_mib": sorted(worker_rss.values()),
-                       "identical": digest(work / "dask.h5") == want}
+                       "identical": file_sha256(work / "dask.h5") == want}
         print(f"--dask-scheduler, 2 wkrs  {t:7.1f} s   peak RSS {rss:6.0f} MiB here, workers "
               f"{', '.join(f'{v:.0f}' for v in sorted(worker_rss.values()))} MiB   identical bytes: "
               f"{res['dask']['identical']}   overhead {t / res['local']['seconds'] - 1:+.0%}", flush=True)

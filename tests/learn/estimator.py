@@ -5,7 +5,7 @@ skeleton (the measurements of the scikit-learn issue).  Not part of ``make test`
 
 Reads ``../shared/data/fashion-mnist/*.gz`` (the official Fashion-MNIST files;
 download them from https://github.com/zalandoresearch/fashion-mnist, ``data/fashion``,
-into that directory, or pass ``--data DIR``).  Runs, in one process on the same rows:
+into that directory, or pass ``--data DIR`` holding ``fashion-mnist/``).  Runs, in one process on the same rows:
 
 * ``Pipeline(StandardScaler(), SkeletonFeatures(mnist-conv.yaml, D), LogisticRegression)``,
 * ``Pipeline(StandardScaler(), RBFSampler(gamma, D), LogisticRegression)``,
@@ -20,10 +20,8 @@ output density and seconds, sparse input against the same rows dense.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "fashion-mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learn import DEFAULT_DATA, cpu, fashion_raw  # noqa: E402
 
 COORDINATE = """
 rfsgen: 1
@@ -40,36 +40,6 @@ nodes:
   - {name: s, base: sphere, scheme: coordinate, zero: uniform}
   - {name: out, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [s]}
 """
-
-
-def idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-
-def load(data: Path, train: int):
-    names = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-             "t10k-labels-idx1-ubyte.gz"]
-    missing = [n for n in names if not (data / n).exists()]
-    if missing:
-        sys.exit(f"missing {', '.join(missing)} in {data}: download them from "
-                 "https://github.com/zalandoresearch/fashion-mnist (data/fashion) or pass --data DIR")
-    xtr, ytr, xte, yte = (idx(data / n) for n in names)
-    return (xtr[:train].reshape(train, -1).astype(np.float32), ytr[:train],
-            xte.reshape(len(xte), -1).astype(np.float32), yte)
-
-
-def cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def timed(f, *a):
@@ -97,7 +67,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("learn-output"))
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=ConvergenceWarning)  # max_iter=300 for every model alike
-    xtr, ytr, xte, yte = load(args.data, args.train)
+    xtr, ytr, xte, yte = fashion_raw(args.data, args.train)
+    xtr, xte = xtr.astype(np.float32), xte.astype(np.float32)
     print(f"Fashion-MNIST: {len(xtr)} train, {len(xte)} test rows; D = {args.D}; {cpu()}, {os.cpu_count()} cores")
     scaler = StandardScaler().fit(xtr)
     str_, ste = scaler.transform(xtr).astype(np.float32), scaler.transform(xte).astype(np.float32)

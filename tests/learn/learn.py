@@ -64,14 +64,22 @@ def _need(paths, how):
         sys.exit(f"learn: missing {', '.join(missing)}; {how}")
 
 
-def load_fashion(data: Path, train: int | None):
+def fashion_raw(data: Path, train: int | None):
+    """The first ``train`` (default all) Fashion-MNIST training rows and the test rows,
+    as read: uint8 ``(n, 784)`` images and uint8 labels."""
     d = data / "fashion-mnist"
     names = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
              "t10k-labels-idx1-ubyte.gz"]
     _need([d / n for n in names], "download them from https://github.com/zalandoresearch/fashion-mnist (data/fashion)")
     xtr, ytr, xte, yte = (_idx(d / n) for n in names)
     n = len(xtr) if train is None else min(train, len(xtr))
-    xtr, xte = xtr[:n].reshape(n, -1).astype(np.float64), xte.reshape(len(xte), -1).astype(np.float64)
+    return xtr[:n].reshape(n, -1), ytr[:n], xte.reshape(len(xte), -1), yte
+
+
+def load_fashion(data: Path, train: int | None):
+    xtr, ytr, xte, yte = fashion_raw(data, train)
+    n = len(xtr)
+    xtr, xte = xtr.astype(np.float64), xte.astype(np.float64)
     # mnist-conv.yaml's preprocessing: each pixel standardised over the training rows.
     mean, std = xtr.mean(axis=0), xtr.std(axis=0)
     std[std == 0] = 1.0
