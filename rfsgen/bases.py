@@ -106,15 +106,25 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray):
+    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray, out=None):
         """Complex values of factors (power 1) on prepared rows.
 
         ``xp`` is the prepared group, float64 ``(m, G, width)``; ``gi`` int64 ``(a,)``
         the node of each factor within the group, ``codes`` its code (continuous
         bases: the ``(a, width)`` omega rows).  Returns float64 ``(m, a)`` real and
-        imaginary parts (imaginary ``None`` for real factors).
+        imaginary parts (imaginary ``None`` for real factors).  ``out``, if given, is a
+        pair of float64 ``(m, a)`` arrays (strided views allowed) that receive the real
+        and imaginary parts (zeros for real factors) and is returned; continuous bases
+        compute straight into it.
         """
-        return self.kind.values(self, xp, gi, codes)
+        if out is not None and self.kind.continuous:
+            return self.kind.values(self, xp, gi, codes, out=out)
+        re, im = self.kind.values(self, xp, gi, codes)
+        if out is None:
+            return re, im
+        out[0][...] = re
+        out[1][...] = 0.0 if im is None else im
+        return out
 
     def linear(self, gi: np.ndarray, codes: np.ndarray):
         """For bases whose factors are linear in the prepared values (sphere), how
@@ -464,30 +474,39 @@ def _values_linear(base, xp, gi, codes):
     return cr * flat[:, ir], (ci * flat[:, ii] if (ii >= 0).any() else None)
 
 
-def _values_continuous(base, xp, gi, omega):
+def _values_continuous(base, xp, gi, omega, out=None):
     # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
     # number of rows and with the CPU's kernel, and the bytes must not.
     return phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
-                     np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"))
+                     np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"), out=out)
 
 
-def phases_of(xp, gi, om):
+def phases_of(xp, gi, om, out=None):
     """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
-    (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each."""
+    (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each, written into ``out``
+    (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given."""
     from ._compiled import ATOM_BLOCK, phases
 
     m, a = xp.shape[0], gi.size
-    order = np.argsort(gi, kind="stable")
-    sg = np.asarray(gi, dtype=np.int64)[order]
+    gi = np.asarray(gi, dtype=np.int64)
+    in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
+    order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
+    sg = gi[order]
     starts = []
     for lo, hi in zip(*_runs(sg)):
         starts.extend(range(lo, hi, ATOM_BLOCK))
     starts = np.array(starts, dtype=np.int64)
     ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right"))
+    omt = np.ascontiguousarray((om if in_order else om[order]).T)
+    if in_order:  # computed in place: no (m, a) temporaries, no scatter
+        re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
+        if m and a:
+            phases(xp, starts, ends, sg[starts], omt, re, im)
+        return re, im
     re_s, im_s = np.empty((m, a)), np.empty((m, a))
     if m and a:
-        phases(xp, starts, ends, sg[starts], np.ascontiguousarray(om[order].T), re_s, im_s)
-    re, im = np.empty_like(re_s), np.empty_like(im_s)
+        phases(xp, starts, ends, sg[starts], omt, re_s, im_s)
+    re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
     re[:, order], im[:, order] = re_s, im_s
     return re, im
 

@@ -17,15 +17,20 @@ feature equal to its conjugate is real and used as is; otherwise a phase bit
 ``b`` in {0, pi/2} is drawn.  Identical (kind, terms) columns merge with
 ``count``; the weight of a column is ``count / q``.
 
-Draw order is defined (batches of fixed, seed-independent schedule, then the
-order inside a batch), so the D-th new column is found at a defined draw and
-``q`` counts every draw up to it.  Same skeleton, seed and D give the same file.
+Draws come in blocks of a fixed schedule (:func:`block_sizes`: 1024 draws, doubling
+up to a cap set by the skeleton); block k has its own generator made from (seed, k)
+(:func:`_block_rng`), so blocks are walked on every core and the draws do not depend
+on the thread count or on D.  Draw order is defined (block, then the order inside
+a block), so the D-th new column is found at a defined draw and ``q`` counts every
+draw up to it.  Same skeleton, seed and D give the same file on any number of threads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+import math
 
 import numpy as np
 
@@ -34,7 +39,27 @@ from .features import FeatureSet, term_keys
 from .skeleton import InputNode, Skeleton
 
 KIND_REAL, KIND_COS, KIND_SIN = 0, 1, 2
-MAX_BATCH = 1 << 18  # measured: 1.2x faster than 2^21 (cache), 2^16 no better
+#: Most draws per block.  Measured: 2^16 walks as fast per draw as 2^18, and keeps the
+#: work walked past the last column needed small.
+BLOCK = 1 << 16
+#: Draws in the first block; later blocks double up to the cap (small D stay cheap).
+FIRST_BLOCK = 1 << 10
+#: Continuous bases draw a whole frequency vector per term: the cap keeps a block's
+#: frequencies near this many float64 values (16 MiB) for wide inputs.
+BLOCK_OMEGA_VALUES = 1 << 21
+
+
+def block_sizes(skeleton: Skeleton):
+    """The fixed draw schedule of ``skeleton``: an endless iterator of block sizes (even,
+    powers of two).  It depends on the skeleton alone, never on D, the seed or threads."""
+    widths = [base.width for base, _, _ in skeleton.input_groups if base.continuous]
+    cap = BLOCK
+    if widths:
+        cap = max(FIRST_BLOCK // 4, min(BLOCK, 1 << int(math.log2(max(1, BLOCK_OMEGA_VALUES // max(widths))))))
+    size = min(FIRST_BLOCK, cap)
+    while True:
+        yield size
+        size = min(2 * size, cap)
 #: Most columns one feature set may have (10^8 columns take minutes and ~1 GB to sample).
 MAX_COLUMNS = 100_000_000
 #: The sampler gives up when this many consecutive draws find no new column (plus
@@ -326,51 +351,85 @@ def _void(k1, k2):
     return np.ascontiguousarray(np.stack([k1, k2], axis=1)).view(np.dtype((np.void, 16))).ravel()
 
 
-def _match(k1, k2, known1, known2, known_ids):
-    """Match a batch's 128-bit keys ``(k1, k2)`` against the known columns.
-
-    Returns ``(inv, first, old, u1, u2)``: for each draw the index of its unique
-    key, each unique key's first row in the batch, its known column id (-1 if
-    new) and the unique keys.  The fast path sorts only the first 64-bit half
-    and checks that the second half agrees; on any collision it falls back to
-    an exact 128-bit comparison.
-    """
+def _unique_keys(k1, k2):
+    """The distinct 128-bit keys ``(k1, k2)`` of one block: ``(inv, first, u1, u2)``, for
+    each draw the index of its key, each key's first draw and the keys (sorted by k1).
+    The fast path sorts the first 64-bit half and checks that the second agrees; on a
+    collision it falls back to an exact 128-bit comparison."""
     u1, first, inv = np.unique(k1, return_index=True, return_inverse=True)
     inv = inv.ravel()
     u2 = k2[first]
-    if known1.size:
-        pos = np.minimum(np.searchsorted(known1, u1), known1.size - 1)
-        hit = known1[pos] == u1
-        clash = np.any(hit & (known2[pos] != u2))
-    else:
-        pos = np.zeros(u1.size, dtype=np.int64)
-        hit = np.zeros(u1.size, dtype=bool)
-        clash = False
-    if not clash and np.array_equal(k2, u2[inv]):
-        return inv, first, np.where(hit, known_ids[pos] if known1.size else -1, -1), u1, u2
-    v = _void(k1, k2)
-    u, first, inv = np.unique(v, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    u1, u2 = k1[first], k2[first]
+    if np.array_equal(k2, u2[inv]):
+        return inv, first, u1, u2
+    _, first, inv = np.unique(_void(k1, k2), return_index=True, return_inverse=True)
+    return inv.ravel(), first, k1[first], k2[first]
+
+
+def _lookup(u1, u2, known1, known2, known_ids):
+    """Column id of each distinct key ``(u1[i], u2[i])`` among the known columns, -1 if new.
+    ``known1`` is sorted; equal first halves with different second halves fall back to
+    an exact 128-bit search."""
+    if not known1.size:
+        return np.full(u1.size, -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(known1, u1), known1.size - 1)
+    hit = known1[pos] == u1
+    if not np.any(hit & (known2[pos] != u2)):
+        return np.where(hit, known_ids[pos], -1)
     kv = _void(known1, known2)
     order = np.argsort(kv, kind="stable")
     kv, kids = kv[order], known_ids[order]
-    old = np.full(u.size, -1, dtype=np.int64)
-    if kv.size:
-        pos = np.minimum(np.searchsorted(kv, u), kv.size - 1)
-        hit = kv[pos] == u
-        old[hit] = kids[pos[hit]]
-    return inv, first, old, u1, u2
+    v = _void(u1, u2)
+    pos = np.minimum(np.searchsorted(kv, v), kv.size - 1)
+    hit = kv[pos] == v
+    return np.where(hit, kids[pos], -1)
+
+
+def _match(k1, k2, known1, known2, known_ids):
+    """``(inv, first, old, u1, u2)``: :func:`_unique_keys` of a block, and each distinct
+    key's known column id (-1 if new) by :func:`_lookup`."""
+    inv, first, u1, u2 = _unique_keys(k1, k2)
+    return inv, first, _lookup(u1, u2, known1, known2, known_ids), u1, u2
+
+
+class _Known:
+    """The keys of the columns found so far, with their ids, in two sorted runs: a large
+    ``base``, which is replaced and never modified (walker threads search a snapshot of
+    it), and a small run of recent keys, merged into a new base when it outgrows a
+    quarter of it (so the merges cost O(D log D) in all, not a copy of D per block)."""
+
+    def __init__(self):
+        e = np.zeros(0, dtype=np.uint64)
+        self.base = (e, e, np.zeros(0, dtype=np.int64))
+        self.recent = self.base
+
+    def resolve(self, u1, u2, old, base) -> np.ndarray:
+        """Ids of the distinct keys ``(u1, u2)`` given ``old``, their ids in the snapshot
+        ``base`` (-1 where absent there), by searching what was added since: -1 for new keys."""
+        if base is not self.base:
+            miss = np.flatnonzero(old < 0)
+            old[miss] = _lookup(u1[miss], u2[miss], *self.base)
+        miss = np.flatnonzero(old < 0)
+        if miss.size and self.recent[0].size:
+            old[miss] = _lookup(u1[miss], u2[miss], *self.recent)
+        return old
+
+    def add(self, u1, u2, ids):
+        r1, r2, rid = (np.concatenate(x) for x in zip(self.recent, (u1, u2, ids)))
+        order = np.argsort(r1, kind="stable")
+        self.recent = (r1[order], r2[order], rid[order])
+        if r1.size > max(4096, self.base[0].size // 4):
+            b1, b2, bid = (np.concatenate(x) for x in zip(self.base, self.recent))
+            order = np.argsort(b1, kind="stable")
+            self.base = (b1[order], b2[order], bid[order])
+            e = np.zeros(0, dtype=np.uint64)
+            self.recent = (e, e, np.zeros(0, dtype=np.int64))
 
 
 @dataclass
 class _Columns:
-    """Columns found so far: their keys (sorted, with ids), counts and representative terms."""
+    """Columns found so far: their keys and representative terms."""
 
-    k1: np.ndarray  # uint64 first key halves, sorted
-    k2: np.ndarray  # uint64 second halves
-    ids: np.ndarray  # int64 column id of each key
-    count: list
+    known: "_Known"
     kind: list
     lengths: list
     node: list
@@ -405,31 +464,71 @@ def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
     cols.power.append(b.power[idx])
 
 
-class _WalkAhead:
-    """Walks batch k + 1 in a worker thread while the caller matches batch k (numpy
-    releases the GIL in its array work).  Only the worker touches the generator, and
-    the caller fixes each batch's size from results up to batch k - 1, so the draws
-    never depend on timing."""
+@dataclass
+class _Block:
+    """One walked block: its draws, their distinct keys and per-block sums."""
 
-    def __init__(self, walk, size: int):
+    batch: _Batch
+    inv: np.ndarray  # int64 (n,): index of each draw's key in u1/u2
+    first: np.ndarray  # int64 (u,): first draw of each distinct key
+    u1: np.ndarray  # uint64 (u,)
+    u2: np.ndarray  # uint64 (u,)
+    base: tuple  # the snapshot of _Known.base searched
+    old: np.ndarray  # int64 (u,): each key's column id in ``base``, -1 where absent
+    ucount: np.ndarray  # int64 (u,): draws of each distinct key
+    factors: float
+    factors_sq: float
+    degree_hist: np.ndarray  # int64 (65,)
+
+
+def _block_rng(seed: int, k: int) -> np.random.Generator:
+    """The generator of block ``k``: a function of (seed, k) alone, so blocks can be walked
+    in any order, on any number of threads, with the same draws."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(k,))))
+
+
+class _BlockWalker:
+    """Walks blocks 0, 1, 2, ... on ``threads`` worker threads (numpy releases the GIL in
+    its array work), ``threads + 1`` blocks in flight, handed out in order.  Each block's
+    draws depend only on (seed, block index), so the result does not depend on the
+    thread count or on timing; blocks walked past the last one needed are discarded."""
+
+    def __init__(self, walk, sizes, threads: int):
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         self._walk = walk
-        self._ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-walk")
-        self._pending = self._ex.submit(walk, size)
+        self._sizes = sizes
+        self._ex = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-walk")
+        self._next = 0
+        self._start = 0
+        self._pending = deque(self._submit() for _ in range(threads + 1))
 
-    def take(self, next_size: int):
-        """The walked batch; starts walking one of ``next_size`` draws."""
-        batch = self._pending.result()
-        self._pending = self._ex.submit(self._walk, next_size)
-        return batch
+    def _submit(self):
+        size = next(self._sizes)
+        f = self._ex.submit(self._walk, self._next, self._start, size)
+        self._next += 1
+        self._start += size
+        return f
+
+    def take(self) -> _Block:
+        block = self._pending.popleft().result()
+        self._pending.append(self._submit())
+        return block
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self._pending.cancel()
+        for f in self._pending:
+            f.cancel()
         self._ex.shutdown(wait=True)
+
+
+def _default_threads() -> int:
+    import numba
+
+    return int(numba.get_num_threads())
 
 
 def sample(
@@ -441,17 +540,22 @@ def sample(
     progress: Callable[[int], None] | None = None,
     max_draws: int | None = None,
     audit: list | None = None,
+    threads: int | None = None,
 ) -> FeatureSet:
     """Sample ``columns`` unique random-feature columns for ``skeleton``.
 
     Returns a :class:`~rfsgen.features.FeatureSet`.  ``progress(n)`` is called
-    with the number of new unique columns found after each batch.  ``columns`` is
+    with the number of new unique columns found after each block.  ``columns`` is
     1 .. :data:`MAX_COLUMNS`; ``seed`` an integer in 0 .. 2**63 - 1.  Raises
     :class:`SamplerError` when the skeleton has fewer distinct features than
     requested: after :data:`STALL_DRAWS` + 100 q/D consecutive draws without a new
-    column (or ``max_draws`` draws in all, if given).
+    column (or ``max_draws`` draws in all, if given; checked after each block).
     ``audit``, if a list, receives ``(kind, terms)`` of every consumed draw in
-    draw order (slow; for checking deduplication).
+    draw order (slow; for checking deduplication).  ``threads`` (default: numba's
+    thread count, ``NUMBA_NUM_THREADS``) walk blocks (:func:`block_sizes`) in
+    parallel; the result is the same for every thread count.  The draws are made in
+    blocks of a fixed size, so the first D columns of a larger sample are those of a
+    sample of D columns with the same seed.
     """
     skeleton.require_bound("sampling")
     if scheme != "rfs":
@@ -466,66 +570,71 @@ def sample(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise UsageError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     seed = int(seed)
+    threads = _default_threads() if threads is None else max(1, int(threads))
     t = _tables(skeleton_for_walk)
-    rng = np.random.default_rng(seed)
-    last_new = 0  # draws consumed when the latest new column was found
 
-    def walk(n):
+    cols = _Columns(_Known(), [], [], [], [], [], [])
+
+    def walk(k: int, start: int, size: int) -> _Block:
+        base = cols.known.base  # a snapshot: the main thread replaces it, never modifies it
+        rng = _block_rng(seed, k)
         if scheme == "orf":
-            return _pair(_walk(skeleton_for_walk, t, rng, (n + 1) // 2))
-        return _walk(skeleton_for_walk, t, rng, n)
+            b = _pair(_walk(skeleton_for_walk, t, rng, size // 2))
+        else:
+            b = _walk(skeleton_for_walk, t, rng, size)
+        keys = _keys(b, start)
+        inv, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
+        return _Block(b, inv, first, u1, u2, base, _lookup(u1, u2, *base), np.bincount(inv, minlength=u1.size), float(b.factors.sum()),
+                      float(np.square(b.factors).sum()), np.bincount(np.minimum(b.degree, 64), minlength=65))
 
-    e = np.zeros(0, dtype=np.uint64)
-    cols = _Columns(e, e, np.zeros(0, np.int64), [], [], [], [], [], [], [])
     counts = np.zeros(columns, dtype=np.int64)
     factors = 0.0
     factors_sq = 0.0
     degree_hist = np.zeros(65, dtype=np.int64)
     drawn = 0
-    next_size = min(MAX_BATCH, max(1024, columns))
-    with _WalkAhead(walk, next_size) as batches:
+    last_new = 0  # draws consumed when the latest new column was found
+    with _BlockWalker(walk, block_sizes(skeleton_for_walk), threads) as blocks:
         while True:
             try:
-                b = batches.take(next_size)
+                blk = blocks.take()
             except SamplerError as e:
                 raise SamplerError(f"{e} (after {drawn} draws of '{skeleton.path}')") from None
-            size = b.kind.size
-            keys = _keys(b, drawn)
-            inv, first, old, u1, u2 = _match(keys[:, 0], keys[:, 1], cols.k1, cols.k2, cols.ids)
-            is_new = old < 0
-            new_first = np.sort(first[is_new])  # batch rows creating new columns, in draw order
+            b = blk.batch
+            old = cols.known.resolve(blk.u1, blk.u2, blk.old, blk.base)
+            new_u = np.flatnonzero(old < 0)
+            new_u = new_u[np.argsort(blk.first[new_u], kind="stable")]  # new keys in draw order
             room = columns - cols.found
-            limit = size if new_first.size < room else int(new_first[room - 1]) + 1
-            new_rows = new_first[:room]
-            # column id of every unique key: old ids, then new ones numbered by first occurrence
-            uid = old.copy()
-            order = np.argsort(first[is_new], kind="stable")
-            new_ids = np.empty(order.size, dtype=np.int64)
-            new_ids[order] = cols.found + np.arange(order.size)
-            uid[is_new] = new_ids
-            draw_ids = uid[inv[:limit]]
-            counts += np.bincount(draw_ids, minlength=columns + order.size)[:columns]
-            _take(b, t, new_rows, cols)
+            size = b.kind.size
+            truncated = new_u.size >= room and int(blk.first[new_u[room - 1]]) + 1 < size
+            new_u = new_u[:room]
+            uid = old
+            uid[new_u] = cols.found + np.arange(new_u.size)
+            if truncated:  # the block holds the last column needed: count its draws up to it
+                limit = int(blk.first[new_u[-1]]) + 1
+                counts += np.bincount(uid[blk.inv[:limit]], minlength=columns)[:columns]
+                f = b.factors[:limit]
+                factors += float(f.sum())
+                factors_sq += float(np.square(f).sum())
+                degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
+            else:
+                limit = size
+                counts[uid] += blk.ucount  # every key of the block has an id: all its new keys fit
+                factors += blk.factors
+                factors_sq += blk.factors_sq
+                degree_hist += blk.degree_hist
+            rows = blk.first[new_u]
+            _take(b, t, rows, cols)
             if audit is not None:
                 for d in range(limit):
                     a, z = b.ptr[d], b.ptr[d + 1]
                     audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
-            keep = np.flatnonzero(is_new & (uid < columns))
-            keep = keep[np.argsort(u1[keep], kind="stable")]
-            at = np.searchsorted(cols.k1, u1[keep])
-            cols.k1 = np.insert(cols.k1, at, u1[keep])
-            cols.k2 = np.insert(cols.k2, at, u2[keep])
-            cols.ids = np.insert(cols.ids, at, uid[keep])
-            added = new_rows.size
-            cols.found += added
-            factors += float(b.factors[:limit].sum())
-            factors_sq += float(np.square(b.factors[:limit]).sum())
-            degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
-            if added:  # the draw that found the latest new column
-                last_new = drawn + int(new_rows[-1]) + 1
+            cols.known.add(blk.u1[new_u], blk.u2[new_u], uid[new_u])
+            cols.found += new_u.size
+            if new_u.size:  # the draw that found the latest new column
+                last_new = drawn + int(rows[-1]) + 1
             drawn += limit
             if progress:
-                progress(added)
+                progress(int(new_u.size))
             if cols.found >= columns:
                 break
             stalled = drawn - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
@@ -534,9 +643,6 @@ def sample(
                     f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
                     f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
                 )
-            rate = max(added, 1) / size
-            # the batch after the one being walked: aim at the columns still missing after it
-            next_size = int(min(MAX_BATCH, max(1024, 1.25 * max(columns - cols.found - rate * next_size, 0) / rate)))
     stats = {
         "mean_factors_per_draw": factors / drawn,
         "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,

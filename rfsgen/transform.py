@@ -174,10 +174,9 @@ class Transformer:
                 flat = xp[ga.group].reshape(m, -1)
                 src[:, ga.offset:ga.offset + flat.shape[1]] = flat
             else:
-                re, im = base.values(xp[ga.group], ga.gi, ga.codes)
                 a = ga.gi.size
-                src[:, ga.offset:ga.offset + a] = re
-                src[:, ga.offset + a:ga.offset + 2 * a] = 0.0 if im is None else im
+                base.values(xp[ga.group], ga.gi, ga.codes,
+                            out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]))
         return src
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:

@@ -38,11 +38,11 @@ def reference_gram(fs, x):
                                      ("categorical", 60), ("binary", 24), ("circle-step", 200),
                                      ("gauss-laplace", 200), ("sphere-coordinate", 20)])
 def test_scheme_is_unbiased_over_seeds(name, D, cifar_rows):
-    """Mean over 50 seeds of the file's estimate of k(x, x') is within 4 standard errors of the exact kernel."""
+    """Mean over 100 seeds of the file's estimate of k(x, x') is within 4 standard errors of the exact kernel."""
     s = skel(name)
     x = cifar_rows[:4] if s.width == 1728 else rows_for(s, 4, seed=5)
     exact = kernel(s, x)
-    est = np.array([reference_gram(sample(s, D, seed), x) for seed in range(50)])
+    est = np.array([reference_gram(sample(s, D, seed), x) for seed in range(100)])
     mean = est.mean(0)
     se = est.std(0, ddof=1) / math.sqrt(est.shape[0])
     iu = np.triu_indices(4, 1)
@@ -131,6 +131,55 @@ def test_reproducible_bytes_and_exact_budget(tmp_path):
     assert fa.terms_of(100) != fc.terms_of(100) or fa.terms_of(200) != fc.terms_of(200)
     for D in (1, 2, 17, 1024, 1025):
         assert sample(s, D, seed=1).columns == D
+
+
+@pytest.mark.parametrize("name, D, scheme", [("cifar-deep", 150_000, "rfs"), ("shallow-gaussian", 3000, "rfs"),
+                                             ("shallow-gaussian", 3000, "orf"), ("circle-step", 2000, "rfs")])
+def test_bytes_do_not_depend_on_the_thread_count(tmp_path, name, D, scheme):
+    """Blocks are walked on several threads; each block's draws come from (seed, block)
+    alone.  150,000 cifar-deep columns take several blocks (about 5 M draws), so blocks
+    finish out of order on 2 and 3 threads."""
+    from rfsgen.sampler import BLOCK
+
+    files = []
+    for threads in (1, 2, 3):
+        fs = sample(skel(name), D, seed=11, scheme=scheme, threads=threads)
+        files.append(tmp_path / f"{threads}.h5")
+        save(fs, files[-1])
+    assert files[0].read_bytes() == files[1].read_bytes() == files[2].read_bytes()
+    if name == "cifar-deep":
+        assert fs.draws > 4 * BLOCK
+
+
+def test_bytes_do_not_depend_on_numba_num_threads(tmp_path):
+    """Through the CLI, with NUMBA_NUM_THREADS 1, 2 and unset."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for threads in ("1", "2", None):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+        if threads:
+            env["NUMBA_NUM_THREADS"] = threads
+        out = tmp_path / f"t{threads}.h5"
+        subprocess.run([sys.executable, "-m", "rfsgen", "sample", skeleton_path("cifar-deep"), "-n", "40000",
+                        "--seed", "3", "-o", str(out), "-q"], check=True, env=env)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_a_smaller_sample_is_a_prefix_of_a_larger_one():
+    """Blocks have a fixed size, so the draws do not depend on D: the first D columns of a
+    larger sample are those of a sample of D columns (their counts differ: more draws)."""
+    s = skel("cifar-deep")
+    small, large = sample(s, 3000, seed=5), sample(s, 90_000, seed=5)
+    assert small.draws < large.draws
+    n = small.ptr[-1]
+    assert np.array_equal(small.kind, large.kind[:3000]) and np.array_equal(small.ptr, large.ptr[:3001])
+    assert np.array_equal(small.node, large.node[:n]) and np.array_equal(small.code, large.code[:n])
+    assert np.array_equal(small.power, large.power[:n])
+    assert np.all(small.count <= large.count[:3000])
 
 
 def test_round_trip(tmp_path):
