@@ -206,7 +206,15 @@ class Activation:
         """``n`` iid degrees (int64) with ``P(l = i) = a_i``."""
         if self.degree_fn is not None:
             return self.degree_fn(rng, n)
-        u = rng.random(n)
+        return self.degrees_at(rng, rng.random(n))
+
+    def degrees_at(self, rng: np.random.Generator, u: np.ndarray) -> np.ndarray:
+        """Degrees (int64) at the quantiles ``u`` (float64 in [0, 1)) of ``P(l = i) = a_i``:
+        a uniform ``u`` gives an exact draw.  Degrees beyond the table come from the exact
+        tail sampler (relu, step; ``rng`` is used only there).  For activations with their
+        own degree sampler (exp: Poisson) the table is the distribution truncated where
+        its tail is below TOLERANCE and renormalised, so quantiles are off by at most
+        TOLERANCE in total variation (a kernel bias below 2 TOLERANCE)."""
         total = self._cdf[-1]
         if self.tail is None:
             # The table is the whole (renormalised) distribution.

@@ -82,7 +82,7 @@ class FeatureSet:
     @cached_property
     def walk_skeleton(self) -> Skeleton:
         """The skeleton whose input nodes the terms refer to (rewritten by baseline schemes)."""
-        if self.scheme == "rfs":
+        if self.scheme in ("rfs", "strat"):
             return self.skeleton
         from .schemes import apply_scheme
 
@@ -294,7 +294,7 @@ def _seal(f):
 
 # ----------------------------------------------------------------------------- reading
 REQUIRED = ("skeleton", "column_count", "column_kind", "column_terms", "term_node", "term_code", "term_power", "omega")
-SCHEMES = ("rfs", "rr", "orf")
+SCHEMES = ("rfs", "rr", "orf", "strat")
 
 
 def load(path) -> FeatureSet:

@@ -176,7 +176,17 @@ class _Batch:
     degree: np.ndarray  # int64 (n,): degree drawn at the output node
 
 
-def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) -> _Batch:
+def _stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` uniforms on [0, 1), one in each interval [i/n, (i+1)/n) (systematic: one
+    shared offset), in random order.  Each is exactly uniform; together they hit every
+    part of [0, 1) in proportion."""
+    return (rng.permutation(n) + rng.random()) / n
+
+
+def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, stratify: bool = False) -> _Batch:
+    """``n_draws`` draws.  ``stratify``: the output node's degrees are taken at stratified
+    quantiles (:func:`_stratified_uniforms`) instead of iid, so the block's degree counts
+    are n a_i to within one (the ``strat`` scheme); every draw's distribution is unchanged."""
     phase = rng.integers(0, 2, n_draws)
     draw = np.arange(n_draws, dtype=np.int64)
     node = np.full(n_draws, skel.output, dtype=np.int64)
@@ -200,6 +210,9 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int) ->
             act = t.activations[a]
             m = mult[sel]
             one = m == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
+            if first and stratify:  # the output node: one item per draw, all of multiplicity 1
+                degree[sel] = act.degrees_at(rng, _stratified_uniforms(rng, sel.size))
+                continue
             if one.all():
                 degree[sel] = act.sample_degrees(rng, sel.size)
                 continue
@@ -581,7 +594,7 @@ def sample(
         if scheme == "orf":
             b = _pair(_walk(skeleton_for_walk, t, rng, size // 2))
         else:
-            b = _walk(skeleton_for_walk, t, rng, size)
+            b = _walk(skeleton_for_walk, t, rng, size, stratify=scheme == "strat")
         keys = _keys(b, start)
         inv, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
         return _Block(b, inv, first, u1, u2, base, _lookup(u1, u2, *base), np.bincount(inv, minlength=u1.size), float(b.factors.sum()),

@@ -29,7 +29,7 @@ from .bases import make_base
 from .errors import UsageError
 from .skeleton import InputNode, InternalNode, Layer, Skeleton
 
-SCHEMES = ("rfs", "rr", "orf")
+SCHEMES = ("rfs", "rr", "orf", "strat")
 
 
 def rr_nodes(skel: Skeleton) -> list:
@@ -94,6 +94,6 @@ def apply_scheme(skel: Skeleton, scheme: str) -> Skeleton:
     """The skeleton the sampler walks for ``scheme`` (``rfs`` returns ``skel`` itself)."""
     if scheme not in SCHEMES:
         raise UsageError(f"unknown scheme '{scheme}' (allowed: {', '.join(SCHEMES)})")
-    if scheme == "rfs":
+    if scheme in ("rfs", "strat"):  # strat changes how the walk draws, not the skeleton
         return skel
     return _apply(skel, scheme)

@@ -3,7 +3,13 @@
 Prints a table and writes ``bench-output/bench.json``.  Not collected by the test
 suite.  Measures, on the machine it runs on:
 
-* sampling: columns/s and peak RSS for cifar-deep at D = 1e5 and 1e6 (subprocess);
+* sampling: ``rfsgen sample`` cifar-deep at D = 1e5 and 1e6 end to end through the CLI,
+  on one thread and on every core, with the in-process sampling and write times and
+  peak RSS;
+* start-up: the first ``rfsgen transform`` of 64 rows with an empty numba cache, warm
+  runs, ``rfsgen --help``;
+* gaussian atoms: mnist-conv.yaml at D = 4096 on 1e4 Fashion-MNIST rows in memory,
+  against RBFSampler at the same D;
 * in-memory transform at D = 1e4 on 1e4 rows of 24x24x3 float32, for both shipped
   skeletons, against ``RBFSampler(n_components=1e4)`` fit + transform on the same rows,
   run alternately (A B A B ...), medians and ratios;
@@ -50,7 +56,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
+SECTIONS = ("sample", "startup", "gaussian", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -82,10 +88,10 @@ _LAUNCHER = (
 )
 
 
-def run_rss(argv) -> tuple[float, float, str]:
+def run_rss(argv, env=None) -> tuple[float, float, str]:
     """Run a command; (wall seconds, its peak RSS in MiB, its stdout)."""
     t = time.perf_counter()
-    p = subprocess.run([PY, "-c", _LAUNCHER] + [str(a) for a in argv], capture_output=True, text=True)
+    p = subprocess.run([PY, "-c", _LAUNCHER] + [str(a) for a in argv], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t
     if p.returncode:
         raise SystemExit(f"bench: {' '.join(map(str, argv))} failed:\n{p.stderr}")
@@ -130,22 +136,104 @@ def machine() -> dict:
 
 
 # ----------------------------------------------------------------------------- sections
+def _threads_env(threads):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    if threads:
+        env["NUMBA_NUM_THREADS"] = str(threads)
+    return env
+
+
 def bench_sample(args, tmp, res):
+    """``rfsgen sample`` end to end through the CLI (start-up, sampling, the file write),
+    on one thread and on every core, plus the in-process sampling time and the write."""
     out = []
     for d in args.sample_sizes:
-        code = (
-            "import json,time; from rfsgen import load_skeleton, sample; "
-            f"s=load_skeleton({str(SKELETONS['cifar-deep'])!r}); t=time.perf_counter(); "
-            f"fs=sample(s,{d},seed=1); t=time.perf_counter()-t; "
-            "print(json.dumps({'seconds':t,'draws':fs.draws}))"
-        )
-        _, rss, stdout = run_rss([PY, "-c", code])
-        r = json.loads(stdout)
-        r.update(columns=d, columns_per_s=d / r["seconds"], rss_mib=rss)
-        out.append(r)
-        print(f"  sample cifar-deep D={d:>8}: {r['seconds']:.2f} s, {r['columns_per_s']:,.0f} columns/s, "
-              f"q={r['draws']}, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+        for threads in (1, None):
+            env = _threads_env(threads)
+            code = (
+                "import json,time,os; from rfsgen import load_skeleton, sample, save_features; "
+                f"s=load_skeleton({str(SKELETONS['cifar-deep'])!r}); t=time.perf_counter(); "
+                f"fs=sample(s,{d},seed=1); t1=time.perf_counter(); "
+                f"save_features(fs, {str(tmp / 'inproc.h5')!r}, overwrite=True); t2=time.perf_counter(); "
+                "print(json.dumps({'seconds':t1-t,'write_s':t2-t1,'draws':fs.draws}))"
+            )
+            p = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, check=True)
+            r = json.loads(p.stdout)
+            cli = []
+            for _ in range(args.sample_repeats):
+                t = time.perf_counter()
+                _, rss, _ = run_rss(RFSGEN + ["sample", SKELETONS["cifar-deep"], "-n", d, "--seed", 1, "-o",
+                                              tmp / "s.h5", "--overwrite", "-q"], env=env)
+                cli.append(time.perf_counter() - t)
+            r.update(columns=d, threads=threads or os.cpu_count(), cli_s=med(cli), cli_runs=cli, rss_mib=rss,
+                     columns_per_s=d / r["seconds"], file_bytes=(tmp / "s.h5").stat().st_size)
+            out.append(r)
+            print(f"  sample cifar-deep D={d:>8}, {r['threads']:>2} thread(s): CLI {r['cli_s']:.2f} s "
+                  f"(runs {', '.join(f'{v:.2f}' for v in cli)}), in process {r['seconds']:.2f} s + write "
+                  f"{r['write_s']:.2f} s, q={r['draws']}, peak RSS {r['rss_mib']:.0f} MiB", flush=True)
     res["sample"] = out
+
+
+def bench_startup(args, tmp, res):
+    """First-run cost: ``rfsgen transform`` of 64 rows with an empty numba cache, then warm;
+    ``rfsgen --help``."""
+    rows = tmp / "rows64.npy"
+    x, _ = load_rows(args.data, 64)
+    np.save(rows, x)
+    feats = tmp / "f4096.h5"
+    subprocess.run(RFSGEN + ["sample", SKELETONS["cifar-deep"], "-n", "4096", "--seed", "1", "-o", feats, "-q"],
+                   check=True)
+    out = {}
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp / "empty-numba-cache"))
+    argv = RFSGEN + ["transform", feats, rows, "-o", tmp / "t.h5", "--overwrite", "-q"]
+    out["cold_transform_s"], _, _ = run_rss(argv, env=env)
+    warm = [run_rss(argv, env=env)[0] for _ in range(3)]
+    out["warm_transform_s"], out["warm_runs"] = med(warm), warm
+    helps = [run_rss(RFSGEN + ["--help"])[0] for _ in range(3)]
+    out["help_s"], out["help_runs"] = med(helps), helps
+    res["startup"] = out
+    print(f"  start-up: first transform of 64 rows (empty numba cache) {out['cold_transform_s']:.2f} s, warm "
+          f"{out['warm_transform_s']:.2f} s ({', '.join(f'{v:.2f}' for v in warm)}), --help {out['help_s']:.2f} s",
+          flush=True)
+
+
+def bench_gaussian(args, tmp, res):
+    """Gaussian atoms: mnist-conv.yaml at D = 4096 on 1e4 Fashion-MNIST rows (standardised
+    pixels) in memory, against RBFSampler at the same D, alternately."""
+    from sklearn.kernel_approximation import RBFSampler
+
+    from rfsgen import load_skeleton, sample, transform
+
+    sys.path.insert(0, str(ROOT / "tests" / "learn"))
+    import learn
+
+    data = ROOT.parent / "shared" / "data"
+    try:
+        xtr = learn.load_fashion(data, args.gaussian_rows)[0]
+        note = "Fashion-MNIST training rows"
+    except SystemExit:
+        xtr = np.load(ROOT / "tests" / "data" / "fashion_mnist_test_0-31.npy").reshape(-1, 784).astype(np.float32)
+        note = "the 32 Fashion-MNIST rows in tests/data, tiled"
+    reps = -(-args.gaussian_rows // xtr.shape[0])
+    x = np.ascontiguousarray(np.tile(xtr, (reps, 1))[:args.gaussian_rows], dtype=np.float32)
+    fs = sample(load_skeleton(ROOT / "skeletons" / "mnist-conv.yaml"), args.gaussian_columns, seed=1)
+    transform(fs, x[:64], layout="dense")
+
+    def ours():
+        transform(fs, x, layout="dense")
+
+    def peer():
+        RBFSampler(n_components=args.gaussian_columns, gamma=1.0 / x.shape[1], random_state=0).fit(x).transform(x)
+
+    times = alternate({"rfsgen": ours, "rbfsampler": peer}, args.repeats)
+    r = {"rows": x.shape[0], "columns": args.gaussian_columns, "data": note, "runs": times,
+         "rfsgen_s": med(times["rfsgen"]), "rbfsampler_s": med(times["rbfsampler"]),
+         "gaussian_atoms": int(fs.omega.size // 25)}
+    r["speedup"] = r["rbfsampler_s"] / r["rfsgen_s"]
+    res["gaussian"] = r
+    print(f"  mnist-conv D={r['columns']} on {r['rows']} rows ({r['gaussian_atoms']} gaussian atoms): rfsgen "
+          f"{r['rfsgen_s']:.3f} s ({', '.join(f'{v:.2f}' for v in times['rfsgen'])}), RBFSampler "
+          f"{r['rbfsampler_s']:.3f} s, peer/rfsgen = {r['speedup']:.2f}x", flush=True)
 
 
 def bench_memory(args, tmp, res):
@@ -348,8 +436,18 @@ def bench_fixed_order(args, tmp, res):
 def table(res) -> str:
     lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
     for r in res.get("sample", []):
-        lines.append(f"| sample cifar-deep, D = {r['columns']:.0e} | {r['seconds']:.2f} s, "
-                     f"{r['columns_per_s']:,.0f} col/s, {r['rss_mib']:.0f} MiB | | |")
+        lines.append(f"| `rfsgen sample` cifar-deep, D = {r['columns']:.0e}, {r['threads']} thread(s) | "
+                     f"{r['cli_s']:.2f} s end to end (sampling {r['seconds']:.2f} s, write {r['write_s']:.2f} s), "
+                     f"{r['rss_mib']:.0f} MiB | | |")
+    if "startup" in res:
+        u = res["startup"]
+        lines.append(f"| first `rfsgen transform` of 64 rows, empty numba cache | {u['cold_transform_s']:.2f} s | | |")
+        lines.append(f"| warm `rfsgen transform` of 64 rows / `rfsgen --help` | {u['warm_transform_s']:.2f} s / "
+                     f"{u['help_s']:.2f} s | | |")
+    if "gaussian" in res:
+        g = res["gaussian"]
+        lines.append(f"| in-memory mnist-conv, {g['rows']} rows, D = {g['columns']} | {g['rfsgen_s']:.3f} s | "
+                     f"RBFSampler {g['rbfsampler_s']:.3f} s | {g['speedup']:.2f} |")
     for r in res.get("memory", []):
         lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
                      f"{r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
@@ -392,10 +490,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.columns, args.rows, args.repeats = 10_000, 10_000, 5
     args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
+    args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 3, 10_000, 4096
     args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
     if args.quick:
         args.columns, args.rows, args.repeats = 1000, 1000, 2
         args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
+        args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
     only = [s for s in args.only.split(",") if s]
     bad = [s for s in only if s not in SECTIONS]
