@@ -50,13 +50,20 @@ BLOCK_OMEGA_VALUES = 1 << 21
 
 
 def block_sizes(skeleton: Skeleton):
-    """The fixed draw schedule of ``skeleton``: an endless iterator of block sizes (even,
-    powers of two).  It depends on the skeleton alone, never on D, the seed or threads."""
-    widths = [base.width for base, _, _ in skeleton.input_groups if base.continuous]
+    """The fixed draw schedule of ``skeleton``: an endless iterator of block sizes (even).
+    It depends on the skeleton alone, never on D, the seed or threads."""
+    groups = [base for base, _, _ in skeleton.input_groups if base.continuous]
     cap = BLOCK
-    if widths:
-        cap = max(FIRST_BLOCK // 4, min(BLOCK, 1 << int(math.log2(max(1, BLOCK_OMEGA_VALUES // max(widths))))))
-    size = min(FIRST_BLOCK, cap)
+    if groups:
+        cap = max(FIRST_BLOCK // 4, min(BLOCK, 1 << int(math.log2(max(1, BLOCK_OMEGA_VALUES // max(b.width for b in groups))))))
+    ortho = [b.width for b in groups if b.name == "gaussian" and b.param("orthogonal")]
+    if ortho:
+        # orf: a block holds whole orthogonal d x d sets (two draws, cos and sin, per
+        # frequency), as one batch of D columns did before blocks.
+        unit = 2 * max(ortho)
+        size, cap = unit, max(unit, cap - cap % unit)
+    else:
+        size = min(FIRST_BLOCK, cap)
     while True:
         yield size
         size = min(2 * size, cap)
@@ -184,9 +191,16 @@ def _stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, stratify: bool = False) -> _Batch:
-    """``n_draws`` draws.  ``stratify``: the output node's degrees are taken at stratified
-    quantiles (:func:`_stratified_uniforms`) instead of iid, so the block's degree counts
-    are n a_i to within one (the ``strat`` scheme); every draw's distribution is unchanged."""
+    """``n_draws`` draws.
+
+    ``stratify`` (the ``strat`` scheme): randomness that no two items of one draw share
+    is drawn as stratified samples across the block instead of iid -- degrees of items
+    alone in their draw at a level (every draw at the output node), the single child
+    pick of such items of degree 1, and sphere codes of single leaf items per node.  The
+    block's counts then follow the probabilities to within one.  Each draw's own walk
+    keeps exactly the rfs distribution (each stratified value is uniform and independent
+    of the rest of its draw), so the estimator stays unbiased; draws of a block are
+    negatively correlated, which is what lowers the variance."""
     phase = rng.integers(0, 2, n_draws)
     draw = np.arange(n_draws, dtype=np.int64)
     node = np.full(n_draws, skel.output, dtype=np.int64)
@@ -202,6 +216,8 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
             if not draw.size:
                 break
         degree = np.empty(draw.size, dtype=np.int64)
+        if stratify:  # at most one item of a draw may take its randomness from a shared stratified sequence
+            alone = np.bincount(draw, minlength=n_draws)[draw] == 1
         acts = t.act_index[node]
         present = np.flatnonzero(np.bincount(acts))  # a few activations: no sort needed
         for a in present:
@@ -210,9 +226,14 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
             act = t.activations[a]
             m = mult[sel]
             one = m == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
-            if first and stratify:  # the output node: one item per draw, all of multiplicity 1
-                degree[sel] = act.degrees_at(rng, _stratified_uniforms(rng, sel.size))
-                continue
+            if stratify:
+                # Items alone in their draw at this level (every item at the output node)
+                # take their degrees at stratified quantiles; the rest draw as in rfs.
+                st = one & alone[sel]
+                degree[sel[st]] = act.degrees_at(rng, _stratified_uniforms(rng, int(st.sum())))
+                sel, m, one = sel[~st], m[~st], one[~st]
+                if not sel.size:
+                    continue
             if one.all():
                 degree[sel] = act.sample_degrees(rng, sel.size)
                 continue
@@ -221,8 +242,8 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
         if first:
             out_degree[draw] = degree
             first = False
-        draw, node, mult = _choose_children(t, rng, draw, node, degree)
-    return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree)
+        draw, node, mult = _choose_children(t, rng, draw, node, degree, alone & (degree == 1) if stratify else None)
+    return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify)
 
 
 def _pair(b: _Batch) -> _Batch:
@@ -246,8 +267,10 @@ def _pair(b: _Batch) -> _Batch:
                   continuous=np.repeat(b.continuous, 2), factors=np.repeat(b.factors, 2), degree=np.repeat(b.degree, 2))
 
 
-def _choose_children(t, rng, draw, node, degree):
-    """Pick ``degree`` children uniformly with replacement for every item."""
+def _choose_children(t, rng, draw, node, degree, stratified=None):
+    """Pick ``degree`` children uniformly with replacement for every item.  Items where
+    ``stratified`` (bool, optional) is set have degree 1 and are alone in their draw:
+    their single pick is stratified per node (:func:`_stratified_codes`)."""
     fan = t.fanin[node]
     big = degree > 8 * fan
     parts = []
@@ -261,6 +284,9 @@ def _choose_children(t, rng, draw, node, degree):
             pick = rng.integers(0, np.repeat(fan, small_deg))
         else:
             pick = rng.integers(0, f0, total)  # one layer shares a fan-in: a scalar bound is much faster
+        if stratified is not None and stratified.any():
+            at = np.cumsum(small_deg)[stratified] - 1  # the one unit of each such item
+            pick[at] = _stratified_codes(rng, node[stratified], fan[stratified])
         child = t.children[np.repeat(t.child_ptr[node], small_deg) + pick]
         parts.append((np.repeat(draw, small_deg), child, np.ones(total, dtype=np.int64)))
     if big.any():
@@ -279,7 +305,29 @@ def _choose_children(t, rng, draw, node, degree):
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
-def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree) -> _Batch:
+def _stratified_codes(rng, node, ncodes):
+    """One uniform code in [0, ncodes) per item, stratified per node: the r items of a
+    node take codes floor((k + U) ncodes / r), k = 0 .. r - 1, in random order (U uniform,
+    one per node).  Each item's code is exactly uniform (up to the rounding of one
+    float64 product) and independent of the codes at other nodes; the items of one node
+    (all from different draws) share the codes out evenly.  ``node`` int64 (n,);
+    ``ncodes`` an int or int64 (n,) (the same for the items of one node); returns int64 (n,)."""
+    n = node.size
+    if not n:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((rng.random(n), node))  # by node, in random order within a node
+    sn = node[order]
+    starts = np.flatnonzero(np.concatenate(([True], sn[1:] != sn[:-1])))
+    runs = np.diff(np.append(starts, n))
+    k = np.arange(n) - np.repeat(starts, runs)
+    u = (k + np.repeat(rng.random(starts.size), runs)) / np.repeat(runs, runs)
+    nc = ncodes[order] if isinstance(ncodes, np.ndarray) else ncodes
+    code = np.empty(n, np.int64)
+    code[order] = np.minimum((u * nc).astype(np.int64), nc - 1)
+    return code
+
+
+def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=False) -> _Batch:
     n_nodes = len(skel.nodes)
     if leaves:
         draw, node, mult = (np.concatenate(x) for x in zip(*leaves))
@@ -296,6 +344,15 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree) -> _Batch
         sel = np.flatnonzero(grp == g)
         if not sel.size:
             continue
+        if stratify and base.name == "sphere":
+            # Items of multiplicity one draw one uniform code each: stratify them per node.
+            one = mult[sel] == 1
+            s1 = sel[one]
+            ncodes = 2 * base.width if base.param("scheme") == "pair" else base.width
+            parts.append((draw[s1], node[s1], _stratified_codes(rng, node[s1], ncodes), np.ones(s1.size, np.int64)))
+            sel = sel[~one]
+            if not sel.size:
+                continue
         item, code, power, omega = base.sample(rng, mult[sel])
         if base.continuous:
             code = omega_size + code * base.width

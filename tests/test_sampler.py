@@ -50,6 +50,51 @@ def test_scheme_is_unbiased_over_seeds(name, D, cifar_rows):
     np.testing.assert_allclose(np.diag(mean), 1.0, atol=1e-9 + 4 * se.diagonal().max())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name, D", [("shallow-gaussian", 300), ("cifar-deep", 300), ("relu-deep", 200),
+                                     ("circle-step", 200), ("sphere-coordinate", 20), ("categorical", 60)])
+def test_strat_scheme_is_unbiased_over_seeds(name, D, cifar_rows):
+    """The strat scheme: mean over 100 seeds within 4 standard errors of the exact kernel."""
+    s = skel(name)
+    x = cifar_rows[:4] if s.width == 1728 else rows_for(s, 4, seed=5)
+    exact = kernel(s, x)
+    est = np.array([reference_gram(sample(s, D, seed, scheme="strat"), x) for seed in range(100)])
+    mean = est.mean(0)
+    se = est.std(0, ddof=1) / math.sqrt(est.shape[0])
+    iu = np.triu_indices(4, 1)
+    assert np.all(np.abs(mean - exact)[iu] <= 4 * se[iu] + 1e-12), (mean[iu], exact[iu], se[iu])
+    np.testing.assert_allclose(np.diag(mean), 1.0, atol=1e-9 + 4 * se.diagonal().max())
+
+
+@pytest.mark.parametrize("name", ["shallow-gaussian", "relu-deep"])
+def test_strat_degree_counts_follow_the_coefficients(name):
+    """A strat block's output degrees: each degree's count within one of n a_i (table part);
+    rfs's are multinomial, several counts off by more."""
+    from rfsgen.sampler import _block_rng, _tables, _walk
+
+    s = skel(name)
+    act = s.nodes[s.output].activation
+    n = 1 << 14
+    expected = n * act.coefficients
+    for scheme, ok in (("strat", True), ("rfs", False)):
+        b = _walk(s, _tables(s), _block_rng(1, 0), n, stratify=scheme == "strat")
+        counts = np.bincount(b.degree, minlength=act.coefficients.size)[:act.coefficients.size]
+        assert np.all(np.abs(counts - expected) <= 1 + 1e-9) == ok, (scheme, counts[:5], expected[:5])
+
+
+def test_strat_codes_are_stratified_per_node():
+    from rfsgen.sampler import _stratified_codes
+
+    rng = np.random.default_rng(0)
+    node = np.repeat([3, 7, 9], [600, 50, 7])[rng.permutation(657)]
+    code = _stratified_codes(rng, node, 6)
+    for v, r in ((3, 600), (7, 50), (9, 7)):
+        c = np.bincount(code[node == v], minlength=6)
+        assert c.sum() == r and c.max() - c.min() <= 1
+    per = _stratified_codes(rng, node, np.where(node == 3, 4, 5))
+    assert per[node == 3].max() < 4 and per[node != 3].max() < 5
+
+
 @pytest.mark.parametrize("name, D", [("categorical", 40), ("relu-deep", 60), ("gauss-laplace", 30)])
 def test_dedup_is_exact(name, D):
     """The weighted deduplicated estimate equals the plain average over the same q draws."""

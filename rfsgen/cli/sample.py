@@ -11,8 +11,9 @@ from . import main, translate_errors, _Progress
 @click.argument("skeleton", type=click.Path(dir_okay=False))
 @click.option("-n", "--columns", type=int, required=True, help="Number of output columns D (unique features).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generator.")
-@click.option("--scheme", type=click.Choice(["rfs", "rr", "orf"]), default="rfs", show_default=True,
-              help="rfs: the compositional scheme; rr / orf: Rahimi-Recht / orthogonal random features "
+@click.option("--scheme", type=click.Choice(["rfs", "strat", "rr", "orf"]), default="rfs", show_default=True,
+              help="rfs: the compositional scheme; strat: rfs with stratified degrees, child picks and "
+                   "sphere codes (unbiased, lower error); rr / orf: Rahimi-Recht / orthogonal random features "
                    "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes).")
 @click.option("-o", "--output", required=True, help="Feature file to write (.h5).")
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
