@@ -27,10 +27,9 @@ draw up to it.  Same skeleton, seed and D give the same file on any number of th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
-
-import math
 
 import numpy as np
 
@@ -49,9 +48,11 @@ FIRST_BLOCK = 1 << 10
 BLOCK_OMEGA_VALUES = 1 << 21
 
 
-def block_sizes(skeleton: Skeleton):
+def block_sizes(skeleton: Skeleton, columns: int = 0):
     """The fixed draw schedule of ``skeleton``: an endless iterator of block sizes (even).
-    It depends on the skeleton alone, never on D, the seed or threads."""
+    It depends on the skeleton alone -- never on the seed or threads, and not on D except
+    for orthogonal (orf) frequencies, whose first block is D draws when D is below one
+    orthogonal set (as many rows as needed, not a whole d x d set)."""
     groups = [base for base, _, _ in skeleton.input_groups if base.continuous]
     cap = BLOCK
     if groups:
@@ -61,7 +62,10 @@ def block_sizes(skeleton: Skeleton):
         # orf: a block holds whole orthogonal d x d sets (two draws, cos and sin, per
         # frequency), as one batch of D columns did before blocks.
         unit = 2 * max(ortho)
-        size, cap = unit, max(unit, cap - cap % unit)
+        cap = max(unit, cap - cap % unit)
+        if 0 < columns < unit:
+            yield columns + columns % 2
+        size = unit
     else:
         size = min(FIRST_BLOCK, cap)
     while True:
@@ -315,7 +319,8 @@ def _stratified_codes(rng, node, ncodes):
     n = node.size
     if not n:
         return np.zeros(0, np.int64)
-    order = np.lexsort((rng.random(n), node))  # by node, in random order within a node
+    perm = rng.permutation(n)
+    order = perm[_sort_order(node[perm])]  # by node (stable), so in random order within a node
     sn = node[order]
     starts = np.flatnonzero(np.concatenate(([True], sn[1:] != sn[:-1])))
     runs = np.diff(np.append(starts, n))
@@ -559,11 +564,12 @@ def _block_rng(seed: int, k: int) -> np.random.Generator:
 
 class _BlockWalker:
     """Walks blocks 0, 1, 2, ... on ``threads`` worker threads (numpy releases the GIL in
-    its array work), ``threads + 1`` blocks in flight, handed out in order.  Each block's
-    draws depend only on (seed, block index), so the result does not depend on the
-    thread count or on timing; blocks walked past the last one needed are discarded."""
+    its array work), handed out in order: block 0 alone (often all a small D needs), then,
+    once a second block is asked for, ``ahead`` blocks in flight.  Each block's draws
+    depend only on (seed, block index), so the result does not depend on the thread count
+    or on timing; blocks walked past the last one needed are discarded."""
 
-    def __init__(self, walk, sizes, threads: int):
+    def __init__(self, walk, sizes, threads: int, ahead: int):
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
@@ -572,7 +578,9 @@ class _BlockWalker:
         self._ex = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-walk")
         self._next = 0
         self._start = 0
-        self._pending = deque(self._submit() for _ in range(threads + 1))
+        self._ahead = ahead
+        self._taken = 0
+        self._pending = deque([self._submit()])
 
     def _submit(self):
         size = next(self._sizes)
@@ -582,9 +590,11 @@ class _BlockWalker:
         return f
 
     def take(self) -> _Block:
-        block = self._pending.popleft().result()
-        self._pending.append(self._submit())
-        return block
+        if self._taken:
+            while len(self._pending) < self._ahead:
+                self._pending.append(self._submit())
+        self._taken += 1
+        return self._pending.popleft().result()
 
     def __enter__(self):
         return self
@@ -663,7 +673,9 @@ def sample(
     degree_hist = np.zeros(65, dtype=np.int64)
     drawn = 0
     last_new = 0  # draws consumed when the latest new column was found
-    with _BlockWalker(walk, block_sizes(skeleton_for_walk), threads) as blocks:
+    # orf blocks are whole orthogonal sets (seconds each): walk no more of them than needed.
+    ahead = 1 if scheme == "orf" else threads + 1
+    with _BlockWalker(walk, block_sizes(skeleton_for_walk, columns), threads, ahead) as blocks:
         while True:
             try:
                 blk = blocks.take()
