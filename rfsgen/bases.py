@@ -68,6 +68,12 @@ class Base:
         return self.kind.modulus(self)
 
     @property
+    def uniform_codes(self) -> int:
+        """For bases whose single draw is one code uniform in [0, n) with power 1 (sphere):
+        n; 0 otherwise.  The ``strat`` scheme stratifies such codes."""
+        return self.kind.uniform_codes(self)
+
+    @property
     def norm_bound(self) -> float:
         """C = sup |psi| of the base scheme."""
         return self.kind.norm_bound(self)
@@ -152,6 +158,7 @@ class BaseKind:
     values: Callable
     linear: Callable | None = None
     modulus: Callable = lambda base: 0
+    uniform_codes: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
 
@@ -364,9 +371,12 @@ def _sample_codes(rng, counts, ncodes):
     return it[order], co[order], pw[order], None
 
 
+def _sphere_codes(base):
+    return 2 * base.width if base.param("scheme") == "pair" else base.width
+
+
 def _sample_sphere(base, rng, counts):
-    ncodes = 2 * base.width if base.param("scheme") == "pair" else base.width
-    return _sample_codes(rng, counts, ncodes)
+    return _sample_codes(rng, counts, _sphere_codes(base))
 
 
 def _sample_gaussian(base, rng, counts):
@@ -497,17 +507,14 @@ def phases_of(xp, gi, om, out=None):
         starts.extend(range(lo, hi, ATOM_BLOCK))
     starts = np.array(starts, dtype=np.int64)
     ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right"))
-    omt = np.ascontiguousarray((om if in_order else om[order]).T)
-    if in_order:  # computed in place: no (m, a) temporaries, no scatter
-        re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
-        if m and a:
-            phases(xp, starts, ends, sg[starts], omt, re, im)
-        return re, im
-    re_s, im_s = np.empty((m, a)), np.empty((m, a))
-    if m and a:
-        phases(xp, starts, ends, sg[starts], omt, re_s, im_s)
     re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
-    re[:, order], im[:, order] = re_s, im_s
+    # In node order (as the transform builds its atoms) the values go straight into the
+    # result; otherwise into node-ordered temporaries, scattered back below.
+    re_s, im_s = (re, im) if in_order else (np.empty((m, a)), np.empty((m, a)))
+    if m and a:
+        phases(xp, starts, ends, sg[starts], np.ascontiguousarray(om[order].T), re_s, im_s)
+    if not in_order:
+        re[:, order], im[:, order] = re_s, im_s
     return re, im
 
 
@@ -604,6 +611,7 @@ _register(BaseKind(
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
     _prepare_sphere, _gram_sphere, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
+    uniform_codes=_sphere_codes,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

@@ -349,12 +349,12 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
         sel = np.flatnonzero(grp == g)
         if not sel.size:
             continue
-        if stratify and base.name == "sphere":
+        if stratify and base.uniform_codes:
             # Items of multiplicity one draw one uniform code each: stratify them per node.
             one = mult[sel] == 1
             s1 = sel[one]
-            ncodes = 2 * base.width if base.param("scheme") == "pair" else base.width
-            parts.append((draw[s1], node[s1], _stratified_codes(rng, node[s1], ncodes), np.ones(s1.size, np.int64)))
+            codes = _stratified_codes(rng, node[s1], base.uniform_codes)
+            parts.append((draw[s1], node[s1], codes, np.ones(s1.size, np.int64)))
             sel = sel[~one]
             if not sel.size:
                 continue
