@@ -83,7 +83,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         Number of feature columns D.
     random_state : int, numpy RandomState or None
         Seed of the sampler (an int ``s`` samples exactly ``rfsgen sample --seed s``).
-    scheme : {"rfs", "rr", "orf"}
+    scheme : {"rfs", "strat", "rr", "orf"}
         The sampling scheme (see ``rfsgen sample --help``).
     dtype : {"float32", "float64"}
         Output dtype; inputs of either float dtype are read as they are.
