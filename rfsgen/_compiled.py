@@ -4,6 +4,16 @@ columns, and the sampler's per-draw hashing.
 Kept apart so that the rest imports without compiling anything.  numba is a required
 dependency (not optional) so that the output never depends on whether it is
 installed; see the README's Performance section for the measurements behind it.
+
+The row loops are compiled serial, over a range of rows, and :func:`on_rows` runs
+parts of the rows on Python threads (the loops release the GIL).  numba's own
+``parallel=True`` doubles a loop's compile time (the first run after installing
+took 8 s instead of 4.4 s for the columns loop alone) and cannot be entered from
+several threads at once with its default threading layer; each row's values never
+depend on how the rows are split, so the bytes are the same either way.  Inside
+the loops, arrays are filled element by element rather than by slice assignment:
+numba compiles a slice assignment into generic broadcasting code that took 3 s of
+the columns loop's 4.3 s compile.
 """
 
 from __future__ import annotations
@@ -17,9 +27,39 @@ from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte 
 from ._vector import gather, product, transpose_out
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, threads):  # pragma: no cover - compiled
-    """Products of factor values into output columns, for all rows of ``src``.
+def threads() -> int:
+    """The number of threads the loops use: numba's (``NUMBA_NUM_THREADS``,
+    ``numba.set_num_threads``)."""
+    return int(numba.get_num_threads())
+
+
+def _rows_for(values_per_row: int) -> int:
+    """Rows worth a thread of their own: about 65,536 values of simple work (starting a
+    thread costs tens of microseconds)."""
+    return max(1, 65536 // max(1, values_per_row))
+
+
+def on_rows(kernel, m: int, *args, align: int = 1, min_rows: int = 1) -> None:
+    """Run ``kernel(*args, r0, r1)`` over rows ``[0, m)`` split into contiguous parts,
+    one per thread (at most :func:`threads`, each at least ``min_rows`` rows and
+    starting at a multiple of ``align``), and wait for all of them."""
+    parts = max(1, min(threads(), m // max(min_rows, 1)))
+    if parts == 1:
+        kernel(*args, 0, m)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    cuts = [(m * i // parts) // align * align for i in range(parts)] + [m]
+    with ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="rfsgen-rows") as pool:
+        done = [pool.submit(kernel, *args, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
+        kernel(*args, cuts[0], cuts[1])
+        for d in done:
+            d.result()
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, start, stop):  # pragma: no cover - compiled
+    """Products of factor values into output columns, for rows ``start:stop`` of ``src``.
 
     Inputs (the static ones built once by :class:`rfsgen.transform.Transformer`):
 
@@ -35,8 +75,7 @@ def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, th
       of output column ``j``.  int64 ``fidx (nnz,)``, ``fptr (D + 1,)``, ``pos (D,)``;
       float64 ``sc (D,)``; bool ``imag (D,)``;
     * ``out`` float32 or float64 ``(m, D)`` C order, overwritten;
-    * ``threads``: how many parts the tiles are split into (``numba.get_num_threads()``;
-      asking numba inside the loop would make it uncacheable).
+    * ``start, stop``: the rows to compute (``start`` a multiple of 8).
 
     Rows go in tiles of 8: a tile's atoms are gathered into lane rows (8 float64 per
     atom, one cache line), each column's complex product runs in 8-lane vector
@@ -46,54 +85,60 @@ def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, th
     factors, where z^-k = conj(z)^k.  Each output value depends only on its own row
     and is computed the same way whatever the thread count or number of rows.
     """
-    m, d = out.shape
+    d = out.shape[1]
     n_atoms = ir.size
     n_factors = n_atoms + xatom.size
     one = n_factors  # an extra lane row holding the factor 1 (columns without terms)
-    n_tiles = (m + TILE - 1) // TILE
-    workers = max(1, min(threads, n_tiles))
     d8 = d - d % TILE
-    for w in numba.prange(workers):
-        fr = np.empty((n_factors + 1, TILE))
-        fi = np.empty((n_factors + 1, TILE))
-        fr[one] = 1.0
-        fi[one] = 0.0
-        tile = np.empty((d, TILE), dtype=out.dtype)
-        part = np.zeros((TILE, src.shape[1]))  # the last, partial tile's rows, zero-padded
-        for b in range(w * n_tiles // workers, (w + 1) * n_tiles // workers):
-            r0 = b * TILE
-            n = min(TILE, m - r0)
-            rows = src
-            first = r0
-            if n < TILE:
-                part[:n] = src[r0:r0 + n]
-                rows = part
-                first = 0
-            for k in range(n_atoms):
-                gather(rows, first, ir[k], cr[k], fr, k)
-                if ii[k] >= 0:
-                    gather(rows, first, ii[k], ci[k], fi, k)
-                else:
-                    fi[k] = 0.0
-            for e in range(xatom.size):
-                _power(fr[xatom[e]], fi[xatom[e]], xpow[e], fr[n_atoms + e], fi[n_atoms + e])
-            for p in range(d):
-                q0 = fptr[p]
-                q1 = fptr[p + 1]
-                if q1 > q0:
-                    product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
-                else:
-                    product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
-            if n == TILE:
-                for j in range(0, d8, TILE):
-                    transpose_out(tile, pos, j, out, r0)
-                for t in range(TILE):
-                    for j in range(d8, d):
-                        out[r0 + t, j] = tile[pos[j], t]
+    fr = np.empty((n_factors + 1, TILE))
+    fi = np.empty((n_factors + 1, TILE))
+    for t in range(TILE):
+        fr[one, t] = 1.0
+        fi[one, t] = 0.0
+    tile = np.empty((d, TILE), dtype=out.dtype)
+    part = np.zeros((TILE, src.shape[1]))  # the last, partial tile's rows, zero-padded
+    for r0 in range(start, stop, TILE):
+        n = min(TILE, stop - r0)
+        rows = src
+        first = r0
+        if n < TILE:
+            for t in range(n):
+                for c in range(src.shape[1]):
+                    part[t, c] = src[r0 + t, c]
+            rows = part
+            first = 0
+        for k in range(n_atoms):
+            gather(rows, first, ir[k], cr[k], fr, k)
+            if ii[k] >= 0:
+                gather(rows, first, ii[k], ci[k], fi, k)
             else:
-                for t in range(n):
-                    for j in range(d):
-                        out[r0 + t, j] = tile[pos[j], t]
+                for t in range(TILE):
+                    fi[k, t] = 0.0
+        for e in range(xatom.size):
+            _power(fr[xatom[e]], fi[xatom[e]], xpow[e], fr[n_atoms + e], fi[n_atoms + e])
+        for p in range(d):
+            q0 = fptr[p]
+            q1 = fptr[p + 1]
+            if q1 > q0:
+                product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
+            else:
+                product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
+        if n == TILE:
+            for j in range(0, d8, TILE):
+                transpose_out(tile, pos, j, out, r0)
+            for t in range(TILE):
+                for j in range(d8, d):
+                    out[r0 + t, j] = tile[pos[j], t]
+        else:
+            for t in range(n):
+                for j in range(d):
+                    out[r0 + t, j] = tile[pos[j], t]
+
+
+def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out) -> None:
+    """:func:`_columns` over all rows of ``src``, on :func:`threads` threads."""
+    on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out,
+            align=TILE, min_rows=TILE)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -142,17 +187,20 @@ def compress_rows(vals, data, indices, counts):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------- input preparation
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def gather_columns(x, cols, out):  # pragma: no cover - compiled
-    """``out[r, k] = x[r, cols[k]]`` as float64: x float32/float64 ``(m, w)``, cols int64 ``(s,)``,
-    out float64 ``(m, s)``.  One pass instead of numpy's fancy indexing plus a conversion."""
-    for r in numba.prange(x.shape[0]):
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _gather_columns(x, cols, out, start, stop):  # pragma: no cover - compiled
+    for r in range(start, stop):
         for k in range(cols.size):
             out[r, k] = x[r, cols[k]]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def normalize(x, norms):  # pragma: no cover - compiled
+def gather_columns(x, cols, out) -> None:
+    """``out[r, k] = x[r, cols[k]]`` as float64: x float32/float64 ``(m, w)``, cols int64 ``(s,)``,
+    out float64 ``(m, s)``.  One pass instead of numpy's fancy indexing plus a conversion."""
+    on_rows(_gather_columns, x.shape[0], x, cols, out, min_rows=_rows_for(cols.size))
+
+
+def normalize(x, norms) -> None:
     """Divide each vector ``x[r, g, :]`` (float64 ``(m, G, w)``, C order, in place) by its
     Euclidean norm; ``norms`` float64 ``(m, G)`` receives the norm of the vector scaled
     by a power of two (0 exactly for zero vectors, which are left alone).
@@ -166,8 +214,13 @@ def normalize(x, norms):  # pragma: no cover - compiled
     ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), which vectorises and keeps the rounding
     error near log-depth.  Either way a vector's norm depends only on its own values.
     """
-    m, g, w = x.shape
-    for r in numba.prange(m):
+    on_rows(_normalize, x.shape[0], x, norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _normalize(x, norms, start, stop):  # pragma: no cover - compiled
+    g, w = x.shape[1], x.shape[2]
+    for r in range(start, stop):
         for j in range(g):
             v = x[r, j]
             mx = 0.0
@@ -262,8 +315,7 @@ ROW_TILE = 8  # rows sharing each load of a frequency row
 ATOM_BLOCK = 64  # atoms (of one node) summed together: 8 x 64 accumulators stay in L1
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def phases(xp, blk_start, blk_end, blk_node, omt, re, im):  # pragma: no cover - compiled
+def phases(xp, blk_start, blk_end, blk_node, omt, re, im) -> None:
     """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
 
     ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
@@ -276,13 +328,15 @@ def phases(xp, blk_start, blk_end, blk_node, omt, re, im):  # pragma: no cover -
     (tiles of rows x blocks of atoms, the inner loop over atoms vectorised).
     Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library), float64 ``(m, a)``.
     """
-    m = xp.shape[0]
+    on_rows(_phases, xp.shape[0], xp, blk_start, blk_end, blk_node, omt, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases(xp, blk_start, blk_end, blk_node, omt, re, im, start, stop):  # pragma: no cover - compiled
     w = xp.shape[2]
-    n_tiles = (m + ROW_TILE - 1) // ROW_TILE
-    for tile in numba.prange(n_tiles):
-        r0 = tile * ROW_TILE
-        nr = min(ROW_TILE, m - r0)
-        acc = np.empty((ROW_TILE, ATOM_BLOCK))
+    acc = np.empty((ROW_TILE, ATOM_BLOCK))
+    for r0 in range(start, stop, ROW_TILE):
+        nr = min(ROW_TILE, stop - r0)
         for b in range(blk_start.size):
             k0 = blk_start[b]
             kb = blk_end[b] - k0
@@ -303,10 +357,14 @@ def phases(xp, blk_start, blk_end, blk_node, omt, re, im):  # pragma: no cover -
                     im[r0 + i, k0 + t] = np.sin(acc[i, t])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def cis(theta, re, im):  # pragma: no cover - compiled
+def cis(theta, re, im) -> None:
     """``re = cos(theta)``, ``im = sin(theta)`` elementwise (C library), float64 ``(m, a)``."""
-    for r in numba.prange(theta.shape[0]):
+    on_rows(_cis, theta.shape[0], theta, re, im, min_rows=_rows_for(theta.shape[1]))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _cis(theta, re, im, start, stop):  # pragma: no cover - compiled
+    for r in range(start, stop):
         for k in range(theta.shape[1]):
             re[r, k] = np.cos(theta[r, k])
             im[r, k] = np.sin(theta[r, k])
@@ -353,8 +411,7 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------- huge powers
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out):  # pragma: no cover
+def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out) -> None:
     """Columns whose factors could overflow (high powers of sphere factors > 1), in the
     log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
 
@@ -364,8 +421,13 @@ def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign
     becomes inf, which the caller reports.  C-library log/atan2/exp/cos/sin in a fixed
     order, so the bits do not depend on the CPU.
     """
-    m = src.shape[0]
-    for r in numba.prange(m):
+    on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out,
+            min_rows=_rows_for(4 * cols.size))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
+    for r in range(start, stop):
         for c in range(cols.size):
             lg = log_sc[c]
             ph = 0.0

@@ -185,8 +185,6 @@ class Transformer:
         ``out``, if given, is a C-contiguous ``(m, D)`` array of ``self.dtype`` to fill
         (reusing one buffer saves the page faults of a fresh 10-100 MB array per chunk).
         """
-        import numba
-
         from ._compiled import columns
 
         src = self.source(x, row0, source)
@@ -197,7 +195,7 @@ class Transformer:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if m and self.columns:
             columns(src, self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr,
-                    self.sc, self.imag, self.pos, out, numba.get_num_threads())
+                    self.sc, self.imag, self.pos, out)
             if self.huge.size:
                 from ._compiled import log_domain_columns
 

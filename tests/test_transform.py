@@ -63,6 +63,33 @@ def test_output_does_not_depend_on_threads_or_tiles(cifar_rows, name, scheme):
     assert single.tobytes() == one[[0, 9, 60]].tobytes()
 
 
+@pytest.mark.parametrize("name, make", ALL, ids=[a[0] for a in ALL])
+def test_output_does_not_depend_on_how_rows_are_split_over_threads(name, make, cifar_rows, monkeypatch):
+    """Every compiled row loop (gather, normalisation, angles, cis, products, log domain)
+    runs on Python threads over parts of the rows; with 7 threads and no minimum part
+    size, 61 rows are cut at odd places, and the bytes are those of one thread."""
+    from rfsgen import _compiled
+
+    s = make()
+    x = np.concatenate([cifar_rows] * 3)[:61] if s.width == 1728 else rows_for(s, 61, seed=4)
+    fs = sample(s, FINITE.get(name, 700), seed=2)
+    monkeypatch.setattr(_compiled, "threads", lambda: 1)
+    one = transform(fs, x, layout="dense", dtype="float64")
+    calls = []
+    real = _compiled.on_rows
+
+    def counted(kernel, m, *args, **kw):
+        calls.append(kernel)
+        return real(kernel, m, *args, **kw)
+
+    monkeypatch.setattr(_compiled, "threads", lambda: 7)
+    monkeypatch.setattr(_compiled, "_rows_for", lambda values_per_row: 1)
+    monkeypatch.setattr(_compiled, "on_rows", counted)
+    many = transform(fs, x, layout="dense", dtype="float64")
+    assert _compiled._columns in calls
+    assert one.tobytes() == many.tobytes()
+
+
 def _numpy_columns(tr, x, dtype):
     """The compiled loop's arithmetic written with numpy ufuncs, one IEEE operation per
     call: factor values, powers by repeated squaring, products left to right."""

@@ -10,6 +10,8 @@ suite.  Measures, on the machine it runs on:
   runs, ``rfsgen --help``;
 * gaussian atoms: mnist-conv.yaml at D = 4096 on 1e4 Fashion-MNIST rows in memory,
   against RBFSampler at the same D;
+* thread scaling: the in-memory transform at D = 1e4 on 1e4 rows, for both shipped
+  skeletons, on 1 thread and on 2, 4, ... up to every core (``numba.set_num_threads``);
 * in-memory transform at D = 1e4 on 1e4 rows of 24x24x3 float32, for both shipped
   skeletons, against ``RBFSampler(n_components=1e4)`` fit + transform on the same rows,
   run alternately (A B A B ...), medians and ratios;
@@ -56,7 +58,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "startup", "gaussian", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
+SECTIONS = ("sample", "startup", "gaussian", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -234,6 +236,39 @@ def bench_gaussian(args, tmp, res):
     print(f"  mnist-conv D={r['columns']} on {r['rows']} rows ({r['gaussian_atoms']} gaussian atoms): rfsgen "
           f"{r['rfsgen_s']:.3f} s ({', '.join(f'{v:.2f}' for v in times['rfsgen'])}), RBFSampler "
           f"{r['rbfsampler_s']:.3f} s, peer/rfsgen = {r['speedup']:.2f}x", flush=True)
+
+
+def bench_threads(args, tmp, res):
+    """The in-memory transform on 1, 2, 4, ... threads up to every core, alternately."""
+    import numba
+
+    from rfsgen import load_skeleton, sample, transform
+
+    x, _ = load_rows(args.data, args.rows)
+    counts = sorted({min(2 ** k, numba.config.NUMBA_NUM_THREADS) for k in range(8)})
+    out = []
+    for name, path in SKELETONS.items():
+        fs = sample(load_skeleton(path), args.columns, seed=1)
+        transform(fs, x[:256], layout="dense")  # warm up imports and caches
+
+        def on(threads):
+            def run():
+                numba.set_num_threads(threads)
+                try:
+                    transform(fs, x, layout="dense")
+                finally:
+                    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+            return run
+
+        times = alternate({t: on(t) for t in counts}, args.repeats)
+        r = {"skeleton": name, "rows": x.shape[0], "columns": args.columns,
+             "seconds": {str(t): med(v) for t, v in times.items()}, "runs": {str(t): v for t, v in times.items()}}
+        base = r["seconds"]["1"]
+        r["speedup"] = {t: base / v for t, v in r["seconds"].items()}
+        out.append(r)
+        print(f"  threads {name:>16}, {x.shape[0]} rows, D = {args.columns}: "
+              + ", ".join(f"{t}: {v:.3f} s ({r['speedup'][t]:.2f}x)" for t, v in r["seconds"].items()), flush=True)
+    res["threads"] = out
 
 
 def bench_memory(args, tmp, res):
@@ -448,6 +483,10 @@ def table(res) -> str:
         g = res["gaussian"]
         lines.append(f"| in-memory mnist-conv, {g['rows']} rows, D = {g['columns']} | {g['rfsgen_s']:.3f} s | "
                      f"RBFSampler {g['rbfsampler_s']:.3f} s | {g['speedup']:.2f} |")
+    for r in res.get("threads", []):
+        lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']}, by threads | "
+                     + ", ".join(f"{t}: {v:.3f} s ({r['speedup'][t]:.2f}x)" for t, v in r["seconds"].items())
+                     + " | | |")
     for r in res.get("memory", []):
         lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
                      f"{r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
