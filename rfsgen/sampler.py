@@ -605,12 +605,6 @@ class _BlockWalker:
         self._ex.shutdown(wait=True)
 
 
-def _default_threads() -> int:
-    import numba
-
-    return int(numba.get_num_threads())
-
-
 def sample(
     skeleton: Skeleton,
     columns: int,
@@ -650,7 +644,11 @@ def sample(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise UsageError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     seed = int(seed)
-    threads = _default_threads() if threads is None else max(1, int(threads))
+    if threads is None:
+        from ._compiled import threads as thread_count
+
+        threads = thread_count()
+    threads = max(1, int(threads))
     t = _tables(skeleton_for_walk)
 
     cols = _Columns(_Known(), [], [], [], [], [], [])

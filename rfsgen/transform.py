@@ -634,9 +634,9 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
-    import numba
+    from ._compiled import threads as thread_count
 
-    threads = numba.get_num_threads()
+    threads = thread_count()
     n_rows = 0
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-populate") as pool:
         populate = _populator(threads, pool)

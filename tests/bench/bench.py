@@ -11,7 +11,8 @@ suite.  Measures, on the machine it runs on:
 * gaussian atoms: mnist-conv.yaml at D = 4096 on 1e4 Fashion-MNIST rows in memory,
   against RBFSampler at the same D;
 * thread scaling: the in-memory transform at D = 1e4 on 1e4 rows, for both shipped
-  skeletons, on 1 thread and on 2, 4, ... up to every core (``numba.set_num_threads``);
+  skeletons, on 1 thread and on 2, 4, ... up to every core (``numba.set_num_threads``),
+  whole and its computation alone (into an output already in memory);
 * in-memory transform at D = 1e4 on 1e4 rows of 24x24x3 float32, for both shipped
   skeletons, against ``RBFSampler(n_components=1e4)`` fit + transform on the same rows,
   run alternately (A B A B ...), medians and ratios;
@@ -239,35 +240,47 @@ def bench_gaussian(args, tmp, res):
 
 
 def bench_threads(args, tmp, res):
-    """The in-memory transform on 1, 2, 4, ... threads up to every core, alternately."""
+    """The in-memory transform on 1, 2, 4, ... threads up to every core, alternately: the
+    whole ``transform`` call, and the computation alone (``Transformer.chunk`` into an
+    output already faulted in)."""
     import numba
 
     from rfsgen import load_skeleton, sample, transform
+    from rfsgen.transform import Transformer
 
     x, _ = load_rows(args.data, args.rows)
     counts = sorted({min(2 ** k, numba.config.NUMBA_NUM_THREADS) for k in range(8)})
     out = []
     for name, path in SKELETONS.items():
         fs = sample(load_skeleton(path), args.columns, seed=1)
-        transform(fs, x[:256], layout="dense")  # warm up imports and caches
+        tr = Transformer(fs, np.float32)
+        buf = np.zeros((x.shape[0], tr.columns), dtype=np.float32)
+        tr.chunk(x[:256], out=buf[:256])  # warm up imports and caches
 
-        def on(threads):
+        def on(threads, fn):
             def run():
                 numba.set_num_threads(threads)
                 try:
-                    transform(fs, x, layout="dense")
+                    fn()
                 finally:
                     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
             return run
 
-        times = alternate({t: on(t) for t in counts}, args.repeats)
-        r = {"skeleton": name, "rows": x.shape[0], "columns": args.columns,
-             "seconds": {str(t): med(v) for t, v in times.items()}, "runs": {str(t): v for t, v in times.items()}}
-        base = r["seconds"]["1"]
-        r["speedup"] = {t: base / v for t, v in r["seconds"].items()}
+        fns = {}
+        for t in counts:
+            fns[("transform", t)] = on(t, lambda: transform(fs, x, layout="dense"))
+            fns[("compute", t)] = on(t, lambda: tr.chunk(x, out=buf))
+        times = alternate(fns, args.repeats)
+        r = {"skeleton": name, "rows": x.shape[0], "columns": args.columns}
+        for what in ("transform", "compute"):
+            r[what] = {str(t): med(times[(what, t)]) for t in counts}
+            r[what + "_runs"] = {str(t): times[(what, t)] for t in counts}
+            r[what + "_speedup"] = {t: r[what]["1"] / v for t, v in r[what].items()}
         out.append(r)
-        print(f"  threads {name:>16}, {x.shape[0]} rows, D = {args.columns}: "
-              + ", ".join(f"{t}: {v:.3f} s ({r['speedup'][t]:.2f}x)" for t, v in r["seconds"].items()), flush=True)
+        for what in ("transform", "compute"):
+            print(f"  threads {name:>16}, {x.shape[0]} rows, D = {args.columns}, {what:>9}: "
+                  + ", ".join(f"{t}: {v:.3f} s ({r[what + '_speedup'][t]:.2f}x)" for t, v in r[what].items()),
+                  flush=True)
     res["threads"] = out
 
 
@@ -484,9 +497,10 @@ def table(res) -> str:
         lines.append(f"| in-memory mnist-conv, {g['rows']} rows, D = {g['columns']} | {g['rfsgen_s']:.3f} s | "
                      f"RBFSampler {g['rbfsampler_s']:.3f} s | {g['speedup']:.2f} |")
     for r in res.get("threads", []):
-        lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']}, by threads | "
-                     + ", ".join(f"{t}: {v:.3f} s ({r['speedup'][t]:.2f}x)" for t, v in r["seconds"].items())
-                     + " | | |")
+        for what in ("transform", "compute"):
+            lines.append(f"| in-memory {what} {r['skeleton']}, {r['rows']} rows, D = {r['columns']}, by threads | "
+                         + ", ".join(f"{t}: {v:.3f} s ({r[what + '_speedup'][t]:.2f}x)" for t, v in r[what].items())
+                         + " | | |")
     for r in res.get("memory", []):
         lines.append(f"| in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
                      f"{r['rfsgen_s']:.3f} s ({r['rows_per_s']:,.0f} rows/s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
