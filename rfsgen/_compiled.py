@@ -305,6 +305,109 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
         out[i, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)
 
 
+# ----------------------------------------------------------------------------- sampler walk
+# The walk's bookkeeping between its random draws: each loop computes exactly what the
+# numpy expression in its docstring does (integers only), in one pass without temporaries.
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def search_right(cdf, guide, v, out):  # pragma: no cover - compiled
+    """``out[i] = np.searchsorted(cdf, v[i], side="right")`` for ``v`` float64 in [0, 1].
+
+    ``guide`` int64 ``(G + 1,)`` is ``np.searchsorted(cdf, np.arange(G + 1) / G, side="right")``
+    with G a power of two, so the answer for ``v`` lies in ``guide[g]:guide[g + 1] + 1``,
+    ``g = floor(v G)``: a few linear steps, then a binary search of the rest of the bucket."""
+    buckets = guide.size - 1
+    for i in range(v.size):
+        x = v[i]
+        g = min(int(x * buckets), buckets - 1)
+        lo = guide[g]
+        hi = guide[g + 1]
+        steps = 0
+        while lo < hi and steps < 4 and cdf[lo] <= x:
+            lo += 1
+            steps += 1
+        if steps == 4:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if cdf[mid] <= x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        out[i] = lo
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def child_plan(node, degree, fanin, small):  # pragma: no cover - compiled
+    """How many children each item picks one by one: ``small = np.where(big, 0, degree)``
+    with ``big = degree > 8 * fanin[node]`` (those draw multinomial counts instead).
+    Returns ``(small.sum(), f0, same, big.any())``: ``f0`` is the fan-in of the first
+    item with ``small > 0`` (0 if none) and ``same`` whether all such items share it."""
+    total = 0
+    f0 = 0
+    same = True
+    any_big = False
+    for i in range(node.size):
+        f = fanin[node[i]]
+        d = degree[i]
+        if d > 8 * f:
+            any_big = True
+            small[i] = 0
+            continue
+        small[i] = d
+        if d > 0:
+            if total == 0:
+                f0 = f
+            elif f != f0:
+                same = False
+            total += d
+    return total, f0, same, any_big
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_child):  # pragma: no cover - compiled
+    """Item ``i``'s ``degree[i]`` picks (consecutive in ``pick``) as
+    ``out_draw = np.repeat(draw, degree)`` and
+    ``out_child = children[np.repeat(child_ptr[node], degree) + pick]`` (int64 each)."""
+    k = 0
+    for i in range(draw.size):
+        first = child_ptr[node[i]]
+        for _ in range(degree[i]):
+            out_draw[k] = draw[i]
+            out_child[k] = children[first + pick[k]]
+            k += 1
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def merge_keys(a1, a2, aid, b1, b2, bid, o1, o2, oid):  # pragma: no cover - compiled
+    """Merge two runs sorted by their first key halves (uint64 ``a1``/``b1``, with second
+    halves ``a2``/``b2`` and int64 ids) into ``o1, o2, oid``, ``a`` before ``b`` where
+    first halves are equal: what a stable sort of the concatenation gives."""
+    i = 0
+    j = 0
+    k = 0
+    while i < a1.size and j < b1.size:
+        if b1[j] < a1[i]:
+            o1[k] = b1[j]
+            o2[k] = b2[j]
+            oid[k] = bid[j]
+            j += 1
+        else:
+            o1[k] = a1[i]
+            o2[k] = a2[i]
+            oid[k] = aid[i]
+            i += 1
+        k += 1
+    for i in range(i, a1.size):
+        o1[k] = a1[i]
+        o2[k] = a2[i]
+        oid[k] = aid[i]
+        k += 1
+    for j in range(j, b1.size):
+        o1[k] = b1[j]
+        o2[k] = b2[j]
+        oid[k] = bid[j]
+        k += 1
+
+
 # ----------------------------------------------------------------------------- atom values
 # numpy's matrix product goes through BLAS, whose summation order depends on the matrix
 # shape and on the kernel OpenBLAS picks for the CPU; numpy's own float64 exp/log also

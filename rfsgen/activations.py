@@ -228,20 +228,11 @@ class Activation:
 
     def _search(self, v: np.ndarray) -> np.ndarray:
         """``np.searchsorted(cdf, v, side="right")`` (int64) for ``v`` in [0, 1], via the guide table."""
-        cdf, guide = self._cdf, self._guide
-        g = np.minimum((v * GUIDE).astype(np.int64), GUIDE - 1)  # exact: GUIDE is a power of two
-        idx = guide[g]
-        hi = guide[g + 1]
-        todo = np.flatnonzero(idx < hi)
-        for _ in range(4):  # a few linear steps settle almost every value...
-            if not todo.size:
-                return idx
-            step = cdf[np.minimum(idx[todo], cdf.size - 1)] <= v[todo]
-            idx[todo] += step
-            todo = todo[step & (idx[todo] < hi[todo])]
-        if todo.size:  # ...the rest (fine-grained far tail of the table) by binary search
-            idx[todo] = np.searchsorted(cdf, v[todo], side="right")
-        return idx
+        from ._compiled import search_right
+
+        idx = np.empty(v.size, dtype=np.int64)
+        search_right(self._cdf, self._guide, np.ascontiguousarray(v, dtype=np.float64).reshape(-1), idx)
+        return idx.reshape(np.shape(v))
 
     def sum_degrees(self, rng: np.random.Generator, m: np.ndarray) -> np.ndarray:
         """For each entry of ``m`` (int64 counts), the sum of that many iid degrees.

@@ -275,26 +275,25 @@ def _choose_children(t, rng, draw, node, degree, stratified=None):
     """Pick ``degree`` children uniformly with replacement for every item.  Items where
     ``stratified`` (bool, optional) is set have degree 1 and are alone in their draw:
     their single pick is stratified per node (:func:`_stratified_codes`)."""
-    fan = t.fanin[node]
-    big = degree > 8 * fan
+    from ._compiled import child_plan, expand_picks
+
     parts = []
     # Items with huge degrees draw multinomial counts below; the rest pick one child per unit.
-    small_deg = np.where(big, 0, degree) if big.any() else degree
-    total = int(small_deg.sum())
+    small_deg = np.empty(degree.size, dtype=np.int64)
+    total, f0, same, any_big = child_plan(node, degree, t.fanin, small_deg)
     if total:
-        active = fan[small_deg > 0]
-        f0 = int(active[0])
-        if np.any(active != f0):
-            pick = rng.integers(0, np.repeat(fan, small_deg))
-        else:
+        if same:
             pick = rng.integers(0, f0, total)  # one layer shares a fan-in: a scalar bound is much faster
+        else:
+            pick = rng.integers(0, np.repeat(t.fanin[node], small_deg))
         if stratified is not None and stratified.any():
             at = np.cumsum(small_deg)[stratified] - 1  # the one unit of each such item
-            pick[at] = _stratified_codes(rng, node[stratified], fan[stratified])
-        child = t.children[np.repeat(t.child_ptr[node], small_deg) + pick]
-        parts.append((np.repeat(draw, small_deg), child, np.ones(total, dtype=np.int64)))
-    if big.any():
-        bi = np.flatnonzero(big & (degree > 0))
+            pick[at] = _stratified_codes(rng, node[stratified], t.fanin[node[stratified]])
+        d_out, child = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
+        expand_picks(draw, node, small_deg, pick, t.child_ptr, t.children, d_out, child)
+        parts.append((d_out, child, np.ones(total, dtype=np.int64)))
+    if any_big:
+        bi = np.flatnonzero((degree > 8 * t.fanin[node]) & (degree > 0))
         for v in np.unique(node[bi]):  # one multinomial call per node with huge degrees (rare)
             sel = bi[node[bi] == v]
             k = int(t.fanin[v])
@@ -415,7 +414,10 @@ def _canonicalise(skel, t, b: _Batch, phase):
     sel = np.repeat(use_conj, lengths)
     b.code = np.where(sel, cc, b.code)
     b.power = np.where(sel, cp, b.power)
-    b.kind = np.where(real, KIND_REAL, np.where(phase == 1, KIND_SIN, KIND_COS)).astype(np.uint8)
+    kind = np.full(n, KIND_COS, dtype=np.uint8)  # (np.where with int scalars is 4x slower)
+    kind[phase == 1] = KIND_SIN
+    kind[real] = KIND_REAL
+    b.kind = kind
 
 
 def _keys(b: _Batch, first_draw: int) -> np.ndarray:
@@ -489,15 +491,24 @@ class _Known:
         return old
 
     def add(self, u1, u2, ids):
-        r1, r2, rid = (np.concatenate(x) for x in zip(self.recent, (u1, u2, ids)))
-        order = np.argsort(r1, kind="stable")
-        self.recent = (r1[order], r2[order], rid[order])
-        if r1.size > max(4096, self.base[0].size // 4):
-            b1, b2, bid = (np.concatenate(x) for x in zip(self.base, self.recent))
-            order = np.argsort(b1, kind="stable")
-            self.base = (b1[order], b2[order], bid[order])
+        order = np.argsort(u1, kind="stable")
+        self.recent = _merged(self.recent, (u1[order], u2[order], ids[order]))
+        if self.recent[0].size > max(4096, self.base[0].size // 4):
+            self.base = _merged(self.base, self.recent)
             e = np.zeros(0, dtype=np.uint64)
             self.recent = (e, e, np.zeros(0, dtype=np.int64))
+
+
+def _merged(a, b):
+    """Two runs of (first halves, second halves, ids), each sorted by first halves, as
+    one: ``b`` after equal first halves of ``a``, as a stable sort of the
+    concatenation would put them, in one linear pass."""
+    from ._compiled import merge_keys
+
+    n = a[0].size + b[0].size
+    out = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64))
+    merge_keys(*a, *b, *out)
+    return out
 
 
 @dataclass
