@@ -314,13 +314,14 @@ def search_right(cdf, guide, v, out):  # pragma: no cover - compiled
 
     ``guide`` int64 ``(G + 1,)`` is ``np.searchsorted(cdf, np.arange(G + 1) / G, side="right")``
     with G a power of two, so the answer for ``v`` lies in ``guide[g]:guide[g + 1] + 1``,
-    ``g = floor(v G)``: a few linear steps, then a binary search of the rest of the bucket."""
+    ``g = floor(v G)`` (in the last bucket, up to ``cdf.size``: a table summing to a hair
+    above 1 has entries above 1): a few linear steps, then a binary search of the rest."""
     buckets = guide.size - 1
     for i in range(v.size):
         x = v[i]
         g = min(int(x * buckets), buckets - 1)
         lo = guide[g]
-        hi = guide[g + 1]
+        hi = guide[g + 1] if g < buckets - 1 else cdf.size
         steps = 0
         while lo < hi and steps < 4 and cdf[lo] <= x:
             lo += 1
