@@ -378,6 +378,48 @@ def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_ch
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def draw_kinds(phase, real, kind_real, kind_cos, kind_sin, out):  # pragma: no cover - compiled
+    """``out = np.where(real, kind_real, np.where(phase == 1, kind_sin, kind_cos))`` (uint8):
+    the same in one pass (numpy took 0.5 ms per 65,536 draws)."""
+    for i in range(out.size):
+        out[i] = kind_real if real[i] else (kind_sin if phase[i] == 1 else kind_cos)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def distinct_keys(k1, k2, first, inv):  # pragma: no cover - compiled
+    """The distinct keys of a block by a hash table on the first (already hashed) halves:
+    ``inv[i]`` (int64 ``(n,)``) is the number of draw ``i``'s key in order of first
+    appearance, ``first[u]`` the draw where key ``u`` first appears.  Returns how many
+    keys there are, or -1 if two keys share a first half but not a second (the caller
+    then compares whole keys)."""
+    n = k1.size
+    size = 1
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slot_key = np.full(size, -1, dtype=np.int64)  # the distinct key number held, -1 for empty
+    count = 0
+    for i in range(n):
+        h = k1[i] & mask
+        while True:
+            u = slot_key[h]
+            if u < 0:
+                slot_key[h] = count
+                first[count] = i
+                inv[i] = count
+                count += 1
+                break
+            f = first[u]
+            if k1[f] == k1[i]:
+                if k2[f] != k2[i]:
+                    return -1
+                inv[i] = u
+                break
+            h = (h + np.uint64(1)) & mask
+    return count
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def merge_keys(a1, a2, aid, b1, b2, bid, o1, o2, oid):  # pragma: no cover - compiled
     """Merge two runs sorted by their first key halves (uint64 ``a1``/``b1``, with second
     halves ``a2``/``b2`` and int64 ids) into ``o1, o2, oid``, ``a`` before ``b`` where

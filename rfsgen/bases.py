@@ -364,6 +364,8 @@ def _sample_codes(rng, counts, ncodes):
     if not parts_item:
         e = np.zeros(0, np.int64)
         return e, e, e, None
+    if len(parts_item) == 1 and small.size:  # np.unique's keys come sorted by (item, code)
+        return parts_item[0], parts_code[0], parts_pow[0], None
     it = np.concatenate(parts_item)
     co = np.concatenate(parts_code)
     pw = np.concatenate(parts_pow)

@@ -293,7 +293,7 @@ def _choose_children(t, rng, draw, node, degree, stratified=None):
         expand_picks(draw, node, small_deg, pick, t.child_ptr, t.children, d_out, child)
         parts.append((d_out, child, np.ones(total, dtype=np.int64)))
     if any_big:
-        bi = np.flatnonzero((degree > 8 * t.fanin[node]) & (degree > 0))
+        bi = np.flatnonzero(small_deg != degree)  # big items (their degrees are > 0)
         for v in np.unique(node[bi]):  # one multinomial call per node with huge degrees (rare)
             sel = bi[node[bi] == v]
             k = int(t.fanin[v])
@@ -414,10 +414,10 @@ def _canonicalise(skel, t, b: _Batch, phase):
     sel = np.repeat(use_conj, lengths)
     b.code = np.where(sel, cc, b.code)
     b.power = np.where(sel, cp, b.power)
-    kind = np.full(n, KIND_COS, dtype=np.uint8)  # (np.where with int scalars is 4x slower)
-    kind[phase == 1] = KIND_SIN
-    kind[real] = KIND_REAL
-    b.kind = kind
+    from ._compiled import draw_kinds
+
+    b.kind = np.empty(n, dtype=np.uint8)
+    draw_kinds(phase, real, KIND_REAL, KIND_COS, KIND_SIN, b.kind)
 
 
 def _keys(b: _Batch, first_draw: int) -> np.ndarray:
@@ -433,11 +433,20 @@ def _unique_keys(k1, k2):
     each draw the index of its key, each key's first draw and the keys (sorted by k1).
     The fast path sorts the first 64-bit half and checks that the second agrees; on a
     collision it falls back to an exact 128-bit comparison."""
-    u1, first, inv = np.unique(k1, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    u2 = k2[first]
-    if np.array_equal(k2, u2[inv]):
-        return inv, first, u1, u2
+    from ._compiled import distinct_keys
+
+    k1, k2 = np.ascontiguousarray(k1), np.ascontiguousarray(k2)
+    first = np.empty(k1.size, dtype=np.int64)
+    inv = np.empty(k1.size, dtype=np.int64)
+    count = distinct_keys(k1, k2, first, inv)
+    if count >= 0:
+        # numbered by first appearance: renumber in key order, as np.unique does
+        first = first[:count]
+        order = np.argsort(k1[first], kind="stable")
+        rank = np.empty(count, dtype=np.int64)
+        rank[order] = np.arange(count)
+        first = first[order]
+        return rank[inv], first, k1[first], k2[first]
     _, first, inv = np.unique(_void(k1, k2), return_index=True, return_inverse=True)
     return inv.ravel(), first, k1[first], k2[first]
 

@@ -331,6 +331,26 @@ def test_key_matching_survives_64_bit_collisions():
     assert old[inv].tolist() == [-1, 11, 12]
 
 
+def test_distinct_keys_of_a_block_are_numpy_unique():
+    """The hash-table dedup gives np.unique's keys, first occurrences and inverse,
+    also when many keys share the low bits the table is indexed by."""
+    from rfsgen.sampler import _unique_keys
+
+    rng = np.random.default_rng(3)
+    for low_bits_shared in (False, True):
+        pool = rng.integers(0, 2**63, 3000, dtype=np.uint64)
+        if low_bits_shared:
+            pool = (pool >> np.uint64(40)) << np.uint64(40)  # every key lands in a few slots
+        pick = rng.integers(0, pool.size, 20000)
+        k1, k2 = pool[pick], pool[pick] ^ np.uint64(12345)
+        inv, first, u1, u2 = _unique_keys(k1, k2)
+        want_u, want_first, want_inv = np.unique(k1, return_index=True, return_inverse=True)
+        np.testing.assert_array_equal(u1, want_u)
+        np.testing.assert_array_equal(first, want_first)
+        np.testing.assert_array_equal(inv, want_inv.ravel())
+        np.testing.assert_array_equal(u2, k2[want_first])
+
+
 NESTED_STEP = """
 rfsgen: 1
 input: {width: 3}
