@@ -274,13 +274,20 @@ def _pair(b: _Batch) -> _Batch:
 def _choose_children(t, rng, draw, node, degree, stratified=None):
     """Pick ``degree`` children uniformly with replacement for every item.  Items where
     ``stratified`` (bool, optional) is set have degree 1 and are alone in their draw:
-    their single pick is stratified per node (:func:`_stratified_codes`)."""
+    their single pick is stratified per node (:func:`_stratified_codes`).  Returns the
+    new items' ``(draw, node, multiplicity)``: one per pick, then the multinomial
+    counts of items with huge degrees, node by node."""
     from ._compiled import child_plan, expand_picks
 
-    parts = []
     # Items with huge degrees draw multinomial counts below; the rest pick one child per unit.
     small_deg = np.empty(degree.size, dtype=np.int64)
     total, f0, same, any_big = child_plan(node, degree, t.fanin, small_deg)
+    bi = np.flatnonzero(small_deg != degree) if any_big else None  # big items (their degrees are > 0)
+    # Room for every item at once (a big item yields at most min(degree, fan-in) children),
+    # so that nothing is concatenated afterwards.
+    room = total + (int(np.minimum(degree[bi], t.fanin[node[bi]]).sum()) if any_big else 0)
+    out_draw, out_child = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
+    out_mult = np.ones(room, dtype=np.int64)
     if total:
         if same:
             pick = rng.integers(0, f0, total)  # one layer shares a fan-in: a scalar bound is much faster
@@ -289,23 +296,19 @@ def _choose_children(t, rng, draw, node, degree, stratified=None):
         if stratified is not None and stratified.any():
             at = np.cumsum(small_deg)[stratified] - 1  # the one unit of each such item
             pick[at] = _stratified_codes(rng, node[stratified], t.fanin[node[stratified]])
-        d_out, child = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
-        expand_picks(draw, node, small_deg, pick, t.child_ptr, t.children, d_out, child)
-        parts.append((d_out, child, np.ones(total, dtype=np.int64)))
+        expand_picks(draw, node, small_deg, pick, t.child_ptr, t.children, out_draw, out_child)
+    k = total
     if any_big:
-        bi = np.flatnonzero(small_deg != degree)  # big items (their degrees are > 0)
         for v in np.unique(node[bi]):  # one multinomial call per node with huge degrees (rare)
             sel = bi[node[bi] == v]
-            k = int(t.fanin[v])
-            counts = rng.multinomial(degree[sel], np.full(k, 1.0 / k))
+            fan = int(t.fanin[v])
+            counts = rng.multinomial(degree[sel], np.full(fan, 1.0 / fan))
             r, c = np.nonzero(counts)
-            parts.append((draw[sel][r], t.children[t.child_ptr[v] + c], counts[r, c].astype(np.int64)))
-    if not parts:
-        e = np.zeros(0, dtype=np.int64)
-        return e, e, e
-    if len(parts) == 1:
-        return parts[0]
-    return tuple(np.concatenate(p) for p in zip(*parts))
+            out_draw[k:k + r.size] = draw[sel][r]
+            out_child[k:k + r.size] = t.children[t.child_ptr[v] + c]
+            out_mult[k:k + r.size] = counts[r, c]
+            k += r.size
+    return out_draw[:k], out_child[:k], out_mult[:k]
 
 
 def _stratified_codes(rng, node, ncodes):
