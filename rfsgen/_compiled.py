@@ -1,5 +1,6 @@
 """rfsgen's compiled loops (numba): the transform's products of factor values into
-columns, and the sampler's per-draw hashing.
+columns and its input preparation, and the sampler's per-draw hashing and the
+bookkeeping of its walk between random draws.
 
 Kept apart so that the rest imports without compiling anything.  numba is a required
 dependency (not optional) so that the output never depends on whether it is

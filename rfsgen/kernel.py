@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import scipy.sparse as sp
 
 from .errors import InputError
 from .io import check_finite
@@ -82,6 +81,8 @@ class _Plan:
                 src.append(level[kids])
                 vals.append(np.full(kids.size, 1.0 / kids.size))
             rows, cols, vals, src = map(np.concatenate, (rows, cols, vals, src))
+            import scipy.sparse as sp  # here: rfsgen transform imports this module, never this class
+
             for l_src in np.unique(src):
                 sel = src == l_src
                 self.mats[lv, int(l_src)] = sp.csr_matrix(

@@ -386,6 +386,8 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
 
 def _canonicalise(skel, t, b: _Batch, phase):
     """Replace each integer feature by the smaller of itself and its conjugate; set kinds."""
+    from ._compiled import draw_kinds
+
     n = b.kind.size
     lengths = np.diff(b.ptr)
     cont = b.continuous
@@ -417,8 +419,6 @@ def _canonicalise(skel, t, b: _Batch, phase):
     sel = np.repeat(use_conj, lengths)
     b.code = np.where(sel, cc, b.code)
     b.power = np.where(sel, cp, b.power)
-    from ._compiled import draw_kinds
-
     b.kind = np.empty(n, dtype=np.uint8)
     draw_kinds(phase, real, KIND_REAL, KIND_COS, KIND_SIN, b.kind)
 
@@ -433,9 +433,10 @@ def _void(k1, k2):
 
 def _unique_keys(k1, k2):
     """The distinct 128-bit keys ``(k1, k2)`` of one block: ``(inv, first, u1, u2)``, for
-    each draw the index of its key, each key's first draw and the keys (sorted by k1).
-    The fast path sorts the first 64-bit half and checks that the second agrees; on a
-    collision it falls back to an exact 128-bit comparison."""
+    each draw the index of its key, each key's first draw and the keys (sorted by k1),
+    as ``np.unique`` gives them.  The fast path is a hash table on the first 64-bit half
+    (:func:`rfsgen._compiled.distinct_keys`), which checks that second halves agree; on
+    a collision it falls back to an exact 128-bit comparison."""
     from ._compiled import distinct_keys
 
     k1, k2 = np.ascontiguousarray(k1), np.ascontiguousarray(k2)

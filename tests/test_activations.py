@@ -187,3 +187,23 @@ def test_huge_multiplicity_sums_are_exact_integers(monkeypatch):
     monkeypatch.setattr(type(act.tail), "sample", lambda self, rng, n: np.full(n, DEGREE_LIMIT // 2, dtype=np.int64))
     with pytest.raises(SamplerError, match=r"reached 2\*\*62"):
         act._sum_many(AllFromTheTail(), 3)
+
+
+def test_activations_are_built_on_first_use_and_keep_their_identity():
+    """make_activation checks parameters at once but builds the series only when used;
+    equal names and parameters are one object, also after a pickle round trip."""
+    import pickle
+
+    from rfsgen.activations import _cached_build
+
+    _cached_build.cache_clear()
+    a = make_activation("exp", {"beta": 0.375})
+    assert a is make_activation("exp", {"beta": 0.375})
+    assert a.name == "exp" and a.params == (("beta", 0.375),)
+    assert _cached_build.cache_info().currsize == 0  # nothing built yet
+    assert a.derivative_at_one == 0.375
+    assert _cached_build.cache_info().currsize == 1
+    assert pickle.loads(pickle.dumps(a)) is a
+    np.testing.assert_array_equal(a.coefficients, _cached_build("exp", (("beta", 0.375),)).coefficients)
+    with pytest.raises(ValueError, match="'beta' must be a finite number"):
+        make_activation("exp", {"beta": -1})
