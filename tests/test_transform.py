@@ -1,5 +1,6 @@
 import io
 import math
+import os
 import subprocess
 import sys
 
@@ -88,6 +89,33 @@ def test_output_does_not_depend_on_how_rows_are_split_over_threads(name, make, c
     many = transform(fs, x, layout="dense", dtype="float64")
     assert _compiled._columns in calls
     assert one.tobytes() == many.tobytes()
+
+
+def test_transforms_on_several_threads_at_once_give_the_same_bytes(tmp_path):
+    """Dask's threaded workers (and any user's thread pool) call the transform from many
+    threads at once, each of which splits its rows over threads again: every result is
+    the one computed alone.  Under numba's workqueue threading layer (where neither TBB
+    nor OpenMP is installed) the loops' former ``parallel=True`` aborted the process."""
+    code = """
+import sys, numpy as np
+from concurrent.futures import ThreadPoolExecutor
+import rfsgen
+sys.path.insert(0, sys.argv[1])
+import cifar
+jobs = []
+for name, scheme in (("cifar-deep", "rfs"), ("shallow-gaussian", "rr")):
+    fs = rfsgen.sample(rfsgen.load_skeleton(sys.argv[2] + "/" + name + ".yaml"), 1500, seed=8, scheme=scheme)
+    jobs += [(fs, np.concatenate([cifar.rows(64)] * 4)[i:i + 200]) for i in range(0, 56, 8)]
+run = lambda job: rfsgen.transform(job[0], job[1], layout="dense", dtype="float64").tobytes()
+alone = [run(job) for job in jobs]
+with ThreadPoolExecutor(6) as pool:
+    together = list(pool.map(run, jobs * 2))
+print("same" if together == alone * 2 else "different")
+"""
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests" / "data"), str(SKELETONS)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "same", res.stdout + res.stderr[-2000:]
 
 
 def test_file_transform_imports_neither_scipy_special_nor_sparse(files, tmp_path):
