@@ -9,8 +9,9 @@ installed; see the README's Performance section for the measurements behind it.
 The row loops are compiled serial, over a range of rows, and :func:`on_rows` runs
 parts of the rows on Python threads (the loops release the GIL).  numba's own
 ``parallel=True`` doubles a loop's compile time (the first run after installing
-took 8 s instead of 4.4 s for the columns loop alone) and cannot be entered from
-several threads at once with its default threading layer; each row's values never
+took 8 s instead of 4.4 s for the columns loop alone), and under numba's workqueue
+threading layer (its fallback where neither TBB nor OpenMP is installed) a parallel
+loop entered from two threads at once aborts the process; each row's values never
 depend on how the rows are split, so the bytes are the same either way.  Inside
 the loops, arrays are filled element by element rather than by slice assignment:
 numba compiles a slice assignment into generic broadcasting code that took 3 s of
