@@ -380,6 +380,60 @@ def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_ch
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def canonical_forms(ptr, node, code, power, cc, cp, cont, out_code, out_power, real):  # pragma: no cover - compiled
+    """Each draw's feature or its conjugate, whichever is smaller.
+
+    Draw ``d`` has terms ``ptr[d]:ptr[d + 1]`` sorted by (node, code); ``cc, cp`` are
+    each term's conjugate (code, power).  The conjugate's terms are sorted the same way
+    (a stable sort by code within each node's run), and the two term lists are compared
+    at the first term where (code, power) differ.  Writes into ``out_code, out_power``
+    the conjugate's terms where they are smaller (never for draws with ``cont``), else
+    the draw's own; ``real[d]`` is whether the draw equals its conjugate (never for
+    ``cont``).  int64 arrays, bool ``cont``/``real``."""
+    for d in range(ptr.size - 1):
+        a = ptr[d]
+        z = ptr[d + 1]
+        r0 = a
+        while r0 < z:  # the conjugate's terms, sorted by code within each node's run
+            r1 = r0 + 1
+            while r1 < z and node[r1] == node[r0]:
+                r1 += 1
+            if r1 - r0 <= 32:
+                for i in range(r0, r1):  # insertion sort (stable)
+                    c = cc[i]
+                    q = cp[i]
+                    j = i
+                    while j > r0 and out_code[j - 1] > c:
+                        out_code[j] = out_code[j - 1]
+                        out_power[j] = out_power[j - 1]
+                        j -= 1
+                    out_code[j] = c
+                    out_power[j] = q
+            else:
+                order = np.argsort(cc[r0:r1], kind="mergesort")
+                for i in range(r1 - r0):
+                    out_code[r0 + i] = cc[r0 + order[i]]
+                    out_power[r0 + i] = cp[r0 + order[i]]
+            r0 = r1
+        first = -1
+        for i in range(a, z):
+            if out_code[i] != code[i] or out_power[i] != power[i]:
+                first = i
+                break
+        use_conj = False
+        if first < 0:
+            real[d] = not cont[d]
+        else:
+            real[d] = False
+            use_conj = (not cont[d]) and (out_code[first] < code[first] or (
+                out_code[first] == code[first] and out_power[first] < power[first]))
+        if not use_conj:
+            for i in range(a, z):
+                out_code[i] = code[i]
+                out_power[i] = power[i]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def draw_kinds(phase, real, kind_real, kind_cos, kind_sin, out):  # pragma: no cover - compiled
     """``out = np.where(real, kind_real, np.where(phase == 1, kind_sin, kind_cos))`` (uint8):
     the same in one pass (numpy took 0.5 ms per 65,536 draws)."""

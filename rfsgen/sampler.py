@@ -386,10 +386,9 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
 
 def _canonicalise(skel, t, b: _Batch, phase):
     """Replace each integer feature by the smaller of itself and its conjugate; set kinds."""
-    from ._compiled import draw_kinds
+    from ._compiled import canonical_forms, draw_kinds
 
     n = b.kind.size
-    lengths = np.diff(b.ptr)
     cont = b.continuous
     # Conjugate every term (continuous terms are left alone: those features never merge).
     cc, cp = b.code.copy(), b.power.copy()
@@ -400,25 +399,11 @@ def _canonicalise(skel, t, b: _Batch, phase):
         sel = np.flatnonzero(grp == g)
         if sel.size:
             cc[sel], cp[sel] = base.conjugate(b.code[sel], b.power[sel])
-    term_draw = np.repeat(np.arange(n), lengths)
-    order = _term_order(cc, b.node, term_draw, len(skel.nodes))
-    cc, cp = cc[order], cp[order]  # b.node is unchanged by the sort within a draw
     # A feature is real when it equals its conjugate; otherwise keep the smaller form,
     # comparing (code, power) at the first term where the two differ (nodes agree).
-    diff = np.flatnonzero((cc != b.code) | (cp != b.power))
-    d_of = term_draw[diff]
-    head = np.ones(diff.size, dtype=bool)
-    head[1:] = d_of[1:] != d_of[:-1]
-    at, draws = diff[head], d_of[head]
-    smaller = (cc[at] < b.code[at]) | ((cc[at] == b.code[at]) & (cp[at] < b.power[at]))
-    real = ~cont
-    real[draws] = False
-    use_conj = np.zeros(n, dtype=bool)
-    use_conj[draws] = smaller
-    use_conj &= ~cont
-    sel = np.repeat(use_conj, lengths)
-    b.code = np.where(sel, cc, b.code)
-    b.power = np.where(sel, cp, b.power)
+    code, power, real = np.empty_like(b.code), np.empty_like(b.power), np.empty(n, dtype=bool)
+    canonical_forms(b.ptr, b.node, b.code, b.power, cc, cp, cont, code, power, real)
+    b.code, b.power = code, power
     b.kind = np.empty(n, dtype=np.uint8)
     draw_kinds(phase, real, KIND_REAL, KIND_COS, KIND_SIN, b.kind)
 

@@ -413,3 +413,38 @@ def test_asking_for_more_columns_than_exist_stops_early():
 def test_bad_budgets_and_seeds(n, seed, message):
     with pytest.raises(UsageError, match=message):
         sample(skel("cifar-deep"), n, seed=seed)
+
+
+def test_canonical_forms_pick_the_smaller_of_a_feature_and_its_conjugate():
+    """The compiled canonicalisation against a literal one: sort the conjugate's terms by
+    (node, code), compare (code, power) lists, keep the smaller; short and long node runs
+    (insertion sort and merge sort), continuous draws never conjugated."""
+    from rfsgen._compiled import canonical_forms
+
+    rng = np.random.default_rng(11)
+    ptr, node, code, power, cont = [0], [], [], [], []
+    for d in range(400):
+        for v in sorted(rng.choice(6, rng.integers(1, 4), replace=False)):
+            k = int(rng.choice([1, 2, 5, 40]))  # runs longer than 32 take the merge sort
+            codes = np.sort(rng.choice(200, k, replace=False))
+            node += [v] * k
+            code += codes.tolist()
+            power += rng.integers(-3, 4, k).tolist()
+        ptr.append(len(node))
+        cont.append(bool(rng.random() < 0.1))
+    ptr, node, code, power = (np.array(a, dtype=np.int64) for a in (ptr, node, code, power))
+    cont = np.array(cont)
+    cc, cp = code ^ 1, -power  # a bijection on codes, as a base's conjugate is
+    out_code, out_power, real = np.empty_like(code), np.empty_like(power), np.empty(cont.size, dtype=bool)
+    canonical_forms(ptr, node, code, power, cc, cp, cont, out_code, out_power, real)
+    n_conj = 0
+    for d in range(cont.size):
+        a, z = ptr[d], ptr[d + 1]
+        own = list(zip(node[a:z].tolist(), code[a:z].tolist(), power[a:z].tolist()))
+        conj = sorted(zip(node[a:z].tolist(), cc[a:z].tolist(), cp[a:z].tolist()), key=lambda t: (t[0], t[1]))
+        want_real = own == conj and not cont[d]
+        use = conj if (not cont[d] and conj < own) else own
+        assert real[d] == want_real
+        assert list(zip(node[a:z].tolist(), out_code[a:z].tolist(), out_power[a:z].tolist())) == use
+        n_conj += use is conj and conj != own
+    assert n_conj > 50  # both branches are exercised
