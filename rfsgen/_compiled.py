@@ -380,6 +380,17 @@ def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_ch
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def term_index(ptr, rows, out):  # pragma: no cover - compiled
+    """The positions of draws ``rows``' terms, draw after draw: ``out`` (int64, as long
+    as their terms) = the concatenation of ``arange(ptr[r], ptr[r + 1])`` for r in rows."""
+    k = 0
+    for r in rows:
+        for q in range(ptr[r], ptr[r + 1]):
+            out[k] = q
+            k += 1
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def canonical_forms(ptr, node, code, power, cc, cp, cont, out_code, out_power, real):  # pragma: no cover - compiled
     """Each draw's feature or its conjugate, whichever is smaller.
 

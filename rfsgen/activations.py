@@ -354,7 +354,7 @@ def _poisson_sum(beta, rng, m):
 
 
 def _poisson_degrees(beta, rng, n):
-    return rng.poisson(beta, n).astype(np.int64)
+    return rng.poisson(beta, n).astype(np.int64, copy=False)
 
 
 def _angle(delta):

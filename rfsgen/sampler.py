@@ -224,6 +224,16 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
             alone = np.bincount(draw, minlength=n_draws)[draw] == 1
         acts = t.act_index[node]
         present = np.flatnonzero(np.bincount(acts))  # a few activations: no sort needed
+        if present.size == 1 and not stratify:
+            # The usual level: one activation for every item, no selections needed.
+            act = t.activations[present[0]]
+            one = mult == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
+            if one.all():
+                degree = np.asarray(act.sample_degrees(rng, draw.size), dtype=np.int64)
+            else:
+                degree[one] = act.sample_degrees(rng, int(one.sum()))
+                degree[~one] = act.sum_degrees(rng, mult[~one])
+            present = ()
         for a in present:
             # Usually a whole level shares one activation: skip the selection then.
             sel = np.flatnonzero(acts == a) if present.size > 1 else np.arange(draw.size)
@@ -525,9 +535,12 @@ class _Columns:
 
 def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
     """Append the terms of draws ``rows`` of batch ``b`` as new columns."""
-    lengths = np.diff(b.ptr)[rows]
-    idx = np.repeat(b.ptr[rows], lengths) + (np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))
-    node, code = b.node[idx], b.code[idx].copy()
+    from ._compiled import term_index
+
+    lengths = b.ptr[rows + 1] - b.ptr[rows]
+    idx = np.empty(int(lengths.sum()), dtype=np.int64)
+    term_index(b.ptr, rows, idx)
+    node, code = b.node[idx], b.code[idx]
     ci = np.flatnonzero(t.continuous[node])
     if ci.size:
         w = t.width[node[ci]]
