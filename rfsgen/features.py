@@ -40,6 +40,7 @@ from functools import cached_property
 import numpy as np
 
 from .errors import FeatureFileError, RfsgenError
+from .schemes import SCHEMES, WALK_AS_WRITTEN
 from .skeleton import InputNode, Skeleton, parse_skeleton
 
 FORMAT = "rfsgen-features"
@@ -82,7 +83,7 @@ class FeatureSet:
     @cached_property
     def walk_skeleton(self) -> Skeleton:
         """The skeleton whose input nodes the terms refer to (rewritten by baseline schemes)."""
-        if self.scheme in ("rfs", "strat"):
+        if self.scheme in WALK_AS_WRITTEN:
             return self.skeleton
         from .schemes import apply_scheme
 
@@ -294,7 +295,6 @@ def _seal(f):
 
 # ----------------------------------------------------------------------------- reading
 REQUIRED = ("skeleton", "column_count", "column_kind", "column_terms", "term_node", "term_code", "term_power", "omega")
-SCHEMES = ("rfs", "rr", "orf", "strat")
 
 
 def load(path) -> FeatureSet:

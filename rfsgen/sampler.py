@@ -226,38 +226,38 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
         present = np.flatnonzero(np.bincount(acts))  # a few activations: no sort needed
         if present.size == 1 and not stratify:
             # The usual level: one activation for every item, no selections needed.
-            act = t.activations[present[0]]
-            one = mult == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
-            if one.all():
-                degree = np.asarray(act.sample_degrees(rng, draw.size), dtype=np.int64)
-            else:
-                degree[one] = act.sample_degrees(rng, int(one.sum()))
-                degree[~one] = act.sum_degrees(rng, mult[~one])
+            degree = _degrees(t.activations[present[0]], rng, mult)
             present = ()
         for a in present:
-            # Usually a whole level shares one activation: skip the selection then.
             sel = np.flatnonzero(acts == a) if present.size > 1 else np.arange(draw.size)
             act = t.activations[a]
             m = mult[sel]
-            one = m == 1  # single items draw plain degrees; merged ones draw sums (rarer, slower)
             if stratify:
                 # Items alone in their draw at this level (every item at the output node)
                 # take their degrees at stratified quantiles; the rest draw as in rfs.
-                st = one & alone[sel]
+                st = (m == 1) & alone[sel]
                 degree[sel[st]] = act.degrees_at(rng, _stratified_uniforms(rng, int(st.sum())))
-                sel, m, one = sel[~st], m[~st], one[~st]
+                sel, m = sel[~st], m[~st]
                 if not sel.size:
                     continue
-            if one.all():
-                degree[sel] = act.sample_degrees(rng, sel.size)
-                continue
-            degree[sel[one]] = act.sample_degrees(rng, int(one.sum()))
-            degree[sel[~one]] = act.sum_degrees(rng, m[~one])
+            degree[sel] = _degrees(act, rng, m)
         if first:
             out_degree[draw] = degree
             first = False
         draw, node, mult = _choose_children(t, rng, draw, node, degree, alone & (degree == 1) if stratify else None)
     return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify)
+
+
+def _degrees(act, rng, mult) -> np.ndarray:
+    """Degrees (int64) of items with multiplicities ``mult`` at activation ``act``: single
+    items draw plain degrees, merged ones the sum of as many (rarer, slower)."""
+    one = mult == 1
+    if one.all():
+        return np.asarray(act.sample_degrees(rng, mult.size), dtype=np.int64)
+    degree = np.empty(mult.size, dtype=np.int64)
+    degree[one] = act.sample_degrees(rng, int(one.sum()))
+    degree[~one] = act.sum_degrees(rng, mult[~one])
+    return degree
 
 
 def _pair(b: _Batch) -> _Batch:
@@ -266,12 +266,13 @@ def _pair(b: _Batch) -> _Batch:
     The [cos, sin] pair of one frequency cancels the cos(theta + theta') noise a
     single random phase carries (used by the ``orf`` scheme, as in Yu et al. 2016).
     """
+    from ._compiled import term_index
+
     n = b.kind.size
     lengths = np.diff(b.ptr)
     twice = np.repeat(np.arange(n), 2)
-    idx = np.repeat(b.ptr[twice], lengths[twice]) + (
-        np.arange(2 * lengths.sum()) - np.repeat(np.cumsum(lengths[twice]) - lengths[twice], lengths[twice])
-    )
+    idx = np.empty(2 * int(lengths.sum()), dtype=np.int64)
+    term_index(b.ptr, twice, idx)
     kind = np.repeat(b.kind, 2)
     kind[1::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_SIN)
     kind[0::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_COS)

@@ -30,6 +30,8 @@ from .errors import UsageError
 from .skeleton import InputNode, InternalNode, Layer, Skeleton
 
 SCHEMES = ("rfs", "rr", "orf", "strat")
+#: Schemes that walk the skeleton as written (strat changes how the walk draws, not what it walks).
+WALK_AS_WRITTEN = ("rfs", "strat")
 
 
 def rr_nodes(skel: Skeleton) -> list:
@@ -94,6 +96,6 @@ def apply_scheme(skel: Skeleton, scheme: str) -> Skeleton:
     """The skeleton the sampler walks for ``scheme`` (``rfs`` returns ``skel`` itself)."""
     if scheme not in SCHEMES:
         raise UsageError(f"unknown scheme '{scheme}' (allowed: {', '.join(SCHEMES)})")
-    if scheme in ("rfs", "strat"):  # strat changes how the walk draws, not the skeleton
+    if scheme in WALK_AS_WRITTEN:
         return skel
     return _apply(skel, scheme)
