@@ -486,36 +486,44 @@ def distinct_keys(k1, k2, first, inv):  # pragma: no cover - compiled
     return count
 
 
+# The known columns' keys: an open-addressing table (linear probing) of uint64 records
+# (k1, k2, id + 1), 0 in the id field marking an empty slot.  The slot is a hash of the
+# first half: hashed keys are mixed already, but a continuous draw's key is its draw
+# number, and runs of those would otherwise fill runs of slots.
+_EMPTY = np.uint64(0)
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def merge_keys(a1, a2, aid, b1, b2, bid, o1, o2, oid):  # pragma: no cover - compiled
-    """Merge two runs sorted by their first key halves (uint64 ``a1``/``b1``, with second
-    halves ``a2``/``b2`` and int64 ids) into ``o1, o2, oid``, ``a`` before ``b`` where
-    first halves are equal: what a stable sort of the concatenation gives."""
-    i = 0
-    j = 0
-    k = 0
-    while i < a1.size and j < b1.size:
-        if b1[j] < a1[i]:
-            o1[k] = b1[j]
-            o2[k] = b2[j]
-            oid[k] = bid[j]
-            j += 1
-        else:
-            o1[k] = a1[i]
-            o2[k] = a2[i]
-            oid[k] = aid[i]
-            i += 1
-        k += 1
-    for i in range(i, a1.size):
-        o1[k] = a1[i]
-        o2[k] = a2[i]
-        oid[k] = aid[i]
-        k += 1
-    for j in range(j, b1.size):
-        o1[k] = b1[j]
-        o2[k] = b2[j]
-        oid[k] = bid[j]
-        k += 1
+def known_find(table, u1, u2, out):  # pragma: no cover - compiled
+    """``out[i]`` (int64) = the id stored for key ``(u1[i], u2[i])`` in ``table``
+    (uint64 ``(S, 3)``, S a power of two), -1 if absent."""
+    mask = np.uint64(table.shape[0] - 1)
+    for i in range(u1.size):
+        a = u1[i]
+        h = _mix(a) & mask
+        while True:
+            rec = table[h]
+            if rec[2] == _EMPTY:
+                out[i] = -1
+                break
+            if rec[0] == a and rec[1] == u2[i]:
+                out[i] = np.int64(rec[2]) - 1
+                break
+            h = (h + np.uint64(1)) & mask
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def known_insert(table, u1, u2, ids):  # pragma: no cover - compiled
+    """Store keys ``(u1[i], u2[i])`` (absent from ``table``, distinct) with int64 ``ids[i]``;
+    the caller keeps the table at most three quarters full."""
+    mask = np.uint64(table.shape[0] - 1)
+    for i in range(u1.size):
+        h = _mix(u1[i]) & mask
+        while table[h, 2] != _EMPTY:
+            h = (h + np.uint64(1)) & mask
+        table[h, 0] = u1[i]
+        table[h, 1] = u2[i]
+        table[h, 2] = np.uint64(ids[i] + 1)
 
 
 # ----------------------------------------------------------------------------- atom values

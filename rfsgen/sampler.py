@@ -423,101 +423,54 @@ def _keys(b: _Batch, first_draw: int) -> np.ndarray:
     return term_keys(b.kind, b.ptr, b.node, b.code, b.power, b.continuous, first_draw)
 
 
-def _void(k1, k2):
-    return np.ascontiguousarray(np.stack([k1, k2], axis=1)).view(np.dtype((np.void, 16))).ravel()
-
-
 def _unique_keys(k1, k2):
-    """The distinct 128-bit keys ``(k1, k2)`` of one block: ``(inv, first, u1, u2)``, for
-    each draw the index of its key, each key's first draw and the keys (sorted by k1),
-    as ``np.unique`` gives them.  The fast path is a hash table on the first 64-bit half
-    (:func:`rfsgen._compiled.distinct_keys`), which checks that second halves agree; on
-    a collision it falls back to an exact 128-bit comparison."""
+    """The distinct 128-bit keys ``(k1, k2)`` of one block, numbered in order of first
+    appearance: ``(inv, first, u1, u2)``, for each draw the number of its key, each key's
+    first draw (increasing) and the keys.  The fast path is a hash table on the first
+    64-bit half (:func:`rfsgen._compiled.distinct_keys`), which checks that second halves
+    agree; on a collision it falls back to an exact 128-bit comparison."""
     from ._compiled import distinct_keys
 
     k1, k2 = np.ascontiguousarray(k1), np.ascontiguousarray(k2)
     first = np.empty(k1.size, dtype=np.int64)
     inv = np.empty(k1.size, dtype=np.int64)
     count = distinct_keys(k1, k2, first, inv)
-    if count >= 0:
-        # numbered by first appearance: renumber in key order, as np.unique does
-        first = first[:count]
-        order = np.argsort(k1[first], kind="stable")
-        rank = np.empty(count, dtype=np.int64)
-        rank[order] = np.arange(count)
-        first = first[order]
-        return rank[inv], first, k1[first], k2[first]
-    _, first, inv = np.unique(_void(k1, k2), return_index=True, return_inverse=True)
-    return inv.ravel(), first, k1[first], k2[first]
-
-
-def _lookup(u1, u2, known1, known2, known_ids):
-    """Column id of each distinct key ``(u1[i], u2[i])`` among the known columns, -1 if new.
-    ``known1`` is sorted; equal first halves with different second halves fall back to
-    an exact 128-bit search."""
-    if not known1.size:
-        return np.full(u1.size, -1, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(known1, u1), known1.size - 1)
-    hit = known1[pos] == u1
-    if not np.any(hit & (known2[pos] != u2)):
-        return np.where(hit, known_ids[pos], -1)
-    kv = _void(known1, known2)
-    order = np.argsort(kv, kind="stable")
-    kv, kids = kv[order], known_ids[order]
-    v = _void(u1, u2)
-    pos = np.minimum(np.searchsorted(kv, v), kv.size - 1)
-    hit = kv[pos] == v
-    return np.where(hit, kids[pos], -1)
-
-
-def _match(k1, k2, known1, known2, known_ids):
-    """``(inv, first, old, u1, u2)``: :func:`_unique_keys` of a block, and each distinct
-    key's known column id (-1 if new) by :func:`_lookup`."""
-    inv, first, u1, u2 = _unique_keys(k1, k2)
-    return inv, first, _lookup(u1, u2, known1, known2, known_ids), u1, u2
+    if count < 0:
+        void = np.ascontiguousarray(np.stack([k1, k2], axis=1)).view(np.dtype((np.void, 16))).ravel()
+        _, first, inv = np.unique(void, return_index=True, return_inverse=True)
+        order = np.argsort(first)  # renumber np.unique's key order by first appearance
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        first, inv = first[order], rank[inv.ravel()]
+        count = first.size
+    first = first[:count]
+    return inv, first, k1[first], k2[first]
 
 
 class _Known:
-    """The keys of the columns found so far, with their ids, in two sorted runs: a large
-    ``base``, which is replaced and never modified (walker threads search a snapshot of
-    it), and a small run of recent keys, merged into a new base when it outgrows a
-    quarter of it (so the merges cost O(D log D) in all, not a copy of D per block)."""
+    """The keys of the columns found so far and their ids: a hash table sized for
+    ``columns`` keys up front (:func:`rfsgen._compiled.known_find`), searched and
+    filled by the main thread only, one block at a time."""
 
-    def __init__(self):
-        e = np.zeros(0, dtype=np.uint64)
-        self.base = (e, e, np.zeros(0, dtype=np.int64))
-        self.recent = self.base
+    def __init__(self, columns: int):
+        size = 1024
+        while 3 * size < 4 * columns:  # at most three quarters full
+            size *= 2
+        self.table = np.zeros((size, 3), dtype=np.uint64)
 
-    def resolve(self, u1, u2, old, base) -> np.ndarray:
-        """Ids of the distinct keys ``(u1, u2)`` given ``old``, their ids in the snapshot
-        ``base`` (-1 where absent there), by searching what was added since: -1 for new keys."""
-        if base is not self.base:
-            miss = np.flatnonzero(old < 0)
-            old[miss] = _lookup(u1[miss], u2[miss], *self.base)
-        miss = np.flatnonzero(old < 0)
-        if miss.size and self.recent[0].size:
-            old[miss] = _lookup(u1[miss], u2[miss], *self.recent)
-        return old
+    def find(self, u1, u2) -> np.ndarray:
+        """The id (int64) of each key ``(u1[i], u2[i])``, -1 for keys not known yet."""
+        from ._compiled import known_find
+
+        out = np.empty(u1.size, dtype=np.int64)
+        known_find(self.table, u1, u2, out)
+        return out
 
     def add(self, u1, u2, ids):
-        order = np.argsort(u1, kind="stable")
-        self.recent = _merged(self.recent, (u1[order], u2[order], ids[order]))
-        if self.recent[0].size > max(4096, self.base[0].size // 4):
-            self.base = _merged(self.base, self.recent)
-            e = np.zeros(0, dtype=np.uint64)
-            self.recent = (e, e, np.zeros(0, dtype=np.int64))
+        """Record new distinct keys with their ids (int64)."""
+        from ._compiled import known_insert
 
-
-def _merged(a, b):
-    """Two runs of (first halves, second halves, ids), each sorted by first halves, as
-    one: ``b`` after equal first halves of ``a``, as a stable sort of the
-    concatenation would put them, in one linear pass."""
-    from ._compiled import merge_keys
-
-    n = a[0].size + b[0].size
-    out = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64))
-    merge_keys(*a, *b, *out)
-    return out
+        known_insert(self.table, u1, u2, ids)
 
 
 @dataclass
@@ -571,8 +524,6 @@ class _Block:
     first: np.ndarray  # int64 (u,): first draw of each distinct key
     u1: np.ndarray  # uint64 (u,)
     u2: np.ndarray  # uint64 (u,)
-    base: tuple  # the snapshot of _Known.base searched
-    old: np.ndarray  # int64 (u,): each key's column id in ``base``, -1 where absent
     ucount: np.ndarray  # int64 (u,): draws of each distinct key
     factors: float
     factors_sq: float
@@ -674,10 +625,9 @@ def sample(
     threads = max(1, int(threads))
     t = _tables(skeleton_for_walk)
 
-    cols = _Columns(_Known(), [], [], [], [], [], [])
+    cols = _Columns(_Known(columns), [], [], [], [], [], [])
 
     def walk(k: int, start: int, size: int) -> _Block:
-        base = cols.known.base  # a snapshot: the main thread replaces it, never modifies it
         rng = _block_rng(seed, k)
         if scheme == "orf":
             b = _pair(_walk(skeleton_for_walk, t, rng, size // 2))
@@ -685,7 +635,7 @@ def sample(
             b = _walk(skeleton_for_walk, t, rng, size, stratify=scheme == "strat")
         keys = _keys(b, start)
         inv, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
-        return _Block(b, inv, first, u1, u2, base, _lookup(u1, u2, *base), np.bincount(inv, minlength=u1.size), float(b.factors.sum()),
+        return _Block(b, inv, first, u1, u2, np.bincount(inv, minlength=u1.size), float(b.factors.sum()),
                       float(np.square(b.factors).sum()), np.bincount(np.minimum(b.degree, 64), minlength=65))
 
     counts = np.zeros(columns, dtype=np.int64)
@@ -703,9 +653,8 @@ def sample(
             except SamplerError as e:
                 raise SamplerError(f"{e} (after {drawn} draws of '{skeleton.path}')") from None
             b = blk.batch
-            old = cols.known.resolve(blk.u1, blk.u2, blk.old, blk.base)
-            new_u = np.flatnonzero(old < 0)
-            new_u = new_u[np.argsort(blk.first[new_u], kind="stable")]  # new keys in draw order
+            old = cols.known.find(blk.u1, blk.u2)
+            new_u = np.flatnonzero(old < 0)  # in draw order: keys are numbered by first appearance
             room = columns - cols.found
             size = b.kind.size
             truncated = new_u.size >= room and int(blk.first[new_u[room - 1]]) + 1 < size

@@ -318,22 +318,47 @@ def test_inconsistent_contents(feature_file):
 
 
 def test_key_matching_survives_64_bit_collisions():
-    """Keys equal in their first half but not the second are different columns (exact fallback)."""
-    from rfsgen.sampler import _match
+    """Keys equal in their first half but not the second are different columns, both in a
+    block's dedup (exact fallback) and in the table of known columns."""
+    from rfsgen.sampler import _Known, _unique_keys
 
     u = np.uint64
     k1 = np.array([5, 5, 7, 5], dtype=u)
     k2 = np.array([2, 4, 6, 2], dtype=u)  # rows 0 and 3 are the same key; row 1 collides on k1
-    inv, first, old, u1, u2 = _match(k1, k2, np.zeros(0, u), np.zeros(0, u), np.zeros(0, np.int64))
-    assert inv[0] == inv[3] and inv[0] != inv[1] and len(first) == 3 and np.all(old == -1)
-    known1, known2, ids = np.array([5, 9], dtype=u), np.array([4, 1], dtype=u), np.array([11, 12])
-    inv, first, old, u1, u2 = _match(np.array([5, 5, 9], dtype=u), np.array([2, 4, 1], dtype=u), known1, known2, ids)
-    assert old[inv].tolist() == [-1, 11, 12]
+    inv, first, u1, u2 = _unique_keys(k1, k2)
+    assert inv.tolist() == [0, 1, 2, 0] and first.tolist() == [0, 1, 2]
+    assert u1.tolist() == [5, 5, 7] and u2.tolist() == [2, 4, 6]
+    known = _Known(10)
+    known.add(np.array([5, 9], dtype=u), np.array([4, 1], dtype=u), np.array([11, 12]))
+    assert known.find(np.array([5, 5, 9, 9], dtype=u), np.array([2, 4, 1, 4], dtype=u)).tolist() == [-1, 11, 12, -1]
+
+
+def test_known_columns_table_finds_every_key_it_holds():
+    """The table of known keys, filled to its limit, finds each key's id and nothing else,
+    also when many keys share low bits or are consecutive (continuous draws' keys)."""
+    from rfsgen.sampler import _Known
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    for keys in (rng.integers(0, 2**63, n, dtype=np.uint64),
+                 (rng.integers(0, 2**63, n, dtype=np.uint64) >> np.uint64(40)) << np.uint64(40),
+                 np.arange(n, dtype=np.uint64)):
+        keys = np.unique(keys)
+        k2 = keys ^ np.uint64(99)
+        known = _Known(keys.size)
+        assert 4 * keys.size <= 3 * known.table.shape[0]
+        ids = rng.permutation(keys.size)
+        half = keys.size // 2
+        known.add(keys[:half], k2[:half], ids[:half])
+        known.add(keys[half:], k2[half:], ids[half:])
+        np.testing.assert_array_equal(known.find(keys, k2), ids)
+        assert np.all(known.find(keys, k2 + np.uint64(2)) == -1)  # same first halves, other second halves
+        assert np.all(known.find(keys + np.uint64(2**62), k2) == -1)
 
 
 def test_distinct_keys_of_a_block_are_numpy_unique():
-    """The hash-table dedup gives np.unique's keys, first occurrences and inverse,
-    also when many keys share the low bits the table is indexed by."""
+    """The hash-table dedup gives np.unique's keys, first occurrences and inverse, numbered
+    by first appearance, also when many keys share the low bits the table is indexed by."""
     from rfsgen.sampler import _unique_keys
 
     rng = np.random.default_rng(3)
@@ -345,10 +370,13 @@ def test_distinct_keys_of_a_block_are_numpy_unique():
         k1, k2 = pool[pick], pool[pick] ^ np.uint64(12345)
         inv, first, u1, u2 = _unique_keys(k1, k2)
         want_u, want_first, want_inv = np.unique(k1, return_index=True, return_inverse=True)
-        np.testing.assert_array_equal(u1, want_u)
-        np.testing.assert_array_equal(first, want_first)
-        np.testing.assert_array_equal(inv, want_inv.ravel())
-        np.testing.assert_array_equal(u2, k2[want_first])
+        order = np.argsort(want_first)
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        np.testing.assert_array_equal(u1, want_u[order])
+        np.testing.assert_array_equal(first, want_first[order])
+        np.testing.assert_array_equal(inv, rank[want_inv.ravel()])
+        np.testing.assert_array_equal(u2, k2[want_first[order]])
 
 
 NESTED_STEP = """
