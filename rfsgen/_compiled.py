@@ -391,6 +391,21 @@ def term_index(ptr, rows, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def take_terms(ptr, node, code, power, rows, out_node, out_code, out_power, at):  # pragma: no cover - compiled
+    """Copy the terms of draws ``rows``, draw after draw, into ``out_*[at:]``: the same as
+    ``out[at:at + k] = x[idx]`` with ``idx`` from :func:`term_index`, for x in node, code,
+    power (int64).  Returns ``at + k``; the caller makes the room."""
+    k = at
+    for r in rows:
+        for q in range(ptr[r], ptr[r + 1]):
+            out_node[k] = node[q]
+            out_code[k] = code[q]
+            out_power[k] = power[q]
+            k += 1
+    return k
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def canonical_forms(ptr, node, code, power, cc, cp, cont, out_code, out_power, real):  # pragma: no cover - compiled
     """Each draw's feature or its conjugate, whichever is smaller.
 

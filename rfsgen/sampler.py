@@ -473,30 +473,46 @@ class _Known:
         known_insert(self.table, u1, u2, ids)
 
 
-@dataclass
 class _Columns:
-    """Columns found so far: their keys and representative terms."""
+    """Columns found so far, filled in place: their keys, kinds and term counts (one slot
+    per column asked for) and their terms (int64, grown by doubling)."""
 
-    known: "_Known"
-    kind: list
-    lengths: list
-    node: list
-    code: list
-    power: list
-    omega: list
-    found: int = 0
+    def __init__(self, columns: int):
+        self.known = _Known(columns)
+        self.kind = np.empty(columns, dtype=np.uint8)
+        self.lengths = np.empty(columns, dtype=np.int64)
+        self.found = 0
+        self.terms = 0
+        self.node = self.code = self.power = np.empty(0, dtype=np.int64)
+        self.omega = []
+
+    def _room(self, need: int, found: int):
+        """Room for ``need`` terms, ``found`` columns counted: for as many terms per column
+        over all the columns asked for, plus a margin (later columns tend to have more
+        terms), since each growth copies everything found so far."""
+        if need > self.node.size:
+            expected = int(1.25 * need * self.kind.size / max(found, 1))
+            size = max(need, 2 * self.node.size, expected, 4096)
+            for name in ("node", "code", "power"):
+                grown = np.empty(size, dtype=np.int64)
+                grown[:self.terms] = getattr(self, name)[:self.terms]
+                setattr(self, name, grown)
 
 
 def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
     """Append the terms of draws ``rows`` of batch ``b`` as new columns."""
-    from ._compiled import term_index
+    from ._compiled import take_terms
 
-    lengths = b.ptr[rows + 1] - b.ptr[rows]
-    idx = np.empty(int(lengths.sum()), dtype=np.int64)
-    term_index(b.ptr, rows, idx)
-    node, code = b.node[idx], b.code[idx]
-    ci = np.flatnonzero(t.continuous[node])
-    if ci.size:
+    f0, f1 = cols.found, cols.found + rows.size
+    lengths = cols.lengths[f0:f1]
+    np.subtract(b.ptr[rows + 1], b.ptr[rows], out=lengths)
+    cols.kind[f0:f1] = b.kind[rows]
+    t0 = cols.terms
+    cols._room(t0 + int(lengths.sum()), f1)
+    cols.terms = take_terms(b.ptr, b.node, b.code, b.power, rows, cols.node, cols.code, cols.power, t0)
+    node, code = cols.node[t0:cols.terms], cols.code[t0:cols.terms]
+    ci = np.flatnonzero(t.continuous[node]) if b.omega.size else ()
+    if len(ci):
         w = t.width[node[ci]]
         start = code[ci]
         w0 = int(w[0])
@@ -508,11 +524,6 @@ def _take(b: _Batch, t: _Tables, rows: np.ndarray, cols: _Columns):
             gather = np.repeat(start, w) + (np.arange(w.sum()) - np.repeat(np.cumsum(w) - w, w))
             cols.omega.append(b.omega[gather])
         code[ci] = -1 - np.arange(ci.size)  # placeholder, renumbered at the end
-    cols.kind.append(b.kind[rows])
-    cols.lengths.append(lengths)
-    cols.node.append(node)
-    cols.code.append(code)
-    cols.power.append(b.power[idx])
 
 
 @dataclass
@@ -625,7 +636,7 @@ def sample(
     threads = max(1, int(threads))
     t = _tables(skeleton_for_walk)
 
-    cols = _Columns(_Known(columns), [], [], [], [], [], [])
+    cols = _Columns(columns)
 
     def walk(k: int, start: int, size: int) -> _Block:
         rng = _block_rng(seed, k)
@@ -704,14 +715,14 @@ def sample(
 
 
 def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, scheme, stats) -> FeatureSet:
-    lengths = np.concatenate(cols.lengths)
-    node = np.concatenate(cols.node)
-    code = np.concatenate(cols.code)
-    ptr = np.zeros(lengths.size + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(lengths)
+    found, terms = cols.found, cols.terms
+    lengths = cols.lengths[:found]
+    node, code, power = cols.node[:terms], cols.code[:terms], cols.power[:terms]
+    ptr = np.zeros(found + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
     omega = np.concatenate(cols.omega) if cols.omega else np.zeros(0)
-    ci = np.flatnonzero(t.continuous[node])
-    if ci.size:  # continuous terms' codes become offsets into the compacted omega table
+    ci = np.flatnonzero(t.continuous[node]) if omega.size else ()
+    if len(ci):  # continuous terms' codes become offsets into the compacted omega table
         w = t.width[node[ci]]
         code[ci] = np.cumsum(w) - w
     return FeatureSet(
@@ -719,12 +730,12 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
         scheme=scheme,
         seed=seed,
         draws=int(q),
-        count=counts,
-        kind=np.concatenate(cols.kind).astype(np.uint8),
+        count=counts[:found],
+        kind=cols.kind[:found],
         ptr=ptr,
         node=node,
         code=code,
-        power=np.concatenate(cols.power),
+        power=power,
         omega=omega,
         stats=stats,
     )
