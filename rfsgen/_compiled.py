@@ -369,14 +369,24 @@ def child_plan(node, degree, fanin, small):  # pragma: no cover - compiled
 def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_child):  # pragma: no cover - compiled
     """Item ``i``'s ``degree[i]`` picks (consecutive in ``pick``) as
     ``out_draw = np.repeat(draw, degree)`` and
-    ``out_child = children[np.repeat(child_ptr[node], degree) + pick]`` (int64 each)."""
+    ``out_child = children[np.repeat(child_ptr[node], degree) + pick]`` (int64 each).
+    ``out_draw``/``out_child`` hold one slot more than the picks: each item writes its
+    first pick unconditionally (overwritten by the next item when its degree is 0), so
+    that the usual degrees 0 and 1 take no branch, which random degrees mispredict."""
+    last = pick.size - 1
+    top = children.size - 1
     k = 0
     for i in range(draw.size):
         first = child_ptr[node[i]]
-        for _ in range(degree[i]):
-            out_draw[k] = draw[i]
-            out_child[k] = children[first + pick[k]]
-            k += 1
+        d = degree[i]
+        out_draw[k] = draw[i]
+        # (a degree-0 item reads the next item's pick: keep the index inside the table)
+        out_child[k] = children[min(first + pick[min(k, last)], top)]
+        if d >= 2:
+            for j in range(1, d):
+                out_draw[k + j] = draw[i]
+                out_child[k + j] = children[first + pick[k + j]]
+        k += d
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

@@ -297,7 +297,7 @@ def _choose_children(t, rng, draw, node, degree, stratified=None):
     # Room for every item at once (a big item yields at most min(degree, fan-in) children),
     # so that nothing is concatenated afterwards.
     room = total + (int(np.minimum(degree[bi], t.fanin[node[bi]]).sum()) if any_big else 0)
-    out_draw, out_child = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
+    out_draw, out_child = np.empty(room + 1, dtype=np.int64), np.empty(room + 1, dtype=np.int64)
     out_mult = np.ones(room, dtype=np.int64)
     if total:
         if same:
