@@ -307,6 +307,38 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
         out[i, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)
 
 
+# ----------------------------------------------------------------------------- file checksum
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def fletcher32(data):  # pragma: no cover - compiled
+    """HDF5's Fletcher-32 checksum (``H5_checksum_fletcher32``) of the bytes ``data``
+    (uint8): big-endian 16-bit words, sums folded every 360 words, an odd last byte
+    as the high byte of a word.  Returns it as a uint32 value."""
+    n = data.size
+    words = n // 2
+    sum1 = np.uint32(0)
+    sum2 = np.uint32(0)
+    m16 = np.uint32(0xFFFF)
+    s16 = np.uint32(16)
+    i = 0
+    while words > 0:
+        block = min(words, 360)
+        words -= block
+        for _ in range(block):
+            sum1 += (np.uint32(data[i]) << np.uint32(8)) | np.uint32(data[i + 1])
+            sum2 += sum1
+            i += 2
+        sum1 = (sum1 & m16) + (sum1 >> s16)
+        sum2 = (sum2 & m16) + (sum2 >> s16)
+    if n % 2:
+        sum1 += np.uint32(data[i]) << np.uint32(8)
+        sum2 += sum1
+        sum1 = (sum1 & m16) + (sum1 >> s16)
+        sum2 = (sum2 & m16) + (sum2 >> s16)
+    sum1 = (sum1 & m16) + (sum1 >> s16)
+    sum2 = (sum2 & m16) + (sum2 >> s16)
+    return (sum2 << s16) | sum1
+
+
 # ----------------------------------------------------------------------------- sampler walk
 # The walk's bookkeeping between its random draws: each loop computes exactly what the
 # numpy expression in its docstring does (integers only), in one pass without temporaries.

@@ -113,18 +113,51 @@ def _narrow(a: np.ndarray) -> np.ndarray:
     raise ValueError("value out of int64 range")
 
 
-def _put(f, name, data, compress=True):
+#: gzip level 4: measured at 10^6 columns, 0.23 s against 7.8 s for level 9, for a file
+#: 4.8% larger (2.5% at 10^4); lzf was faster still but 50% larger.
+GZIP_LEVEL = 4
+#: Values per chunk of every dataset.
+CHUNK = 1 << 18
+
+
+def _put(f, name, data, compress=True, pool=None):
+    """Write ``data`` (1-d) as dataset ``name``, chunked, fletcher32-checksummed and, if
+    ``compress``, shuffled and gzip-compressed.  With a thread pool ``pool``, the chunks
+    of a multi-chunk compressed dataset are filtered on its threads (:func:`_filtered_chunk`,
+    byte-identical to HDF5's own filter pipeline) and written as they are."""
     data = np.ascontiguousarray(data)
     kw = dict(fletcher32=True, track_times=False)
     if data.size == 0:
         f.create_dataset(name, shape=(0,), dtype=data.dtype, chunks=(1,), maxshape=(None,), **kw)
         return
-    chunk = (int(min(data.size, 1 << 18)),)
+    n = int(min(data.size, CHUNK))
     if compress:
-        # gzip level 4: measured at 10^6 columns, 0.23 s against 7.8 s for level 9, for a file
-        # 4.8% larger (2.5% at 10^4); lzf was faster still but 50% larger
-        kw.update(compression="gzip", compression_opts=4, shuffle=True)
-    f.create_dataset(name, data=data, chunks=chunk, **kw)
+        kw.update(compression="gzip", compression_opts=GZIP_LEVEL, shuffle=True)
+    if not compress or pool is None or data.size <= n:
+        f.create_dataset(name, data=data, chunks=(n,), **kw)
+        return
+    dset = f.create_dataset(name, shape=data.shape, dtype=data.dtype, chunks=(n,), **kw)
+    starts = range(0, data.size, n)
+    for start, payload in zip(starts, pool.map(lambda a: _filtered_chunk(data, a, n), starts)):
+        dset.id.write_direct_chunk((start,), payload)
+
+
+def _filtered_chunk(data: np.ndarray, start: int, n: int) -> bytes:
+    """The chunk of ``n`` values of ``data`` at ``start`` (the last one padded with zeros,
+    HDF5's fill value) through HDF5's filters for a shuffled, gzip-compressed,
+    fletcher32-checksummed dataset: the bytes HDF5 itself would store."""
+    import zlib
+
+    from ._compiled import fletcher32
+
+    part = data[start:start + n]
+    if part.size < n:
+        part = np.concatenate([part, np.zeros(n - part.size, dtype=data.dtype)])
+    raw = np.frombuffer(part.tobytes(), dtype=np.uint8)
+    if data.dtype.itemsize > 1:  # shuffle: byte k of every value together, k = 0, 1, ...
+        raw = raw.reshape(n, data.dtype.itemsize).T
+    packed = zlib.compress(raw.tobytes(), GZIP_LEVEL)
+    return packed + int(fletcher32(np.frombuffer(packed, dtype=np.uint8))).to_bytes(4, "little")
 
 
 def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=None) -> None:
@@ -230,17 +263,22 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     ]
     total = sum(d.nbytes for _, d, _ in datasets) or 1
     done = 0
-    for name, data, compress in datasets:
-        checkpoint()
-        if sink is not None:
-            sink.check()
-        _put(f, name, data, compress)
-        if name == "term_node":
-            f["term_node"].attrs["encoding"] = "delta-within-column"
-        if progress is not None:
-            new = (done + data.nbytes) * fs.columns // total
-            progress(new - done * fs.columns // total)
-        done += data.nbytes
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._compiled import threads
+
+    with ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="rfsgen-write") as pool:
+        for name, data, compress in datasets:
+            checkpoint()
+            if sink is not None:
+                sink.check()
+            _put(f, name, data, compress, pool)
+            if name == "term_node":
+                f["term_node"].attrs["encoding"] = "delta-within-column"
+            if progress is not None:
+                new = (done + data.nbytes) * fs.columns // total
+                progress(new - done * fs.columns // total)
+            done += data.nbytes
     _seal(f)
 
 
