@@ -214,11 +214,12 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
     first = True
     while draw.size:
         leaf = t.is_input[node]
+        if leaf.all():  # (the usual last level: no selections)
+            leaves.append((draw, node, mult))
+            break
         if leaf.any():
             leaves.append((draw[leaf], node[leaf], mult[leaf]))
             draw, node, mult = draw[~leaf], node[~leaf], mult[~leaf]
-            if not draw.size:
-                break
         degree = np.empty(draw.size, dtype=np.int64)
         if stratify:  # at most one item of a draw may take its randomness from a shared stratified sequence
             alone = np.bincount(draw, minlength=n_draws)[draw] == 1
