@@ -422,21 +422,11 @@ def expand_picks(draw, node, degree, pick, child_ptr, children, out_draw, out_ch
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def term_index(ptr, rows, out):  # pragma: no cover - compiled
-    """The positions of draws ``rows``' terms, draw after draw: ``out`` (int64, as long
-    as their terms) = the concatenation of ``arange(ptr[r], ptr[r + 1])`` for r in rows."""
-    k = 0
-    for r in rows:
-        for q in range(ptr[r], ptr[r + 1]):
-            out[k] = q
-            k += 1
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def take_terms(ptr, node, code, power, rows, out_node, out_code, out_power, at):  # pragma: no cover - compiled
-    """Copy the terms of draws ``rows``, draw after draw, into ``out_*[at:]``: the same as
-    ``out[at:at + k] = x[idx]`` with ``idx`` from :func:`term_index`, for x in node, code,
-    power (int64).  Returns ``at + k``; the caller makes the room."""
+    """Copy the terms of draws ``rows`` (int64; repeats allowed), draw after draw,
+    into ``out_*[at:]``: ``out[at:at + k] = x[idx]`` for x in node, code, power (int64),
+    where ``idx`` concatenates ``arange(ptr[r], ptr[r + 1])`` for r in rows.  Returns
+    ``at + k``; the caller makes the room."""
     k = at
     for r in rows:
         for q in range(ptr[r], ptr[r + 1]):

@@ -228,6 +228,9 @@ def _check_header(p: str) -> None:
 
 
 def _write(f, fs: FeatureSet, progress=None, sink=None):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._compiled import threads
     from ._signals import checkpoint
 
     src = fs.skeleton.source.encode("utf-8")
@@ -263,10 +266,6 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     ]
     total = sum(d.nbytes for _, d, _ in datasets) or 1
     done = 0
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ._compiled import threads
-
     with ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="rfsgen-write") as pool:
         for name, data, compress in datasets:
             checkpoint()

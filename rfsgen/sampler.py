@@ -268,19 +268,20 @@ def _pair(b: _Batch) -> _Batch:
     The [cos, sin] pair of one frequency cancels the cos(theta + theta') noise a
     single random phase carries (used by the ``orf`` scheme, as in Yu et al. 2016).
     """
-    from ._compiled import term_index
+    from ._compiled import take_terms
 
     n = b.kind.size
     lengths = np.diff(b.ptr)
     twice = np.repeat(np.arange(n), 2)
-    idx = np.empty(2 * int(lengths.sum()), dtype=np.int64)
-    term_index(b.ptr, twice, idx)
+    size = 2 * int(lengths.sum())
+    node, code, power = (np.empty(size, dtype=np.int64) for _ in range(3))
+    take_terms(b.ptr, b.node, b.code, b.power, twice, node, code, power, 0)
     kind = np.repeat(b.kind, 2)
     kind[1::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_SIN)
     kind[0::2] = np.where(b.kind == KIND_REAL, KIND_REAL, KIND_COS)
     ptr = np.zeros(2 * n + 1, dtype=np.int64)
     ptr[1:] = np.cumsum(lengths[twice])
-    return _Batch(kind=kind, ptr=ptr, node=b.node[idx], code=b.code[idx], power=b.power[idx], omega=b.omega,
+    return _Batch(kind=kind, ptr=ptr, node=node, code=code, power=power, omega=b.omega,
                   continuous=np.repeat(b.continuous, 2), factors=np.repeat(b.factors, 2), degree=np.repeat(b.degree, 2))
 
 
@@ -477,7 +478,7 @@ class _Known:
 
 class _Columns:
     """Columns found so far, filled in place: their keys, kinds and term counts (one slot
-    per column asked for) and their terms (int64, grown by doubling)."""
+    per column asked for) and their terms (int64, grown as needed: :meth:`_room`)."""
 
     def __init__(self, columns: int):
         self.known = _Known(columns)
