@@ -24,7 +24,7 @@ _EXPORTS = {
     "cooccurrence": "cooccurrence",
     "FeatureSet": "features", "describe": "features", "load_features": ("features", "load"),
     "save_features": ("features", "save"),
-    "open_input": "io",
+    "open_input": "inputs",
     "kernel": "kernel",
     "sample": "sampler",
     "Skeleton": "skeleton", "load_skeleton": "skeleton", "parse_skeleton": "skeleton",

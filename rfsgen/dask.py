@@ -38,7 +38,8 @@ _LOCK = threading.Lock()
 def _transformer(fs: FeatureSet, dtype: str):
     """One :class:`~rfsgen.transform.Transformer` per feature set and dtype in each
     worker process (building one plans the columns; blocks reuse it)."""
-    from .transform import DTYPES, Transformer
+    from .output import DTYPES
+    from .transform import Transformer
 
     key = (id(fs), dtype)
     with _LOCK:
@@ -56,7 +57,7 @@ def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0
     ``scipy.sparse.csr_matrix`` for ``layout="csr"`` (exact zeros dropped)."""
     import scipy.sparse as sp
 
-    from .transform import _sparse_parts
+    from .output import _sparse_parts
 
     x = np.asarray(x)
     vals = _transformer(fs, dtype).chunk(x, row0, source)
@@ -82,7 +83,7 @@ def transform(fs: FeatureSet, X, *, layout: str = "dense", dtype: str = "float32
     """
     import scipy.sparse as sp
 
-    from .transform import DTYPES, _check_options
+    from .output import DTYPES, _check_options
 
     _check_options(layout, dtype, "none")
     if isinstance(X, (str, os.PathLike)):
@@ -109,7 +110,7 @@ def transform(fs: FeatureSet, X, *, layout: str = "dense", dtype: str = "float32
 
 
 def _read_rows(spec, a: int, b: int) -> np.ndarray:
-    from .io import open_input
+    from .inputs import open_input
 
     with open_input(spec) as src:
         parts = [block for _, block in src.chunks(b - a, a, b)]
@@ -119,7 +120,7 @@ def _read_rows(spec, a: int, b: int) -> np.ndarray:
 def from_path(spec, chunk_rows: int | None = None):
     """A file of rows (any format :func:`rfsgen.open_input` reads, except streams) as a
     lazy ``dask.array``: each block opens the file and reads its rows."""
-    from .io import open_input
+    from .inputs import open_input
 
     spec = os.fspath(spec)
     with open_input(spec) as src:
@@ -192,7 +193,7 @@ class ClusterTransformer:
     remote = True  # chunks arrive as arrays: the writer must not ask for them in memory maps of the output
 
     def __init__(self, client, address: str, fs: FeatureSet, dtype):
-        from .transform import DTYPES
+        from .output import DTYPES
 
         self.client = client
         self.address = address

@@ -173,7 +173,7 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
     import h5py
 
     from ._signals import deferred
-    from .io import SafeFile, atomic_path
+    from .atomic import SafeFile, atomic_path
 
     with atomic_path(path, overwrite, inputs) as tmp, SafeFile(tmp) as sink:
         if progress is not None and hasattr(progress, "phase"):

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import InputError
-from .io import check_finite
+from .inputs import check_finite
 from .skeleton import Skeleton
 
 DEFAULT_MEMORY = 512 * 2**20
@@ -113,7 +113,7 @@ def kernel(
 
     ``x`` and ``y`` are ``(m, width)`` and ``(n, width)`` rows (``y`` defaults to
     ``x``): arrays, ``scipy.sparse`` matrices, DataFrames, lists of rows, or paths
-    (anything :func:`rfsgen.io.open_input` takes).  A ``width: auto`` skeleton is
+    (anything :func:`rfsgen.inputs.open_input` takes).  A ``width: auto`` skeleton is
     bound to the rows' width.  ``progress(rows_done)`` is called after each block of ``x`` rows.
     """
     x = _rows(x)
@@ -149,7 +149,7 @@ def _rows(obj) -> np.ndarray:
     """Rows as a 2-D array (the kernel needs them all at once)."""
     if isinstance(obj, np.ndarray) and obj.ndim == 2:
         return obj
-    from .io import open_input
+    from .inputs import open_input
 
     with open_input(obj) as src:
         return src.read()
@@ -197,7 +197,9 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     import io
     import sys
 
-    from .io import atomic_path, check_width, open_input, resolve_rows
+    from .inputs import check_width, open_input, resolve_rows
+
+    from .atomic import atomic_path
     from .skeleton import load_skeleton
 
     skel = load_skeleton(skeleton_path)

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import InputError, UsageError
-from .io import ArraySource, CsrRowsSource, InputSource
+from .inputs import ArraySource, CsrRowsSource, InputSource
 
 #: The root attributes every shard must have (written by ``rfsgen transform``).
 SHARD_ATTRS = ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop", "columns",
@@ -179,7 +179,7 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
                 progress: Callable[[int], None] | None = None, chunk_rows: int | None = None) -> dict:
     """Merge transform shards into ``output`` (see the module docstring).  Returns a
     summary dict (rows, columns, nnz, output, shards, virtual)."""
-    from .transform import write_output
+    from .output import write_output
 
     if not shards:
         raise UsageError("give the shards to merge")
@@ -213,8 +213,8 @@ def _write_virtual(order, output, overwrite) -> dict:
     import h5py
 
     from ._signals import deferred
-    from .io import SafeFile, atomic_path
-    from .transform import _write_annotations
+    from .atomic import SafeFile, atomic_path
+    from .output import _write_annotations
 
     first = order[0]
     start, stop = first.start, order[-1].stop

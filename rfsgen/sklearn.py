@@ -165,7 +165,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 def _check_domain(skel: Skeleton, X, chunk_rows: int = 4096) -> None:
     """Raise :class:`rfsgen.DataError` (a ValueError) naming the first row out of a
     base's domain (a category out of range, an all-zero row for a sphere node)."""
-    from .io import open_input
+    from .inputs import open_input
     from .kernel import prepare_inputs
 
     with open_input(X) as src:

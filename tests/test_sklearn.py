@@ -192,7 +192,7 @@ def test_the_core_imports_no_optional_extra():
 
     code = """
 import sys, numpy as np, scipy.sparse as sp
-import rfsgen, rfsgen.cli, rfsgen.approx, rfsgen.h5ad, rfsgen.io, rfsgen.kernel, rfsgen.schemes
+import rfsgen, rfsgen.cli, rfsgen.approx, rfsgen.h5ad, rfsgen.inputs, rfsgen.atomic, rfsgen.output, rfsgen.kernel, rfsgen.schemes
 s = rfsgen.load_skeleton(sys.argv[1])
 x = np.random.default_rng(0).standard_normal((5, 3))
 rfsgen.transform(rfsgen.sample(s.bind(3), 16, seed=0), sp.csr_matrix(x))

@@ -374,7 +374,7 @@ def test_csr_pieces_drop_exact_zeros(dtype):
 
 
 def test_npy_rows_are_read_without_the_memory_map(files, tmp_path):
-    from rfsgen.io import open_input
+    from rfsgen.inputs import open_input
 
     x = np.load(files / "rows.npy")
     with open_input(str(files / "rows.npy")) as src:

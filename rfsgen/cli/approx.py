@@ -40,7 +40,7 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
 
     from ..approx import approx, check_plotting, format_table, parse_budgets, plot
     from ..errors import OutputExistsError
-    from ..io import check_width, open_input, resolve_rows
+    from ..inputs import check_width, open_input, resolve_rows
     from ..skeleton import load_skeleton
 
     skel = load_skeleton(skeleton)

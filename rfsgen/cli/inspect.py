@@ -28,7 +28,7 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
     fs = load(features)
     if plot_path:
         from ..cooccurrence import plot_cooccurrence
-        from ..io import atomic_path
+        from ..atomic import atomic_path
 
         with atomic_path(plot_path, overwrite, inputs=[features]) as tmp:
             plot_cooccurrence(fs, tmp, title=f"{fs.skeleton.path}: {fs.columns} features")

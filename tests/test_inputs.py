@@ -4,8 +4,8 @@ import h5py
 import numpy as np
 import pytest
 
-from rfsgen import DataError, InputError, OutputExistsError, UsageError
-from rfsgen.io import atomic_path, open_input, parse_rows
+from rfsgen import DataError, InputError, UsageError
+from rfsgen.inputs import open_input, parse_rows
 
 
 @pytest.fixture
@@ -90,27 +90,6 @@ def test_parse_rows():
         parse_rows("9:3")
 
 
-def test_atomic_path_leaves_nothing_on_failure(tmp_path):
-    target = tmp_path / "out.bin"
-    with pytest.raises(RuntimeError):
-        with atomic_path(target) as tmp:
-            open(tmp, "wb").write(b"partial")
-            raise RuntimeError("boom")
-    assert list(tmp_path.iterdir()) == []
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_path(target) as tmp:
-            open(tmp, "wb").write(b"partial")
-            raise KeyboardInterrupt
-    assert list(tmp_path.iterdir()) == []
-    with atomic_path(target) as tmp:
-        open(tmp, "wb").write(b"done")
-    assert target.read_bytes() == b"done"
-    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
-        with atomic_path(target):
-            pass
-
-
-# ----------------------------------------------------------------------------- in-memory inputs
 def test_in_memory_inputs_work_or_say_what_is_accepted(table):
     import scipy.sparse as sp
 
@@ -158,6 +137,8 @@ def test_array_likes_with_slicing_are_read_in_chunks(tmp_path, table):
 
 
 # ----------------------------------------------------------------------------- malformed files
+
+
 def test_malformed_files_are_one_line_errors(tmp_path):
     from rfsgen import InputError
 
@@ -193,79 +174,6 @@ def test_bad_stdin_is_a_one_line_error():
 
 
 # ----------------------------------------------------------------------------- atomic outputs
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
-def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
-    import os
-
-    from rfsgen.io import _host, remove_stale_temporaries
-
-    host = _host()
-    stale = tmp_path / f".out.h5.rfsgen-{host}-{_dead_pid()}-ab12cd.part"
-    alive = tmp_path / f".out.h5.rfsgen-{host}-{os.getpid()}-ef34gh.part"
-    other_host = tmp_path / f".out.h5.rfsgen-otherhost-{_dead_pid()}-ij56kl.part"
-    foreign = tmp_path / ".out.h5.abc.part"  # not rfsgen's: never touched
-    for p in (stale, alive, other_host, foreign):
-        p.write_bytes(b"x")
-    assert remove_stale_temporaries(tmp_path) == [stale.name]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, other_host, foreign))
-    stale.write_bytes(b"x")
-    with atomic_path(tmp_path / "new.bin") as tmp:  # any run into the directory sweeps first
-        assert not stale.exists()
-        open(tmp, "wb").write(b"ok")
-
-
-def test_no_clobber_is_atomic(tmp_path):
-    """Another writer finishing first (the path appears while this run works) is never
-    silently replaced."""
-    target = tmp_path / "out.bin"
-    with pytest.raises(OutputExistsError, match="was created by another process while this one ran"):
-        with atomic_path(target) as tmp:
-            open(tmp, "wb").write(b"mine")
-            target.write_bytes(b"theirs")  # the concurrent run wins the race
-    assert target.read_bytes() == b"theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
-    with atomic_path(target, overwrite=True) as tmp:
-        open(tmp, "wb").write(b"mine")
-    assert target.read_bytes() == b"mine"
-
-
-def test_output_may_not_be_an_input(tmp_path):
-    src = tmp_path / "in.npy"
-    src.write_bytes(b"x")
-    for out in (src, tmp_path / "." / "in.npy"):
-        with pytest.raises(UsageError, match="is also an input of this command"):
-            with atomic_path(out, overwrite=True, inputs=[str(src)]):
-                pass
-    (tmp_path / "in.h5").write_bytes(b"y")
-    with pytest.raises(UsageError, match="is also an input"):  # container specs name the file
-        with atomic_path(tmp_path / "in.h5", overwrite=True, inputs=[f"{tmp_path / 'in.h5'}:/x"]):
-            pass
-    assert src.read_bytes() == b"x"
-
-
-def test_safe_file_records_write_errors_instead_of_raising(tmp_path, monkeypatch):
-    import errno
-
-    from rfsgen.io import SafeFile
-
-    with SafeFile(tmp_path / "f") as f:
-        assert f.write(b"abc") == 3
-        f.check()
-
-        def full(data):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(f._f, "write", full)
-        assert f.write(b"defg") == 4  # HDF5 is told it worked...
-        with pytest.raises(OSError, match="No space left"):  # ...rfsgen is not
-            f.check()
 
 
 def _sparse_table(n=40, width=6, seed=0):

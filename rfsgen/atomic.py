@@ -1,0 +1,220 @@
+"""Atomic output files: written beside the target under a temporary name and renamed
+only when complete, so that a failed or interrupted run never leaves a file that
+looks complete; full disks are reported, never left to crash HDF5."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import OutputError, OutputExistsError, UsageError
+from .inputs import _split_spec
+
+#: rfsgen's temporary files: ``.NAME.rfsgen-HOST-PID-RANDOM.part`` beside the output.
+TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.rfsgen-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]+\.part$")
+
+
+def _host() -> str:
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0] or "host")[:40]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's live process (or unknowable): leave its file alone
+    return True
+
+
+def remove_stale_temporaries(directory) -> list[str]:
+    """Remove rfsgen's own temporary files in ``directory`` left by runs that were
+    killed (``kill -9``, a node crash): only names matching :data:`TEMP_PATTERN`,
+    written on this host by a process that no longer exists.  Files of other hosts
+    (a shared file system) and of live processes are never touched.  Returns the
+    names removed."""
+    host = _host()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = TEMP_PATTERN.match(name)
+        if not m or m.group("host") != host or _alive(int(m.group("pid"))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+@contextmanager
+def atomic_path(path, overwrite: bool = False, inputs=()):
+    """Yield a temporary path beside ``path``; move it to ``path`` on success.
+
+    On any exception (including KeyboardInterrupt and SIGTERM) the temporary file
+    is removed, so a failed run never leaves a file that looks complete.  Without
+    ``overwrite`` the move is a hard link, which fails if ``path`` appeared in the
+    meantime (another run finished first): no-clobber is atomic.  ``inputs`` are
+    the files the run reads; ``path`` may not be one of them, even with
+    ``overwrite``.  Stale temporary files of killed runs in the same directory are
+    removed first (see :func:`remove_stale_temporaries`).
+    """
+    path = Path(path)
+    if str(path) == "-":
+        raise UsageError("-o -: this output is HDF5, which cannot be written to standard output; give a file name")
+    for src in inputs:
+        if src is not None and str(src) != "-" and _same_file(path, _split_spec(str(src))[0]):
+            raise UsageError(f"{path}: is also an input of this command ({src}); write the output elsewhere")
+    if path.is_dir():
+        raise OutputError(f"{path}: is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path}: already exists; pass --overwrite to replace it")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise OutputError(f"{path}: directory {parent} does not exist; create it first")
+    remove_stale_temporaries(parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.rfsgen-{_host()}-{os.getpid()}-", suffix=".part", dir=parent)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _move_no_clobber(tmp, path)
+    except FileExistsError:
+        _remove(tmp)
+        raise OutputExistsError(f"{path}: was created by another process while this one ran; "
+                                "nothing was replaced (pass --overwrite to replace it)") from None
+    except OSError as e:
+        _remove(tmp)
+        raise _write_error(path, e) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _write_error(path, e: OSError) -> OutputError:
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputError(f"{path}: no space left on device; free space or write elsewhere")
+    return OutputError(f"{path}: cannot write ({e.strerror or e})")
+
+
+def _move_no_clobber(tmp, path):
+    """Move ``tmp`` to ``path`` unless ``path`` exists (FileExistsError), atomically."""
+    import errno
+
+    try:
+        os.link(tmp, path)  # fails with EEXIST if path exists: the atomic check
+    except OSError as e:
+        if e.errno == errno.EEXIST:
+            raise FileExistsError(str(path)) from None
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        # No hard links on this file system: rename, with a (racy) existence check.
+        if os.path.lexists(path):
+            raise FileExistsError(str(path)) from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def _remove(p):
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
+
+
+class SafeFile:
+    """A binary file for h5py's ``fileobj`` driver that never reports a failed write
+    to HDF5.
+
+    When a write fails inside HDF5 (a full disk, a quota, a file-size limit), h5py
+    later crashes with a segmentation fault while releasing its objects.  This file
+    records the first :class:`OSError` instead and discards every later write, so
+    HDF5 carries on normally; :meth:`check` raises the recorded error at a point
+    where rfsgen can fail cleanly (the temporary output is then removed).
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._f = open(self.path, "w+b", buffering=0)
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self.error is None:
+            try:
+                while view.nbytes:
+                    k = self._f.write(view)
+                    if not k:
+                        raise OSError(28, "No space left on device")
+                    view = view[k:]
+            except OSError as e:
+                self.error = e
+        return n
+
+    def readinto(self, buf) -> int:
+        return self._f.readinto(buf)
+
+    def read(self, n=-1) -> bytes:
+        return self._f.read(n)
+
+    def seek(self, pos, whence=0) -> int:
+        return self._f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def truncate(self, size=None) -> int:
+        try:
+            return self._f.truncate(size)
+        except OSError as e:
+            self.error = self.error or e
+            return self._f.tell() if size is None else size
+
+    def flush(self) -> None:
+        pass  # unbuffered
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def check(self) -> None:
+        """Raise the first write error, if there was one."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,390 @@
+"""The HDF5/AnnData output writer shared by ``transform``, ``merge`` and the Dask adapter.
+
+It takes anything that yields chunks of feature values (a :class:`rfsgen.transform.Transformer`,
+a merge's shard reader, a cluster engine) and writes them, atomically, as dense ``X`` or CSR
+(``X/data``, ``X/indices``, ``X/indptr``) with the AnnData annotations and rfsgen's provenance.
+The file's bytes depend only on the values written, never on how they were chunked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from .errors import UsageError
+from .h5ad import mark_csr, mark_dense, mark_root, write_index
+
+DTYPES = {"float32": np.float32, "float64": np.float64}
+LAYOUTS = ("csr", "dense")
+COMPRESSIONS = ("none", "gzip", "lzf")
+
+
+def default_chunk_rows(columns: int) -> int:
+    """About 64 MiB of float64 work per chunk, between 16 and 8192 rows."""
+    return int(min(8192, max(16, (64 << 20) // (8 * max(columns, 1)))))
+
+
+def _check_options(layout, dtype, compression):
+    if layout not in LAYOUTS:
+        raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if compression not in COMPRESSIONS:
+        raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+
+
+# ----------------------------------------------------------------------------- HDF5 output
+class _Appender:
+    """Appends to resizable 1-D datasets of equal length (CSR ``data`` and ``indices``)
+    in fixed blocks, writing block k of every dataset before block k + 1 of any.
+
+    The file's bytes then depend only on the values written, never on how the caller
+    chunked them: HDF5 places chunks in the file in the order they are written, so
+    writing several data blocks before the matching index blocks (a large chunk of
+    rows) would lay the file out differently from alternating them (small chunks).
+    """
+
+    def __init__(self, group, names, dtypes, block, compression, check):
+        self.block = block
+        self.check = check  # called after every block: raises a recorded write error
+        kw = {} if compression == "none" else {"compression": compression}
+        self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
+                                        track_times=False, **kw) for n, t in zip(names, dtypes)]
+        self.raw = compression == "none"
+        self.pending = [np.empty(block, dtype=t) for t in dtypes]
+        self.n_pending = 0
+        self.size = 0
+
+    def add(self, *arrays):
+        """Append one array per dataset, all of one length (copied: the caller may reuse
+        its buffers)."""
+        arrays = [a.reshape(-1) for a in arrays]
+        n = arrays[0].size
+        i = 0
+        if self.n_pending:
+            i = min(self.block - self.n_pending, n)
+            for p, a in zip(self.pending, arrays):
+                p[self.n_pending:self.n_pending + i] = a[:i]
+            self.n_pending += i
+            if self.n_pending < self.block:
+                return
+            self._write(self.pending)
+            self.n_pending = 0
+        for k in range(i, n - (n - i) % self.block, self.block):
+            self._write([a[k:k + self.block] for a in arrays])
+        rest = (n - i) % self.block
+        for p, a in zip(self.pending, arrays):
+            p[:rest] = a[n - rest:]
+        self.n_pending = rest
+
+    def _write(self, parts):
+        size = parts[0].size
+        if not size:
+            return
+        for ds, data in zip(self.ds, parts):
+            ds.resize((self.size + size,))
+            if self.raw and size == self.block:
+                # A whole uncompressed chunk goes to the file as it is: the same bytes
+                # as a selection write, without HDF5's per-element machinery.
+                ds.id.write_direct_chunk((self.size,), memoryview(np.ascontiguousarray(data)))
+            else:
+                ds[self.size:self.size + size] = data
+        self.size += size
+        self.check()
+
+    def close(self):
+        self._write([p[:self.n_pending] for p in self.pending])
+        self.n_pending = 0
+
+
+def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
+    """CSR pieces of a dense chunk: ``(data, indices, counts per row)`` without exact zeros.
+
+    Compositional features are almost never exactly zero, so the common case is
+    one check and views, not a gather.  ``full_indices`` may hold a cached
+    ``tile(arange(D), m)`` of sufficient length.
+    """
+    m, d = vals.shape
+    nz = vals != 0
+    if nz.all():
+        if full_indices is None or full_indices.size < m * d:
+            full_indices = np.tile(np.arange(d, dtype=np.int32 if d < 2**31 else np.int64), m)
+        return vals.reshape(-1), full_indices[:m * d], np.full(m, d, dtype=np.int64)
+    from ._compiled import compress_rows
+
+    data = np.empty(m * d, dtype=vals.dtype)
+    indices = np.empty(m * d, dtype=np.int32 if d < 2**31 else np.int64)
+    counts = np.empty(m, dtype=np.int64)
+    nnz = compress_rows(vals, data, indices, counts)
+    return data[:nnz], indices[:nnz], counts
+
+
+def file_sha256(path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write_output(output, tr, src, start, stop, *, layout, dtype, compression, chunk_rows, overwrite, inputs, progress,
+                 provenance: dict, phase: str = "transform") -> dict:
+    """Write rows ``start:stop`` of ``src`` through ``tr`` (anything with ``columns``
+    and ``chunks`` like :class:`Transformer`) into the HDF5/AnnData file ``output``,
+    atomically.  ``provenance`` holds the root attributes rfsgen_version,
+    features_file, features_sha256 and input (written in that order, then
+    rows_start, rows_stop, columns, layout).  ``phase`` names the work on the progress
+    bar.  Returns a summary dict."""
+    import h5py
+
+    from ._signals import deferred
+    from .atomic import SafeFile, atomic_path
+
+    chunk_rows = chunk_rows or default_chunk_rows(tr.columns)
+    np_dtype = np.dtype(DTYPES[dtype])
+    D = tr.columns
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase(phase, None if stop is None else stop - start)
+    with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
+        # HDF5 writes through SafeFile: a full disk is reported by sink.check()
+        # after each block and at the end, never inside HDF5 (where h5py crashes).
+        with h5py.File(sink, "w", libver="earliest") as f:
+            n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink)
+            with deferred():
+                _write_annotations(f, src, start, n_rows, D, layout)
+                for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
+                    f.attrs[key] = provenance[key]
+                f.attrs["rows_start"] = start
+                f.attrs["rows_stop"] = start + n_rows
+                f.attrs["columns"] = D
+                f.attrs["layout"] = layout
+        sink.check()
+    return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+
+
+def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> None:
+    """What makes the output an AnnData file: encodings, ``obs`` (the input's row
+    names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
+    their rows' names) and ``var`` (column numbers)."""
+    if layout == "dense":
+        mark_dense(f["X"])
+    mark_root(f)
+    names = None
+    if src.row_names(start, start) is not None:  # the input has row names
+        names = _offset_names(src, start)
+    write_index(f, "obs", n_rows, names, first=start)
+    write_index(f, "var", columns, None)
+
+
+def _offset_names(src, start):
+    def names(a, b):
+        return src.row_names(start + a, start + b)
+
+    return names
+
+
+def _overlapped(chunks, put, progress) -> int:
+    """Run ``put(row0, values)`` for every chunk in one writer thread, so that writing
+    chunk k overlaps computing chunk k + 1 (the compiled loop and numpy release the
+    GIL).  Writes stay in order; ``chunks`` must keep each buffer valid for one more
+    step (``buffers=2``).  Returns the number of rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n_rows = 0
+    # On an error the executor still waits for the write in flight before unwinding.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-write") as ex:
+        pending = None
+        for row0, vals in chunks:
+            if pending is not None:
+                pending.result()  # the buffer of the next chunk is free once this is done
+            pending = ex.submit(put, row0, vals)
+            n_rows += vals.shape[0]
+            if progress:
+                progress(vals.shape[0])
+        if pending is not None:
+            pending.result()
+    return n_rows
+
+
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink) -> int:
+    """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
+    is filled directly, without going through h5py's write path.
+
+    Where ``os.posix_fallocate`` exists (Linux), the area's disk blocks are reserved
+    first (a full disk fails here, before any work, and never as a SIGBUS later) and
+    each chunk is computed straight into a memory map of its rows: no copy, and the
+    page-cache work is spread over the compiled loop's threads.  The window is
+    unmapped after each chunk, so resident memory stays bounded by the chunk.
+    Elsewhere a writer thread fills the area with ``os.pwrite`` while the next chunk
+    is computed.  HDF5 only places the dataset; the file's bytes are the same as
+    writing through h5py.
+    """
+    import os
+
+    import h5py
+
+    n = stop - start
+    D = tr.columns
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # place the data area now...
+    ds = f.create_dataset("X", shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
+                          fill_time="never")  # ...without writing zeros into it first
+    offset = ds.id.get_offset()
+    if not n or not D or offset is None:  # nothing to place: an empty dataset
+        return sum(vals.shape[0] for _, vals in tr.chunks(src, chunk_rows, start, stop))
+    f.flush()
+    sink.check()
+    row_bytes = D * np.dtype(dtype).itemsize
+    fd = os.open(sink.path, os.O_RDWR)
+    try:
+        # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
+        if _reserve(fd, offset, n * row_bytes) and not getattr(tr, "remote", False):
+            return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress)
+
+        def put(row0, vals):
+            data = memoryview(vals).cast("B")
+            pos = offset + (row0 - start) * row_bytes
+            while data:  # pwrite may write less than asked
+                k = os.pwrite(fd, data, pos)
+                data, pos = data[k:], pos + k
+
+        return _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    finally:
+        os.close(fd)
+
+
+def _reserve(fd, offset, size) -> bool:
+    """Reserve the file's blocks for ``size`` bytes at ``offset``.  True when done;
+    False where the system cannot (no ``posix_fallocate``, or a file system that
+    refuses it), and the caller then writes with ``pwrite``.  A full disk raises."""
+    import errno
+    import os
+
+    if not hasattr(os, "posix_fallocate"):
+        return False
+    try:
+        os.posix_fallocate(fd, offset, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    return True
+
+
+def _populator(threads: int, pool):
+    """A function that faults a shared file map in, writable, before it is written.
+
+    ``madvise(MADV_POPULATE_WRITE)`` (Linux >= 5.14) does in one call what the first
+    write to every page would do (allocate the page-cache page, zero it, map it);
+    split over ``threads`` threads this is the largest part of producing a big
+    output file, and about twice as fast as faulting page by page.  Where it is not
+    available the pages are faulted by the compiled loop as it writes.
+    """
+    import ctypes
+
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return lambda window: None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module does not name it
+
+    def populate(window):
+        size = len(window)
+        view = (ctypes.c_char * size).from_buffer(window)
+        try:
+            addr = ctypes.addressof(view)
+            cuts = [addr + (size * i // threads) // 4096 * 4096 for i in range(threads)] + [addr + size]
+            parts = [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+            for done in [pool.submit(madvise, a, n, MADV_POPULATE_WRITE) for a, n in parts]:
+                done.result()  # -1 (EINVAL on an older kernel) only means no prefaulting
+        finally:
+            del view
+
+    return populate
+
+
+def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress) -> int:
+    """Compute each chunk into a shared memory map of its rows of the file (bytes
+    ``offset + (row - start) * row_bytes`` onwards, already allocated)."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._compiled import threads as thread_count
+
+    threads = thread_count()
+    n_rows = 0
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-populate") as pool:
+        populate = _populator(threads, pool)
+        for row0, block in src.chunks(chunk_rows, start, stop):
+            m = block.shape[0]
+            first = offset + (row0 - start) * row_bytes
+            lo = first - first % mmap.ALLOCATIONGRANULARITY
+            window = mmap.mmap(fd, first + m * row_bytes - lo, offset=lo)
+            try:
+                populate(window)
+                out = np.frombuffer(window, dtype=tr.dtype, count=m * tr.columns, offset=first - lo)
+                tr.chunk(block, row0, src.name, out=out.reshape(m, tr.columns))
+            finally:
+                out = None
+                try:
+                    window.close()
+                except BufferError:  # an exception's traceback still holds a view: unmapped when freed
+                    pass
+            n_rows += m
+            if progress:
+                progress(m)
+    return n_rows
+
+
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink):
+    D = tr.columns
+    known = stop is not None
+    n_rows = 0
+    nnz = 0
+    if layout == "dense":
+        if known and compression == "none":
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink)
+        else:
+            rows_per_block = max(1, (1 << 20) // max(D, 1))
+            kw = {} if compression == "none" else {"compression": compression}
+            ds = f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
+                                  chunks=(rows_per_block, D), track_times=False, **kw)
+            pending = np.zeros((0, D), dtype=dtype)
+            for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+                pending = np.concatenate([pending, vals])
+                n_rows += vals.shape[0]
+                full = (pending.shape[0] // rows_per_block) * rows_per_block
+                if full:  # whole HDF5 chunks only, so bytes do not depend on chunk_rows
+                    ds.resize((ds.shape[0] + full, D))
+                    ds[-full:] = pending[:full]
+                    pending = pending[full:]
+                    sink.check()
+                if progress:
+                    progress(vals.shape[0])
+            if pending.shape[0]:
+                ds.resize((ds.shape[0] + pending.shape[0], D))
+                ds[-pending.shape[0]:] = pending
+        return n_rows, n_rows * D
+    g = f.create_group("X", track_order=False)
+    block = 1 << 20
+    index_dtype = np.int32 if D < 2**31 else np.int64
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check)
+    full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
+    indptr_parts = [np.zeros(1, dtype=np.int64)]
+
+    def put(row0, vals):
+        d, i, counts = _sparse_parts(vals, full_indices)
+        pairs.add(d, i)
+        indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
+
+    n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    nnz = int(indptr_parts[-1][-1])
+    pairs.close()
+    indptr = np.concatenate(indptr_parts)
+    kw = {} if compression == "none" else {"compression": compression}
+    g.create_dataset("indptr", data=indptr, track_times=False, **kw)
+    mark_csr(g, (n_rows, D))
+    return n_rows, nnz
