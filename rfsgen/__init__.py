@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Activation": "activations", "make_activation": "activations",
     "Base": "bases", "make_base": "bases",
-    "DataError": "errors", "FeatureFileError": "errors", "InputError": "errors", "OutputError": "errors",
+    "DataError": "errors", "FeatureFileError": "errors", "InputError": "errors", "LimitError": "errors", "OutputError": "errors",
     "OutputExistsError": "errors", "RfsgenError": "errors", "SamplerError": "errors", "SkeletonError": "errors",
     "UsageError": "errors",
     "cooccurrence": "cooccurrence",

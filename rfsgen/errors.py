@@ -69,5 +69,10 @@ class OutputExistsError(UsageError):
     """The output exists and ``overwrite`` was not given."""
 
 
+class LimitError(RfsgenError):
+    """A run would exceed a stated bound (the memory budget, a size or time limit); the
+    message names what, the estimate, the limit and how to change it (exit code 1)."""
+
+
 class SamplerError(RfsgenError):
     """The sampler cannot proceed (for example the skeleton's feature space is too small)."""
