@@ -23,7 +23,6 @@ the line and the key, and lists the allowed values.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -53,6 +52,7 @@ MAX_YAML_NODES = 200_000  # YAML values after expanding aliases (alias "bombs")
 MAX_WIDTH = 10_000_000  # values per input row
 MAX_NODES = 250_000  # skeleton nodes after expansion (a 500 x 500 image, one node per pixel)
 MAX_EDGES = 20_000_000  # child references, summed over internal nodes
+MAX_COLUMN_REFS = 20_000_000  # input columns referenced, summed over input nodes (overlapping patches)
 MAX_DEPTH = 1_000  # internal nodes on the longest input-to-output path
 MAX_NAME = 200  # characters in a node name
 
@@ -238,11 +238,81 @@ class _LineDict(dict):
     lines: dict
 
 
+#: Longest integer literal (characters) a skeleton may hold: every skeleton number is far
+#: smaller, and converting a long literal costs time (a 100,000-part base-60 ``1:2:3...``
+#: is quadratic) or fails (Python's 4,300-digit limit).
+MAX_INT_CHARS = 100
+
+_TAG = "tag:yaml.org,2002:"
+#: The only YAML types a skeleton holds.  Timestamps, binary, sets, ordered maps,
+#: pairs and python/* tags are refused by name; plain scalars that YAML 1.1 would
+#: read as dates (``2001-02-30``) or as ``=`` stay strings.
+_SCALAR_TYPES = {"null": "null", "bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    """PyYAML's SafeLoader restricted to null, bool, int, float, str, lists and
+    mappings (with merge keys); it records each anchored node's anchor name so a
+    recursive alias can be reported by name."""
+
+    yaml_constructors = {}  # only those registered below: nothing inherited
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_TAG + "timestamp", _TAG + "value")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def __init__(self, text, name):
+        super().__init__(text)
+        self.name = name
+        self.anchor_of: dict[int, str] = {}  # id(node) -> anchor, for error messages
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        anchor = None if isinstance(event, yaml.AliasEvent) else getattr(event, "anchor", None)
+        node = super().compose_node(parent, index)
+        if anchor is not None:
+            self.anchor_of[id(node)] = anchor
+        return node
+
+
+def _where(loader, node) -> str:
+    return f"{loader.name}:{node.start_mark.line + 1}"
+
+
+def _scalar(kind, construct):
+    """A constructor for the scalar type ``kind`` that turns any failure to build the
+    value (``!!int six``, ``!!bool maybe``, an integer too long for Python) into a
+    one-line SkeletonError naming the line."""
+
+    def build(loader, node):
+        text = node.value if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(text, str):
+            raise SkeletonError(f"{_where(loader, node)}: '!!{kind}' must tag a single value, not a list or mapping; "
+                                "drop the tag")
+        if kind == "int" and len(text) > MAX_INT_CHARS:
+            raise SkeletonError(f"{_where(loader, node)}: an integer of {len(text)} characters, over the limit of "
+                                f"{MAX_INT_CHARS}; skeleton numbers are far smaller (see the README's Limits)")
+        try:
+            return construct(loader, node)
+        except SkeletonError:
+            raise
+        except Exception:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise SkeletonError(f"{_where(loader, node)}: {shown!r} is not {_SCALAR_TYPES[kind]} (it is tagged or "
+                                f"read as !!{kind}); write a valid {kind}, or quote it to make it a string") from None
+
+    return build
+
+
+def _refuse(loader, node):
+    tag = "!!" + node.tag[len(_TAG):] if node.tag.startswith(_TAG) else node.tag
+    raise SkeletonError(f"{_where(loader, node)}: the YAML tag '{tag}' is not allowed in a skeleton; write plain "
+                        "values (strings, numbers, true/false, null, lists and mappings) without tags")
 
 
 def _construct_mapping(loader, node, deep=False):
+    if not isinstance(node, yaml.MappingNode):
+        raise SkeletonError(f"{_where(loader, node)}: '!!map' must tag a mapping; drop the tag")
     loader.flatten_mapping(node)
     out = _LineDict()
     out.line = node.start_mark.line + 1
@@ -262,7 +332,17 @@ def _construct_mapping(loader, node, deep=False):
     return out
 
 
+def _construct_seq(loader, node):
+    if not isinstance(node, yaml.SequenceNode):
+        raise SkeletonError(f"{_where(loader, node)}: '!!seq' must tag a list; drop the tag")
+    return loader.construct_yaml_seq(node)
+
+
+for _kind in _SCALAR_TYPES:
+    _Loader.add_constructor(_TAG + _kind, _scalar(_kind, getattr(yaml.SafeLoader, f"construct_yaml_{_kind}")))
+_Loader.add_constructor(_TAG + "seq", _construct_seq)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(None, _refuse)  # every other tag
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -295,12 +375,11 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
                             "skeletons describe structure in a few lines (use conv/pool/dense/each templates)")
     loader = None
     try:
-        loader = _Loader(text)
-        loader.name = path
+        loader = _Loader(text, path)
         node = loader.get_single_node()
         if node is None:
             raise SkeletonError(f"{path}: the file is empty; a skeleton needs rfsgen, input and nodes")
-        _check_yaml_size(node, path)
+        _check_yaml_graph(node, path, loader.anchor_of)
         doc = loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -324,34 +403,49 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
     return skel
 
 
-def _check_yaml_size(root, path):
-    """Refuse documents whose values, with aliases expanded, exceed MAX_YAML_NODES
-    (``&a [*b, *b, ...]`` chains grow exponentially while the text stays tiny)."""
+def _check_yaml_graph(root, path, anchor_of=None):
+    """Refuse, on the composed YAML graph and before any Python value is built, a
+    recursive alias (``&a [1, *a]``, a merge ``<<: *m`` inside ``m``) and documents
+    whose values, with aliases expanded, exceed MAX_YAML_NODES (``&a [*b, *b, ...]``
+    chains grow exponentially while the text stays tiny).
+
+    One depth-first pass with a memo of each node's expanded size: time and memory
+    are linear in the composed nodes (bounded by the text), whatever the aliases."""
+    anchor_of = anchor_of or {}
     sizes: dict[int, int] = {}
+    open_: set[int] = set()  # nodes on the current path from the root
     stack = [(root, False)]
     while stack:
-        node, done = stack.pop()
+        node, leaving = stack.pop()
         key = id(node)
-        if key in sizes and not done:
-            continue
-        children = []
         if isinstance(node, yaml.SequenceNode):
             children = node.value
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
-        if not done:
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
+        else:
+            children = ()
+        if leaving:
+            open_.discard(key)
+            total = 1 + sum(sizes[id(c)] for c in children)
+            sizes[key] = total
+            if total > MAX_YAML_NODES:
+                line = node.start_mark.line + 1
+                raise SkeletonError(f"{path}:{line}: the YAML expands to more than {MAX_YAML_NODES} values (aliases?); "
+                                    "write the structure out, or use the conv/pool/dense/each templates")
             continue
-        total = 1 + sum(sizes.get(id(c), 1) for c in children)
-        sizes[key] = total
-        if total > MAX_YAML_NODES:
-            line = node.start_mark.line + 1
-            raise SkeletonError(f"{path}:{line}: the YAML expands to more than {MAX_YAML_NODES} values (aliases?); "
-                                "write the structure out, or use the conv/pool/dense/each templates")
+        if key in sizes:
+            continue
+        if key in open_:  # reached again below itself: only an alias can do that
+            name = anchor_of.get(key)
+            what = f"the anchor '&{name}'" if name else "an anchored value"
+            raise SkeletonError(f"{path}:{node.start_mark.line + 1}: {what} contains an alias to itself (a recursive "
+                                "YAML structure); a skeleton cannot contain itself: write the value out")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
-_REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*\Z", re.DOTALL)
+REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*\Z", re.DOTALL)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
@@ -369,7 +463,7 @@ class _Builder:
         self.nodes: list = []
         self.arrays: dict[str, np.ndarray] = {}
         self.layers: list = []
-        self.edges = 0
+        self.expand = None  # the templates.Expander, once the input width is known
 
     # ------------------------------------------------------------------ errors
     def err(self, line, msg) -> SkeletonError:
@@ -400,7 +494,9 @@ class _Builder:
         entries = doc.get("nodes")
         if not isinstance(entries, list) or not entries:
             raise self.err(doc.lines.get("nodes", doc.line), "'nodes' must be a non-empty list of node entries")
+        self.expand = templates.Expander(self.path, self.width, self.shape, self.err, self.check_keys)
         self.build_entries(entries, doc.lines.get("nodes", 1))
+        self.nodes, self.arrays, self.layers = self.expand.nodes, self.expand.arrays, self.expand.layers
         output = self.prune(self.find_output(doc))
         self.check_depth(doc)
         description = doc.get("description", "")
@@ -431,7 +527,8 @@ class _Builder:
         if "width" in spec:
             w = spec["width"]
             if w == "auto":
-                return self.auto_width(doc, spec.lines["width"]), None
+                self.auto = True
+                return templates.auto_width(doc.get("nodes"), self.bind_width, spec.lines["width"], self.err), None
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise self.err(spec.lines["width"], f"'width' must be a positive integer or 'auto', got {w!r}")
             if w > MAX_WIDTH:
@@ -449,41 +546,6 @@ class _Builder:
             raise self.err(spec.lines["shape"], f"'shape' {shape} makes rows of {width} values, over the limit of "
                                                 f"{MAX_WIDTH}")
         return int(width), tuple(shape)
-
-    def auto_width(self, doc, line) -> int:
-        """Check that the structure does not depend on the width; return the width to
-        build at (the bound width, or a probe)."""
-        self.auto = True
-        entries = doc.get("nodes") if isinstance(doc.get("nodes"), list) else []
-        groups = [1]
-        for e in entries:
-            if not isinstance(e, dict) or "base" not in e:
-                refs = e.get("inputs", []) if isinstance(e, dict) else []
-                for r in refs if isinstance(refs, list) else [refs]:
-                    m = _REF.match(str(r))
-                    if m and m.group(2) is not None:
-                        raise self.err(e.lines["inputs"], f"node '{e.get('name')}' refers to '{r}', an index into an "
-                                       "array whose size follows the width; a 'width: auto' skeleton cannot index "
-                                       "its nodes (use dense, conv, pool or each), or give 'width: N'")
-                continue
-            name = e.get("name")
-            if "columns" in e and e["columns"] != "all":
-                raise self.err(e.lines["columns"], f"input node '{name}' picks columns {e['columns']!r}, which needs a "
-                               "fixed width; with 'width: auto' an input node takes all columns (per: all, column or "
-                               "group), or give 'width: N'")
-            if e.get("per") in ("pixel", "patch"):
-                raise self.err(e.lines["per"], f"'per: {e['per']}' in node '{name}' needs an image shape; "
-                               "'width: auto' takes per: all, column or group")
-            g = e.get("group")
-            if isinstance(g, int) and not isinstance(g, bool) and g >= 1:
-                groups.append(g)
-        if self.bind_width is not None:
-            w = int(self.bind_width)
-            if w < 1 or w > MAX_WIDTH:
-                raise self.err(line, f"cannot bind 'width: auto' to {w} columns (1 to {MAX_WIDTH})")
-            return w
-        step = math.lcm(*groups)
-        return step * max(1, -(-AUTO_PROBE_WIDTH // step))
 
     # ------------------------------------------------------------------ entries
     def build_entries(self, entries, line):
@@ -524,14 +586,14 @@ class _Builder:
                     raise self.err(e.lines["inputs"], f"'inputs' of node '{name}' must be a non-empty list of node names")
                 names = []
                 for r in refs:
-                    m = _REF.match(str(r))
+                    m = REF.match(str(r))
                     if not m:
                         raise self.err(e.lines["inputs"], f"bad reference {r!r} in 'inputs' of node '{name}'; write name, name[i] or name[i, j]")
                     names.append(m.group(1))
                 deps[name] = names
             elif wiring[0] == "each":
                 src = e["each"]
-                if not isinstance(src, str) or not _REF.match(src) or "[" in src:
+                if not isinstance(src, str) or not REF.match(src) or "[" in src:
                     raise self.err(e.lines["each"], f"'each' of node '{name}' must name a node entry, got {src!r}")
                 if "from" in e:
                     raise self.err(e.lines["from"], f"node '{name}' says both 'each: {src}' and 'from'; 'each' names "
@@ -583,101 +645,9 @@ class _Builder:
 
     def build_entry(self, e, deps):
         if "base" in e:
-            self.build_input(e)
+            self.expand.input_layer(e)
         else:
             self.build_internal(e, deps)
-
-    # ------------------------------------------------------------------ input nodes
-    def build_input(self, e):
-        name = e["name"]
-        base_name = e["base"]
-        known = isinstance(base_name, str) and base_name in _bases.REGISTRY
-        base_keys = tuple(_bases.REGISTRY[base_name].params) if known else ()
-        if not known:
-            raise self.err(e.lines["base"], f"unknown base '{base_name}' in node '{name}' (allowed: {_bases.allowed_names()})")
-        self.check_keys(e, COMMON_KEYS + INPUT_NODE_KEYS + base_keys, f"input node '{name}' (base {base_name})")
-        params = {k: e[k] for k in base_keys if k in e}
-        cols = self.parse_columns(e)
-        per = e.get("per", "all")
-        if per not in PER_VALUES:
-            raise self.err(e.lines["per"], f"'per' of node '{name}' must be one of {', '.join(PER_VALUES)}, got {per!r}")
-        if "patch" in e and per != "patch":
-            raise self.err(e.lines["patch"], f"'patch' needs 'per: patch' in node '{name}'")
-        if "group" in e and per != "group":
-            raise self.err(e.lines["group"], f"'group' needs 'per: group' in node '{name}'")
-        if per == "all":
-            groups, shape = [cols], ()
-        elif per == "column":
-            self.check_nodes(len(cols), e, name)
-            groups, shape = [[c] for c in cols], (len(cols),)
-        elif per == "group":
-            g = e.get("group")
-            if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-                raise self.err(e.lines.get("group", e.line), f"node '{name}' with 'per: group' needs 'group: K' (columns per node)")
-            if len(cols) % g:
-                raise self.err(e.lines["group"], f"node '{name}': {len(cols)} columns do not split into groups of {g}")
-            self.check_nodes(len(cols) // g, e, name)
-            groups, shape = [cols[i:i + g] for i in range(0, len(cols), g)], (len(cols) // g,)
-        else:
-            if self.shape is None:
-                raise self.err(e.lines["per"], f"'per: {per}' in node '{name}' needs 'input: {{shape: [H, W, C]}}'")
-            if "columns" in e:
-                raise self.err(e.lines["columns"], f"'per: {per}' in node '{name}' takes the whole image; drop 'columns'")
-            h, w, c = self.shape
-            if per == "pixel":
-                size, stride = (1, 1), (1, 1)
-            else:
-                if "patch" not in e:
-                    raise self.err(e.lines["per"], f"node '{name}' with 'per: patch' needs 'patch: {{size: K, stride: S}}'")
-                size, stride = self.parse_window(e, "patch", 2)
-            if size[0] > h or size[1] > w:
-                raise self.err(e.lines.get("patch", e.line), f"patch {size[0]}x{size[1]} of node '{name}' does not fit "
-                                                             f"the {h}x{w} image; use a smaller size")
-            oh, ow = (h - size[0]) // stride[0] + 1, (w - size[1]) // stride[1] + 1
-            self.check_nodes(oh * ow, e, name)
-            # A patch's columns in (row, column, channel) order of the image.
-            groups = [[((r * stride[0] + i) * w + q * stride[1] + j) * c + k
-                       for i in range(size[0]) for j in range(size[1]) for k in range(c)]
-                      for r in range(oh) for q in range(ow)]
-            shape = (oh, ow)
-        try:
-            base = _bases.make_base(base_name, params, len(groups[0]))
-        except ValueError as ex:
-            raise self.err(e.line, f"node '{name}': {ex}") from None
-        ids = []
-        for k, cols_k in enumerate(groups):
-            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
-            node = InputNode(len(self.nodes), label, name, base, tuple(int(c) for c in cols_k))
-            self.nodes.append(node)
-            ids.append(node.id)
-        self.register(name, "input", shape, ids, e.line)
-
-    def parse_columns(self, e):
-        if "columns" not in e or e["columns"] == "all":
-            return list(range(self.width))
-        spec = e["columns"]
-        line = e.lines["columns"]
-        cols = []
-        items = spec if isinstance(spec, list) else [spec]
-        for item in items:
-            if isinstance(item, int) and not isinstance(item, bool):
-                cols.append(item)
-            elif isinstance(item, str) and re.fullmatch(r"\s*\d*\s*:\s*\d*\s*", item):
-                a, b = item.split(":")
-                a, b = int(a) if a.strip() else 0, int(b) if b.strip() else self.width
-                if b > self.width:
-                    raise self.err(line, f"columns '{item}' of node '{e['name']}' go past the input row (0..{self.width - 1})")
-                cols.extend(range(a, b))
-                if len(cols) > MAX_EDGES:
-                    raise self.err(line, f"'columns' of node '{e['name']}' lists more than {MAX_EDGES} columns")
-            else:
-                raise self.err(line, f"'columns' of node '{e['name']}' must be 'all', an index, 'A:B', or a list of those; got {item!r}")
-        if not cols:
-            raise self.err(line, f"'columns' of node '{e['name']}' selects no column")
-        bad = [c for c in cols if c < 0 or c >= self.width]
-        if bad:
-            raise self.err(line, f"column {bad[0]} of node '{e['name']}' is outside the input row (0..{self.width - 1})")
-        return cols
 
     # ------------------------------------------------------------------ internal nodes
     def build_internal(self, e, deps):
@@ -690,57 +660,7 @@ class _Builder:
             act = _act.make_activation("identity")
         else:
             act = self.parse_activation(e)
-        if wiring == "inputs":
-            refs = e["inputs"] if isinstance(e["inputs"], list) else [e["inputs"]]
-            children = []
-            for r in refs:
-                children.extend(self.resolve(str(r), e.lines["inputs"], name))
-            self.add_internal(name, "inputs", (), [children], act, e.line)
-            return
-        src = self.arrays[deps[0]]
-        if wiring == "dense":
-            if e["dense"] not in (True, None) and e["dense"] != {}:
-                raise self.err(e.lines["dense"], f"'dense' of node '{name}' takes no options; write 'dense: true'")
-            self.add_internal(name, "dense", (), [src.ravel().tolist()], act, e.line)
-        elif wiring == "each":
-            self.add_internal(name, "each", src.shape, [[int(i)] for i in src.ravel()], act, e.line)
-        else:
-            size, stride = self.parse_window(e, wiring, src.ndim)
-            if src.ndim == 0:
-                raise self.err(e.lines[wiring], f"'{wiring}' of node '{name}' needs an array below it, but '{deps[0]}' is a single node")
-            out_shape = []
-            for ax in range(src.ndim):
-                if size[ax] > src.shape[ax]:
-                    raise self.err(
-                        e.lines[wiring],
-                        f"{wiring} window {'x'.join(map(str, size))} of node '{name}' does not fit the "
-                        f"{'x'.join(map(str, src.shape))} array '{deps[0]}'; use a smaller size",
-                    )
-                out_shape.append((src.shape[ax] - size[ax]) // stride[ax] + 1)
-            self.check_nodes(int(np.prod(out_shape)), e, name)
-            kids = []
-            for pos in np.ndindex(*out_shape):
-                window = tuple(slice(p * s, p * s + k) for p, s, k in zip(pos, stride, size))
-                kids.append(src[window].ravel().tolist())
-            self.add_internal(name, wiring, tuple(out_shape), kids, act, e.line)
-
-    def parse_window(self, e, wiring, ndim):
-        spec = e[wiring]
-        line = e.lines[wiring]
-        if not isinstance(spec, dict) or "size" not in spec:
-            raise self.err(line, f"'{wiring}' of node '{e['name']}' must be a mapping with 'size' (and optional 'stride')")
-        self.check_keys(spec, ("size", "stride"), f"'{wiring}' of node '{e['name']}'")
-        ndim = max(ndim, 1)
-
-        def vec(v, key):
-            v = [v] * ndim if isinstance(v, int) and not isinstance(v, bool) else v
-            if not isinstance(v, list) or len(v) != ndim or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
-                raise self.err(spec.lines.get(key, line), f"'{key}' of '{wiring}' in node '{e['name']}' must be a positive integer or a list of {ndim}")
-            return tuple(v)
-
-        size = vec(spec["size"], "size")
-        stride = vec(spec.get("stride", spec["size"] if wiring == "pool" else 1), "stride")
-        return size, stride
+        self.expand.internal_layer(e, wiring, deps, act)
 
     def parse_activation(self, e):
         name = e["name"]
@@ -761,60 +681,6 @@ class _Builder:
             return _act.make_activation(act_name, params)
         except ValueError as ex:
             raise self.err(line, f"node '{name}': {ex}") from None
-
-    def check_nodes(self, n, e, name):
-        if len(self.nodes) + n > MAX_NODES:
-            raise self.err(e.line, f"node '{name}' would bring the skeleton to {len(self.nodes) + n} nodes, over the "
-                                   f"limit of {MAX_NODES}; use larger windows or strides, or pool first")
-
-    def add_internal(self, name, kind, shape, kids, act, line):
-        self.edges += sum(len(k) for k in kids)
-        if self.edges > MAX_EDGES:
-            raise self.err(line, f"node '{name}' brings the skeleton to {self.edges} child references, over the limit "
-                                 f"of {MAX_EDGES}")
-        if len(self.nodes) + len(kids) > MAX_NODES:
-            raise self.err(line, f"node '{name}' would bring the skeleton to {len(self.nodes) + len(kids)} nodes, over "
-                                 f"the limit of {MAX_NODES}")
-        ids = []
-        for k, children in enumerate(kids):
-            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
-            node = InternalNode(len(self.nodes), label, name, act, tuple(int(c) for c in children))
-            self.nodes.append(node)
-            ids.append(node.id)
-        self.register(name, kind, shape, ids, line)
-
-    def register(self, name, kind, shape, ids, line):
-        arr = np.array(ids, dtype=np.int64).reshape(shape)
-        arr.setflags(write=False)
-        self.arrays[name] = arr
-        self.layers.append(Layer(name, kind, tuple(shape), tuple(ids), line))
-
-    def resolve(self, ref, line, owner):
-        m = _REF.match(ref)
-        arr = self.arrays[m.group(1)]
-        if m.group(2) is None:
-            return arr.ravel().tolist()
-        index = []
-        for part in m.group(2).split(","):
-            part = part.strip()
-            try:
-                if ":" in part:
-                    a, b = (part.split(":") + [""])[:2]
-                    index.append(slice(int(a) if a else None, int(b) if b else None))
-                else:
-                    index.append(int(part))
-            except ValueError:
-                raise self.err(line, f"bad index '{part}' in reference '{ref}' of node '{owner}'") from None
-        if len(index) > arr.ndim:
-            raise self.err(line, f"reference '{ref}' in node '{owner}' has {len(index)} indices but '{m.group(1)}' has shape {list(arr.shape)}")
-        try:
-            sel = arr[tuple(index)]
-        except IndexError:
-            raise self.err(line, f"reference '{ref}' in node '{owner}' is out of range for shape {list(arr.shape)}") from None
-        sel = np.asarray(sel).ravel().tolist()
-        if not sel:
-            raise self.err(line, f"reference '{ref}' in node '{owner}' selects no node")
-        return sel
 
     # ------------------------------------------------------------------ output
     def prune(self, output: int) -> int:
@@ -893,3 +759,7 @@ def _close(name: str, known) -> str:
     names = list(known)
     listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
     return f" (did you mean '{m[0]}'? defined: {listed})" if m else f" (defined: {listed})"
+
+
+# Template expansion builds this module's node objects, so it is imported last.
+from . import templates  # noqa: E402

@@ -167,7 +167,7 @@ def test_every_limit_is_a_one_line_error_naming_it():
         "coefficients-1e6": "over the limit of 262144", "beta-1e9": "over the limit of 1000",
         "columns-range-1e12": "go past the input row", "categories-1e18": "over the limit of 2147483648",
         "name-newline": "must start with a letter", "binary-bytes": "not a readable YAML skeleton",
-        "empty": "the file is empty", "python-object": "malformed YAML",
+        "empty": "the file is empty", "python-object": "is not allowed in a skeleton",
     }
     for label, text in hostile():
         if label not in expected:
