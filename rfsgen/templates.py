@@ -14,6 +14,7 @@ child references.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -36,11 +37,21 @@ from .skeleton import (
     Layer,
 )
 
-# Memory the expansion takes, measured with tracemalloc on CPython 3.12 (rounded up):
-# a node (its dataclass, label string, layer entry, numpy id) ~ 600 bytes; a child or
-# column reference (an int object in a tuple, plus the transient list it came from) ~ 80 bytes.
-NODE_BYTES = 600
-REF_BYTES = 80
+# Memory the expansion takes at its peak, measured with tracemalloc on CPython 3.12 and
+# rounded up (pixel + conv + dense: 142 MB measured, 158 MB estimated; overlapping
+# patches: 197 / 199 MB; pixel + each: 62 / 85 MB): a node (its dataclass, label, id)
+# ~ 400 bytes; a child or column reference (an int in a tuple, plus the list it came
+# from) ~ 50 bytes.
+NODE_BYTES = 400
+REF_BYTES = 50
+
+
+def _labels(name: str, shape: tuple):
+    """Node labels of a template in row-major order: ``name`` for a single node,
+    ``name[i, j]`` for an array (itertools.product is numpy's C order)."""
+    if not shape:
+        return iter((name,))
+    return (f"{name}[{', '.join(map(str, pos))}]" for pos in itertools.product(*map(range, shape)))
 
 
 def _fmt_int(n: int) -> str:
@@ -146,8 +157,7 @@ class Expander:
         except ValueError as ex:
             raise self.err(e.line, f"node '{name}': {ex}") from None
         ids = []
-        for k, cols_k in enumerate(groups):
-            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
+        for label, cols_k in zip(_labels(name, shape), groups):
             node = InputNode(len(self.nodes), label, name, base, tuple(int(c) for c in cols_k))
             self.nodes.append(node)
             ids.append(node.id)
@@ -155,31 +165,39 @@ class Expander:
         self.register(name, "input", shape, ids, e.line)
 
     def parse_columns(self, e) -> list:
-        """The columns (list of int) an input entry selects, counted before they are listed."""
+        """The columns (list of int) an input entry selects, counted (and the count
+        checked against MAX_COLUMN_REFS and the memory budget) before they are listed."""
+        name = e["name"]
         if "columns" not in e or e["columns"] == "all":
+            self.reserve(e, name, 0, columns=self.width)
             return list(range(self.width))
         spec = e["columns"]
         line = e.lines["columns"]
-        cols = []
+        parts, count = [], 0
         items = spec if isinstance(spec, list) else [spec]
         for item in items:
             if isinstance(item, int) and not isinstance(item, bool):
-                cols.append(item)
+                parts.append((item,))
+                count += 1
             elif isinstance(item, str) and re.fullmatch(r"\s*\d*\s*:\s*\d*\s*", item):
                 a, b = item.split(":")
                 a, b = int(a) if a.strip() else 0, int(b) if b.strip() else self.width
                 if b > self.width:
-                    raise self.err(line, f"columns '{item}' of node '{e['name']}' go past the input row (0..{self.width - 1})")
-                if len(cols) + max(0, b - a) > MAX_COLUMN_REFS:
-                    raise self.err(line, f"'columns' of node '{e['name']}' lists more than {MAX_COLUMN_REFS} columns")
-                cols.extend(range(a, b))
+                    raise self.err(line, f"columns '{item}' of node '{name}' go past the input row (0..{self.width - 1})")
+                parts.append(range(a, b))
+                count += max(0, b - a)
             else:
-                raise self.err(line, f"'columns' of node '{e['name']}' must be 'all', an index, 'A:B', or a list of those; got {item!r}")
+                raise self.err(line, f"'columns' of node '{name}' must be 'all', an index, 'A:B', or a list of those; got {item!r}")
+        if count > MAX_COLUMN_REFS:
+            raise self.err(line, f"'columns' of node '{name}' lists {_fmt_int(count)} columns, over the limit of "
+                                 f"{MAX_COLUMN_REFS}")
+        self.reserve(e, name, 0, columns=count, line=line, fix="select fewer columns")
+        cols = [c for part in parts for c in part]
         if not cols:
-            raise self.err(line, f"'columns' of node '{e['name']}' selects no column")
+            raise self.err(line, f"'columns' of node '{name}' selects no column")
         bad = [c for c in cols if c < 0 or c >= self.width]
         if bad:
-            raise self.err(line, f"column {bad[0]} of node '{e['name']}' is outside the input row (0..{self.width - 1})")
+            raise self.err(line, f"column {bad[0]} of node '{name}' is outside the input row (0..{self.width - 1})")
         return cols
 
     # ------------------------------------------------------------------ internal nodes
@@ -250,8 +268,7 @@ class Expander:
         sizes were reserved by the caller."""
         self.edges += sum(len(k) for k in kids)
         ids = []
-        for k, children in enumerate(kids):
-            label = name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(k, shape)))}]"
+        for label, children in zip(_labels(name, shape), kids):
             node = InternalNode(len(self.nodes), label, name, act, tuple(int(c) for c in children))
             self.nodes.append(node)
             ids.append(node.id)
