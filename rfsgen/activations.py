@@ -413,7 +413,12 @@ def _binomial_sum(degree, prob, rng, m):
 
 def _series_activation(name, params, a, truncation=0.0, sum_fn=None, dual=None, gap=None) -> Activation:
     a = np.asarray(a, dtype=np.float64)
-    a = a / math.fsum(a)
+    try:
+        total = math.fsum(a)
+    except OverflowError:  # coefficients near the float maximum: scale down first (same ratios)
+        a = a / a.max()
+        total = math.fsum(a)
+    a = a / total
     deriv = math.fsum(np.arange(a.size) * a)
     tails = np.maximum(np.cumsum(a[::-1])[::-1][1:], 0.0)  # A_j = sum_{i > j} a_i
     return Activation(
@@ -487,15 +492,10 @@ def _step(params) -> Activation:
 
 
 def _polynomial(params) -> Activation:
-    from scipy import special
-
     p = dict(params)
     degree = p.get("degree")
     c = float(p.get("c", 0.0))
-    i = np.arange(degree + 1)
-    a = _libm(math.exp, special.gammaln(degree + 1) - special.gammaln(i + 1) - special.gammaln(degree - i + 1))
-    a = a * np.array([math.pow(c, degree - j) if degree > j else 1.0 for j in range(degree + 1)])
-    a = a / math.pow(1 + c, degree)
+    a = _binomial_coefficients(degree, c)
     prob = 1.0 / (1.0 + c)
     return _series_activation(
         "polynomial", params, a,
@@ -503,6 +503,32 @@ def _polynomial(params) -> Activation:
         dual=functools.partial(_polynomial_dual, degree, c),
         gap=functools.partial(_polynomial_gap, degree, c),
     )
+
+
+def _binomial_coefficients(degree: int, c: float) -> np.ndarray:
+    """``a_i = binom(degree, i) c^(degree-i) / (1+c)^degree`` for i = 0..degree (float64,
+    length degree + 1): the Binomial(degree, 1/(1+c)) probabilities, the coefficients
+    of ``((rho + c)/(1 + c))^degree``.
+
+    Computed directly where no intermediate overflows (degree up to ~1,000, the
+    values of earlier versions, bit for bit); else in the log domain, where every
+    degree up to MAX_DEGREE and every finite c >= 0 works (relative error ~1e-11)."""
+    from scipy import special
+
+    i = np.arange(degree + 1)
+    try:
+        a = _libm(math.exp, special.gammaln(degree + 1) - special.gammaln(i + 1) - special.gammaln(degree - i + 1))
+        a = a * np.array([math.pow(c, degree - j) if degree > j else 1.0 for j in range(degree + 1)])
+        return a / math.pow(1 + c, degree)
+    except OverflowError:  # binom(degree, i) > 1.8e308 from degree 1030, or (1 + c)^degree
+        pass
+    if c == 0.0:  # rho^degree: all the mass on the top degree
+        a = np.zeros(degree + 1)
+        a[degree] = 1.0
+        return a
+    log_binom = special.gammaln(degree + 1) - special.gammaln(i + 1) - special.gammaln(degree - i + 1)
+    # log(c^(p-i) / (1+c)^p) = (p-i) log c - p log1p(c); C-library logs (see _libm)
+    return _libm(math.exp, log_binom + (degree - i) * math.log(c) - degree * math.log1p(c))
 
 
 def _coefficients(params) -> Activation:
@@ -631,11 +657,21 @@ def _nonneg_float(name, limit=math.inf):
     return functools.partial(_check_nonneg_float, name, limit)
 
 
+def _finite(v) -> bool:
+    """A finite int or float (an int too large for a float is not: float() overflows)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _check_nonneg_float(name, limit, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if not _finite(v) or v < 0:
         raise ValueError(f"'{name}' must be a finite number >= 0, got {_short(v)}")
     if v > limit:
-        raise ValueError(f"'{name}' {v:g} is over the limit of {limit:g}")
+        raise ValueError(f"'{name}' {_short(v)} is over the limit of {limit:g}")
     return float(v)
 
 
@@ -649,9 +685,9 @@ def _pos_int(name):
 
 def _check_pos_int(name, v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"'{name}' must be an integer >= 1, got {v!r}")
+        raise ValueError(f"'{name}' must be an integer >= 1, got {_short(v)}")
     if v > MAX_DEGREE:
-        raise ValueError(f"'{name}' {v} is over the limit of {MAX_DEGREE}")
+        raise ValueError(f"'{name}' {_short(v)} is over the limit of {MAX_DEGREE}")
     return int(v)
 
 
@@ -662,8 +698,8 @@ def _coef_list(v):
         raise ValueError(f"'values' has {len(v)} coefficients, over the limit of {MAX_DEGREE + 1}")
     out = []
     for i, x in enumerate(v):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            raise ValueError(f"coefficient a_{i} must be a finite number, got {x!r}")
+        if not _finite(x):
+            raise ValueError(f"coefficient a_{i} must be a finite number, got {_short(x)}")
         if x < 0:
             raise ValueError(
                 f"coefficient a_{i} = {x} is negative; conjugate activations need a_i >= 0"
