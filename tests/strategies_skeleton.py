@@ -77,7 +77,8 @@ def valid_docs(draw):
                 nodes.append({"name": name, "activation": draw(ACTIVATIONS), "each": nodes[-1]["name"]})
                 continue
             k = draw(st.integers(1, min(oh, ow)))
-            s = draw(st.integers(1, k))  # a stride over the size would leave internal nodes feeding nothing
+            # strides that tile the array exactly: a window left out would leave internal nodes feeding nothing
+            s = draw(st.sampled_from([d for d in range(1, k + 1) if (oh - k) % d == 0 and (ow - k) % d == 0]))
             entry = {"name": name, kind: {"size": k, "stride": s}}
             if kind == "conv":
                 entry["activation"] = draw(ACTIVATIONS)
@@ -88,7 +89,7 @@ def valid_docs(draw):
         auto = draw(st.booleans())
         width = draw(st.integers(1, 40))
         per = draw(st.sampled_from(["all", "column", "group"]))
-        entry = {"name": "x", "base": {"all": "gaussian", "column": "circle", "group": "sphere"}[per], "per": per}
+        entry = {"name": "x", "base": {"all": "gaussian", "column": "circle", "group": "laplace"}[per], "per": per}
         if per == "group":
             g = draw(st.sampled_from([d for d in range(1, width + 1) if width % d == 0]))
             entry["group"] = g

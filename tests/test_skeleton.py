@@ -251,3 +251,232 @@ def test_per_patch_errors(body, msg):
     text = f"rfsgen: 1\ninput: {{shape: [4, 4, 1]}}\nnodes:\n  - {body}\n  - {{name: o, activation: relu, dense: true}}\n"
     with pytest.raises(SkeletonError, match=msg):
         parse_skeleton(text, "t.yaml")
+
+
+# ----------------------------------------------------------------------------- hostile YAML and expansion (issue 23)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+import strategies_skeleton as strat  # noqa: E402
+from rfsgen import LimitError  # noqa: E402
+
+FUZZ = settings(derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+IMAGE = "rfsgen: 1\ninput: {{shape: [{h}, {w}, {c}]}}\nnodes:\n"
+
+
+@settings(FUZZ, max_examples=25)
+@given(strat.valid_skeletons())
+def test_generated_valid_skeletons_parse(case):
+    assert isinstance(strat.check_parse(*case), strat.Skeleton)
+
+
+@settings(FUZZ, max_examples=60)
+@given(strat.st.one_of(strat.bad_yaml_values(), strat.alias_cycles()))
+def test_generated_unconstructable_yaml_and_recursive_aliases_are_one_line_errors(case):
+    """Dates, long integers, bad !!int/!!bool/!!float, foreign tags and recursive
+    aliases anywhere: a one-line SkeletonError naming file and line, never a traceback
+    (a few bad values land where any string is fine, e.g. a description)."""
+    out = strat.check_parse(*case, time_limit=5)
+    if case[0] == "alias-cycle":
+        assert isinstance(out, SkeletonError) and "contains an alias to itself" in str(out)
+
+
+@settings(FUZZ, max_examples=40)
+@given(strat.st.one_of(strat.alias_fanout(), strat.out_of_range(), strat.mutated_texts()))
+def test_generated_alias_fanout_out_of_range_and_mutations_fail_cleanly(case):
+    out = strat.check_parse(*case, time_limit=5)
+    if case[0].startswith("out-of-range"):
+        assert isinstance(out, SkeletonError)
+
+
+@settings(FUZZ, max_examples=15)
+@given(strat.huge_templates())
+def test_generated_huge_templates_are_refused_from_their_arithmetic(case):
+    """Each drawn template is over a limit: refused before it is built (the legal
+    pixel layer below a conv is built, ~1 s)."""
+    out = strat.check_parse(*case, time_limit=10)
+    if case[0] != "huge-group":  # lcm of the two groups may be small enough to be legal
+        assert isinstance(out, SkeletonError) and "over the limit" in str(out), out
+
+
+@pytest.mark.parametrize("value, msg", [
+    ("2001-02-30", r"t.yaml:2: 'width' must be a positive integer or 'auto', got '2001-02-30'"),
+    ("9" * 4301, r"t.yaml:2: an integer of 4301 characters, over the limit of 100"),
+    ("!!int six", r"t.yaml:2: 'six' is not an integer"),
+    ("!!bool maybe", r"t.yaml:2: 'maybe' is not true or false"),
+    ("!!float x", r"t.yaml:2: 'x' is not a number"),
+    ("!!timestamp 2001-01-01", r"t.yaml:2: the YAML tag '!!timestamp' is not allowed"),
+    ("!!binary aGk=", r"t.yaml:2: the YAML tag '!!binary' is not allowed"),
+    ("!!set {a: null}", r"t.yaml:2: the YAML tag '!!set' is not allowed"),
+    ("!!python/object/apply:os.system [ls]", r"t.yaml:2: the YAML tag '!!python/object/apply:os.system' is not allowed"),
+    ("!mine 4", r"t.yaml:2: the YAML tag '!mine' is not allowed"),
+    ("!!int [4]", r"t.yaml:2: '!!int' must tag a single value"),
+])
+def test_unconstructable_yaml_is_a_one_line_error(value, msg):
+    with pytest.raises(SkeletonError, match=msg) as e:
+        parse_skeleton(f"rfsgen: 1\ninput: {{width: {value}}}\nnodes:\n  - {{name: a, base: gaussian}}\n", "t.yaml")
+    assert "\n" not in str(e.value)
+
+
+def test_date_like_plain_values_stay_strings():
+    s = parse_skeleton(f"rfsgen: 1\ndescription: 2001-02-30\n{HEAD[10:]}nodes:\n  - {{name: a, base: gaussian}}\n"
+                       "  - {name: o, activation: relu, inputs: [a]}\n", "t.yaml")
+    assert s.description == "2001-02-30"
+    s = parse_skeleton(s.source.replace("2001-02-30", "2001-02-03"), "t.yaml")
+    assert s.description == "2001-02-03"  # as str(date) gave before: same describe() output
+
+
+@pytest.mark.parametrize("doc", [
+    "rfsgen: 1\ndescription: &a [1, *a]\n",
+    "rfsgen: 1\ninput: &m {width: 4, <<: *m}\n",
+    "rfsgen: 1\nnodes: &n [{name: a, x: [[{y: *n}]]}]\n",
+    "rfsgen: 1\nx: &k {a: 1}\ny: &m {<<: [*k, *m]}\n",
+])
+def test_recursive_aliases_are_refused_before_construction(doc):
+    import time
+
+    t = time.time()
+    with pytest.raises(SkeletonError, match=r"t.yaml:\d+: the anchor '&[a-z]' contains an alias to itself") as e:
+        parse_skeleton(doc, "t.yaml")
+    assert "\n" not in str(e.value) and time.time() - t < 1
+
+
+def test_alias_fanout_is_counted_on_the_composed_graph():
+    levels = "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9))
+    text = "rfsgen: 1\ndescription:\n  l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + levels
+    with pytest.raises(SkeletonError, match=r"expands to more than 200000 values"):
+        parse_skeleton(text, "t.yaml")
+
+
+@pytest.mark.parametrize("text, msg", [
+    (IMAGE.format(h=400, w=400, c=1) + "  - {name: p, base: circle, per: pixel}\n"
+     "  - {name: c, activation: relu, conv: {size: 200, stride: 1}}\n  - {name: o, activation: relu, dense: true}\n",
+     r"t.yaml:5: node 'c' would bring the skeleton to 1,616,040,000 child references, over the limit of 20000000"),
+    (IMAGE.format(h=500, w=500, c=3) + "  - {name: p, base: gaussian, per: patch, patch: {size: 25, stride: 1}}\n"
+     "  - {name: o, activation: relu, dense: true}\n",
+     r"t.yaml:4: node 'p' would bring the skeleton to 424,830,000 input column references, over the limit of 20000000"),
+    ("rfsgen: 1\ninput: {width: auto}\nnodes:\n  - {name: p, base: gaussian, per: group, group: 100000000}\n"
+     "  - {name: o, activation: relu, dense: true}\n",
+     r"t.yaml:4: 'group: 100,000,000' of node 'p' is over the limit of 10000000 values per row"),
+    ("rfsgen: 1\ninput: {width: auto}\nnodes:\n  - {name: p, base: sphere, per: group, group: 9999991}\n"
+     "  - {name: q, base: sphere, per: group, group: 9999973}\n  - {name: o, activation: relu, inputs: [p, q]}\n",
+     r"t.yaml:5: the groups 9999991 \('p'\), 9999973 \('q'\) need a row width that is a multiple of 99,999,640,000,243"),
+    ("rfsgen: 1\ninput: {width: 10000000}\nnodes:\n  - {name: p, base: gaussian, columns: ["
+     + ", ".join(['"0:10000000"'] * 100) + "]}\n",
+     r"t.yaml:4: 'columns' of node 'p' lists 1,000,000,000 columns, over the limit of 20000000"),
+    (IMAGE.format(h=100, w=100, c=1) + "  - {name: p, base: circle, per: pixel}\n"
+     "  - {name: o, activation: relu, inputs: [" + ", ".join(["p"] * 2001) + "]}\n",
+     r"t.yaml:5: node 'o' would bring the skeleton to 20,010,000 child references, over the limit of 20000000"),
+])
+def test_expansion_is_checked_from_arithmetic_before_building(text, msg):
+    """The issue's examples: each used to build ~1e9 references (or 4.5 GB) before
+    failing; now each is refused from its parameters, in bounded memory."""
+    import time
+    import tracemalloc
+
+    big = "400, 400" in text  # 160,000 legal pixel nodes are built first: too slow under tracemalloc
+    t = time.time()
+    if not big:
+        tracemalloc.start()
+    try:
+        with pytest.raises(SkeletonError, match=msg) as e:
+            parse_skeleton(text, "t.yaml")
+        peak = 0 if big else tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(e.value)
+    assert peak < 100e6  # only the legal layers below were built
+    assert time.time() - t < 30  # building 1.6e9 references took minutes and tens of GB
+
+
+def test_expansion_limits_hold_at_and_just_past_them():
+    """Expander.reserve: exactly at each limit passes, one past it fails (building at
+    the limits takes tens of seconds, so the arithmetic is tested directly)."""
+    from rfsgen import templates
+    from rfsgen.skeleton import MAX_COLUMN_REFS, MAX_EDGES, MAX_NODES, _Builder
+
+    b = _Builder("t.yaml", "")
+    ex = templates.Expander("t.yaml", 4, None, b.err, b.check_keys)
+    e = _LineDict_entry()
+    with budget_limited(1 << 40):
+        ex.reserve(e, "n", MAX_NODES, edges=MAX_EDGES, columns=MAX_COLUMN_REFS)
+        for kw, what in (({"nodes": MAX_NODES + 1}, "nodes"), ({"nodes": 1, "edges": MAX_EDGES + 1}, "child references"),
+                         ({"nodes": 1, "columns": MAX_COLUMN_REFS + 1}, "input column references")):
+            with pytest.raises(SkeletonError, match=f"t.yaml:7: node 'n' would bring the skeleton to .* {what}, over"):
+                ex.reserve(e, "n", **kw)
+
+
+def _LineDict_entry():
+    from rfsgen.skeleton import _LineDict
+
+    e = _LineDict(name="n")
+    e.line, e.lines = 7, {"name": 7}
+    return e
+
+
+def budget_limited(n):
+    from rfsgen import budget
+
+    return budget.limited(n)
+
+
+def test_expansion_respects_the_memory_budget():
+    text = (IMAGE.format(h=40, w=40, c=1) + "  - {name: p, base: circle, per: pixel}\n"
+            "  - {name: c, activation: relu, conv: {size: 8, stride: 1}}\n  - {name: o, activation: relu, dense: true}\n")
+    with budget_limited(2 << 20):
+        with pytest.raises(LimitError, match=r"skeleton 't.yaml', node 'c' \(line 5\) needs about .*over the memory "
+                                             r"budget") as e:
+            parse_skeleton(text, "t.yaml")
+    assert "\n" not in str(e.value)
+    assert len(parse_skeleton(text, "t.yaml").nodes) == 1600 + 33 * 33 + 1
+
+
+def test_embedded_skeleton_goes_through_the_same_loader():
+    """A feature file's embedded skeleton is parsed by parse_skeleton: a recursive
+    alias or a bad tag there is a one-line FeatureFileError, not a hang."""
+    import hashlib
+
+    import numpy as np
+
+    from rfsgen import FeatureFileError
+    from rfsgen.features import _from_arrays
+
+    for src in ("rfsgen: 1\ndescription: &a [1, *a]\n", "rfsgen: !!int six\n"):
+        attrs = {"skeleton_sha256": hashlib.sha256(src.encode()).hexdigest(), "skeleton_path": "s.yaml"}
+        with pytest.raises(FeatureFileError, match=r"f.h5: the embedded skeleton no longer parses \(s.yaml:\d+: ") as e:
+            _from_arrays("f.h5", attrs, {"skeleton": np.frombuffer(src.encode(), dtype=np.uint8)})
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, code", [
+    ("rfsgen: 1\ninput: {width: !!bool maybe}\n", 2),
+    ("rfsgen: 1\ndescription: &a [1, *a]\n", 2),
+    ("rfsgen: 1\ninput: {width: auto}\nnodes:\n  - {name: p, base: gaussian, per: group, group: 100000000}\n", 2),
+    (IMAGE.format(h=500, w=500, c=3) + "  - {name: p, base: gaussian, per: patch, patch: {size: 25, stride: 1}}\n", 2),
+])
+def test_cli_skeleton_hostile_exit_2_one_line(tmp_path, text, code):
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    res = CliRunner().invoke(main, ["skeleton", str(p)], catch_exceptions=False)
+    assert res.exit_code == code
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rfsgen: error: ") and str(p) in lines[0], res.output
+
+
+def test_cli_skeleton_polynomial_of_the_largest_degree(tmp_path):
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    p = tmp_path / "s.yaml"
+    p.write_text(HEAD + "nodes:\n  - {name: a, base: circle, per: column}\n"
+                 "  - {name: o, activation: {name: polynomial, degree: 100000, c: 1.5}, inputs: [a]}\n")
+    res = CliRunner().invoke(main, ["skeleton", "--json", str(p)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    import json
+
+    layer = json.loads(res.output)["layers"][-1]
+    assert layer["derivative_at_one"] == pytest.approx(100000 / 2.5, rel=1e-9)
