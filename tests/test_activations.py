@@ -1,4 +1,5 @@
 import math
+import re
 
 import numpy as np
 import pytest
@@ -207,3 +208,71 @@ def test_activations_are_built_on_first_use_and_keep_their_identity():
     np.testing.assert_array_equal(a.coefficients, _cached_build("exp", (("beta", 0.375),)).coefficients)
     with pytest.raises(ValueError, match="'beta' must be a finite number"):
         make_activation("exp", {"beta": -1})
+
+
+# ----------------------------------------------------------------------------- polynomial of any degree (issue 23)
+def _exact_binomial(p, c):
+    """binom(p, i) c^(p-i) / (1+c)^p in exact rational arithmetic (c as the float's exact value)."""
+    from fractions import Fraction
+
+    c = Fraction(c)
+    den = (1 + c) ** p
+    return np.array([float(math.comb(p, i) * c ** (p - i) / den) for i in range(p + 1)])
+
+
+@pytest.mark.parametrize("p, c", [(1, 0.0), (2, 0.5), (7, 3.0), (40, 0.1), (300, 1.0), (1029, 0.0), (1000, 0.25),
+                                  (1023, 1.0), (1024, 1.0), (1030, 0.0), (1030, 1.0), (1500, 0.7), (2000, 4.0)])
+def test_polynomial_coefficients_match_exact_rationals(p, c):
+    """Below ~1,030 the direct formula (unchanged bits); from there the log domain,
+    where it used to overflow (OverflowError in every command)."""
+    from rfsgen.activations import _binomial_coefficients
+
+    got = _binomial_coefficients(p, c)
+    want = _exact_binomial(p, c)
+    assert np.isfinite(got).all()
+    big = want > 1e-100
+    np.testing.assert_allclose(got[big], want[big], rtol=5e-11)
+    # the direct formula's c^(p-i) underflows to 0 for tiny c^(p-i) (p = 1000, c = 0.25:
+    # entries below 1e-122 are 0); kept for the same bits, as that mass is negligible
+    assert np.abs(got[~big] - want[~big]).sum() < 1e-100
+
+
+@pytest.mark.parametrize("c", [0.0, 5e-324, 1e-3, 0.5, 2.0, 1e5, 1e308])
+def test_polynomial_of_the_largest_degree_is_a_distribution(c):
+    act = make_activation("polynomial", {"degree": 100_000, "c": c})
+    a = act.coefficients
+    assert a.size == 100_001 and np.isfinite(a).all() and (a >= 0).all()
+    assert math.fsum(a) == pytest.approx(1.0, abs=1e-12)
+    assert act.derivative_at_one == pytest.approx(100_000 / (1 + c), rel=1e-9, abs=1e-300)
+    rho = np.linspace(-1, 1, 9)
+    assert np.isfinite(act.dual(rho)).all() and np.isfinite(act.gap(rho, 1 - rho)).all()
+
+
+@pytest.mark.parametrize("name, ok, bad, msg", [
+    ("polynomial", {"degree": 100_000}, {"degree": 100_001}, "'degree' 100001 is over the limit of 100000"),
+    ("exp", {"beta": 1000}, {"beta": 1000.0000001}, "'beta' 1000.0000001 is over the limit of 1000"),
+    ("coefficients", {"values": [1.0] * 100_001}, {"values": [1.0] * 100_002},
+     "'values' has 100002 coefficients, over the limit of 100001"),
+])
+def test_activation_limits_at_and_just_past(name, ok, bad, msg):
+    act = make_activation(name, ok)
+    assert np.isfinite(act.coefficients).all() and math.fsum(act.coefficients) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        make_activation(name, bad)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("exp", {"beta": 10**400}), ("polynomial", {"degree": 3, "c": 10**400}), ("coefficients", {"values": [10**400]}),
+    ("polynomial", {"degree": 10**400}),
+])
+def test_huge_integers_are_refused_with_a_short_message(name, params):
+    with pytest.raises(ValueError) as e:
+        make_activation(name, params)
+    assert len(str(e.value)) < 200
+
+
+def test_coefficients_near_the_float_maximum_are_normalised():
+    act = make_activation("coefficients", {"values": [1e308, 1e308, 1.7e308]})
+    np.testing.assert_allclose(act.coefficients, np.array([1, 1, 1.7]) / 3.7, rtol=1e-15)
+    np.testing.assert_array_equal(make_activation("coefficients", {"values": [0.2, 0.5, 0.3]}).coefficients,
+                                  np.array([0.2, 0.5, 0.3]) / math.fsum([0.2, 0.5, 0.3]))
