@@ -288,7 +288,7 @@ def test_generated_alias_fanout_out_of_range_and_mutations_fail_cleanly(case):
         assert isinstance(out, SkeletonError)
 
 
-@settings(FUZZ, max_examples=15)
+@settings(FUZZ, max_examples=8)
 @given(strat.huge_templates())
 def test_generated_huge_templates_are_refused_from_their_arithmetic(case):
     """Each drawn template is over a limit: refused before it is built (the legal
