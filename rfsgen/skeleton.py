@@ -15,6 +15,12 @@ A skeleton with ``input: {width: auto}`` takes its width from the data: it parse
 to an *unbound* :class:`Skeleton` (no nodes yet) and :meth:`Skeleton.bind` builds
 it for a given width (the scikit-learn estimator does this at fit time).
 
+This module reads the YAML (one guarded loader: only null, bool, int, float, str,
+lists and mappings; recursive aliases and alias bombs refused on the composed graph
+before any value is built) and validates the document and the DAG; the templates
+(``per:``, conv, pool, dense, each, inputs, ``width: auto``) are expanded by
+:mod:`rfsgen.templates`, which checks every size from the parameters first.
+
 See README.md ("Skeleton files") for the whole language.  :func:`load_skeleton`
 and :func:`parse_skeleton` return a :class:`Skeleton`; every problem raises a
 :class:`~rfsgen.errors.SkeletonError` whose one-line message names the file,

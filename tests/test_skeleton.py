@@ -480,3 +480,13 @@ def test_cli_skeleton_polynomial_of_the_largest_degree(tmp_path):
 
     layer = json.loads(res.output)["layers"][-1]
     assert layer["derivative_at_one"] == pytest.approx(100000 / 2.5, rel=1e-9)
+
+
+def test_integer_literal_limit_at_and_just_past():
+    from rfsgen.skeleton import MAX_INT_CHARS
+
+    text = "rfsgen: 1\ninput: {{width: {}}}\nnodes:\n  - {{name: a, base: gaussian}}\n"
+    with pytest.raises(SkeletonError, match=r"t.yaml:2: 'width' 1{100} is over the limit of 10000000"):
+        parse_skeleton(text.format("1" * MAX_INT_CHARS), "t.yaml")
+    with pytest.raises(SkeletonError, match=r"t.yaml:2: an integer of 101 characters, over the limit of 100"):
+        parse_skeleton(text.format("1" * (MAX_INT_CHARS + 1)), "t.yaml")
