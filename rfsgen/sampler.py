@@ -273,31 +273,28 @@ def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
         if d == 0:
             continue
         np.add.at(most, t.children[t.child_ptr[v]:t.child_ptr[v + 1]], most[v] * d if d < math.inf else math.inf)
-    log_total = 0.0
+    # Exact integers (float64 factor counts are exact below 2^53; above, the bound is huge anyway).
+    big = 10**30
+    total = 1
     for base, ids, _ in t.groups:
         for f in most[ids]:
             if f == 0:
                 continue
-            if base.continuous:
+            if base.continuous or f == math.inf and base.name not in ("binary", "categorical"):
                 return math.inf
             if base.name == "binary":
-                values = 2.0
+                values = 2
             elif base.name == "categorical":
-                values = float(base.param("categories"))
+                values = int(base.param("categories"))
             elif base.uniform_codes:  # multisets of at most f of c codes: C(f + c, c)
-                if f == math.inf:
-                    return math.inf
                 c = base.uniform_codes
-                log_total += math.lgamma(f + c + 1) - math.lgamma(f + 1) - math.lgamma(c + 1)
-                continue
+                values = math.comb(int(f) + c, c) if f < 2**20 else big
             elif base.name == "circle":
-                values = 2 * f + 1
+                values = 2 * int(f) + 1
             else:  # a base without a stated value count
                 return math.inf
-            if values == math.inf:
-                return math.inf
-            log_total += math.log(values)
-    return math.exp(log_total) if log_total < 700 else math.inf
+            total = min(total * values, big)
+    return float(total)
 
 
 def _space_text(space: float) -> str:
