@@ -863,7 +863,7 @@ def sample(
     if space < columns:
         raise SamplerError(f"skeleton '{skeleton.path}' can give at most {int(space)} distinct columns (the product over "
                            f"its input nodes of the values their factors can take), fewer than -n {columns}: "
-                           f"ask for at most {int(space)}")
+                           f"ask for at most {int(space)}, fewer if some are out of its reach")
     fp = footprint(skeleton_for_walk, t)
     check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone
     sizes = block_sizes(skeleton_for_walk, columns)
