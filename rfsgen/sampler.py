@@ -83,13 +83,13 @@ MAX_COLUMNS = 100_000_000
 STALL_DRAWS = 1_000_000
 #: Most draws one sample may consume: ``MAX_DRAWS + DRAWS_PER_COLUMN * D``.  Skeletons whose
 #: new columns get ever rarer (circle powers behind heavy-tailed degrees) would otherwise
-#: walk for hours; 2^30 draws take about 8 minutes for the cheapest skeletons on two cores.
-MAX_DRAWS = 1 << 30
+#: walk for hours; 2^28 draws take about 2 minutes for the cheapest skeletons on two cores.
+MAX_DRAWS = 1 << 28
 DRAWS_PER_COLUMN = 64
 #: ... and the draws are fewer where one draw walks many items (stacked exp with a large
 #: beta): at most ``MAX_WALK_ITEMS`` expected walk items (:class:`Footprint`) beside the
 #: per-column allowance, minutes of walking.
-MAX_WALK_ITEMS = 1 << 32
+MAX_WALK_ITEMS = 1 << 30
 #: Once this many draws are made, the sampler also stops when even a generous rate of new
 #: columns (an upper confidence bound on the rate in the latter half of the draws so far;
 #: the expected rate only falls as draws go on) would need more draws than the cap to
@@ -165,6 +165,56 @@ def _children_per_item(act, fanin: int) -> float:
     return small + rest * (8 * fanin if cut == a.size and a.size <= 8 * fanin else fanin)
 
 
+def _push_down(skel: Skeleton, t: _Tables, factor: np.ndarray) -> np.ndarray:
+    """``value`` float64 ``(N,)``: 1 at the output, and every internal node adds
+    ``value[v] * factor[v]`` to each of its children (once per child reference), from
+    the output down.  Vectorised over the nodes of one skeleton entry (its layer),
+    which never reference each other and whose children all come before them."""
+    n = len(skel.nodes)
+    value = np.zeros(n)
+    value[skel.output] = 1.0
+    index: dict = {}
+    layer = np.array([index.setdefault(v.layer, len(index)) for v in skel.nodes], dtype=np.int64)
+    internal = np.flatnonzero(~t.is_input)
+    by_layer = internal[np.argsort(layer[internal], kind="stable")]
+    cuts = np.flatnonzero(np.diff(layer[by_layer])) + 1
+    groups = sorted(np.split(by_layer, cuts) if by_layer.size else [], key=lambda g: -int(g.max()))
+    # Entries from elsewhere (a scheme's rewrite) may not follow the rule: node by node, then.
+    order = [g for g in groups if not g.size or int(t.children[_edges(t, g)].max(initial=-1)) < int(g.min())]
+    if len(order) < len(groups):
+        order = [np.array([v]) for v in np.flatnonzero(~t.is_input)[::-1]]
+    for g in order:
+        src = value[g]
+        live = src != 0.0
+        if not live.any():
+            continue
+        g, src = g[live], src[live]
+        share = src * factor[g]
+        edges = _edges(t, g)
+        value += np.bincount(t.children[edges], weights=np.repeat(share, t.fanin[g]), minlength=n)
+    return value
+
+
+def _edges(t: _Tables, ids: np.ndarray) -> np.ndarray:
+    """Positions in ``t.children`` of the child references of nodes ``ids`` (int64), in order."""
+    counts = t.fanin[ids]
+    starts = t.child_ptr[ids]
+    total = int(counts.sum())
+    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+def _per_node(t: _Tables, fn) -> np.ndarray:
+    """float64 ``(N,)``: ``fn(activation, fan_in)`` at each internal node, 0 at inputs (one call per distinct pair)."""
+    out = np.zeros(t.is_input.size)
+    internal = np.flatnonzero(~t.is_input)
+    if internal.size:
+        span = int(t.fanin.max()) + 1
+        keys, inv = np.unique(t.act_index[internal] * span + t.fanin[internal], return_inverse=True)
+        vals = np.array([fn(t.activations[int(k // span)], int(k % span)) for k in keys])
+        out[internal] = vals[inv.ravel()]
+    return out
+
+
 @dataclass(frozen=True)
 class Footprint:
     """What one draw of a skeleton costs, in expectation (the walk is random: a block's
@@ -202,23 +252,7 @@ class Footprint:
 def footprint(skel: Skeleton, t: _Tables) -> Footprint:
     """The expected cost of one draw of ``skel`` (see :class:`Footprint`): one pass over
     the nodes from the output down (nodes are in topological order)."""
-    n = len(skel.nodes)
-    reach = np.zeros(n)
-    reach[skel.output] = 1.0
-    per_act: dict = {}
-    for v in range(n - 1, -1, -1):
-        if t.is_input[v] or reach[v] == 0.0:
-            continue
-        f = int(t.fanin[v])
-        key = (int(t.act_index[v]), f)
-        if key not in per_act:
-            per_act[key] = _children_per_item(t.activations[key[0]], f)
-        share = reach[v] * per_act[key] / f
-        kids = t.children[t.child_ptr[v]:t.child_ptr[v + 1]]
-        if f == 1 or np.unique(kids).size == f:
-            reach[kids] += share
-        else:
-            np.add.at(reach, kids, share)
+    reach = _push_down(skel, t, _per_node(t, lambda act, f: _children_per_item(act, f) / f))
     terms = 0.0
     omega = 0.0
     ortho = 0.0
@@ -265,21 +299,13 @@ def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
     largest degrees along its paths); gaussian and laplace frequencies are continuous.
     Returned as a float (it may exceed 2^63)."""
     t = t if t is not None else _tables(skel)
-    n = len(skel.nodes)
-    most = np.zeros(n)  # F: the most factors one draw can bring to each node
-    most[skel.output] = 1.0
-    for v in range(n - 1, -1, -1):
-        if t.is_input[v] or most[v] == 0.0:
-            continue
-        d = _max_degree(t.activations[t.act_index[v]])
-        if d == 0:
-            continue
-        np.add.at(most, t.children[t.child_ptr[v]:t.child_ptr[v + 1]], most[v] * d if d < math.inf else math.inf)
+    most = _push_down(skel, t, _per_node(t, lambda act, f: _max_degree(act)))  # F: factors one draw can bring
     # Exact integers (float64 factor counts are exact below 2^53; above, the bound is huge anyway).
     big = 10**30
     total = 1
     for base, ids, _ in t.groups:
-        for f in most[ids]:
+        reached, times = np.unique(most[ids], return_counts=True)
+        for f, k in zip(reached.tolist(), times.tolist()):  # k input nodes reached by at most f factors
             if f == 0:
                 continue
             if base.continuous or f == math.inf and base.name not in ("binary", "categorical"):
@@ -290,12 +316,14 @@ def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
                 values = int(base.param("categories"))
             elif base.uniform_codes:  # multisets of at most f of c codes: C(f + c, c)
                 c = base.uniform_codes
-                values = math.comb(int(f) + c, c) if f < 2**20 else big
+                log = math.lgamma(f + c + 1) - math.lgamma(f + 1) - math.lgamma(c + 1)
+                values = math.comb(int(f) + c, c) if log < 80 else big
             elif base.name == "circle":
                 values = 2 * int(f) + 1
             else:  # a base without a stated value count
                 return math.inf
-            total = min(total * values, big)
+            if values > 1:
+                total = big if k * math.log(values) > 80 else min(total * values ** k, big)
     return float(total)
 
 
