@@ -891,9 +891,9 @@ def sample(
     t = _tables(skeleton_for_walk)
     space = feature_space(skeleton_for_walk, t)
     if space < columns:
-        raise SamplerError(f"skeleton '{skeleton.path}' can give at most {int(space)} distinct columns (the product over "
-                           f"its input nodes of the values their factors can take), fewer than -n {columns}: "
-                           f"ask for at most {int(space)}, fewer if some are out of its reach")
+        raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
+                           f"most {int(space)} distinct columns (the product over its input nodes of the values their "
+                           f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
     fp = footprint(skeleton_for_walk, t)
     check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone
     sizes = block_sizes(skeleton_for_walk, columns)
