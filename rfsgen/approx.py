@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import budget
 from .errors import UsageError
 from .kernel import kernel
 from .sampler import sample
@@ -62,6 +63,11 @@ def approx(
     if trials < 1:
         raise UsageError("--trials must be at least 1")
     budgets = [int(d) for d in budgets]
+    # Each map: the rows x D float64 features (the transform's output and its working
+    # copy), beside the exact and estimated rows x rows matrices and their difference.
+    budget.check(8.0 * rows * (2 * max(budgets) + 4 * rows),
+                 f"approx of skeleton '{skeleton.path}': the {rows} x {max(budgets)} feature matrix and the {rows} x "
+                 f"{rows} kernel matrices", "use a smaller --subset or smaller budgets -n")
     results = {(s, d): [] for s in schemes for d in budgets}
     for t in range(trials):
         pick = np.sort(np.random.default_rng([seed, t]).choice(x.shape[0], rows, replace=False))

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import budget
 from .errors import InputError
 from .inputs import check_finite
 from .skeleton import Skeleton
@@ -108,6 +109,7 @@ def kernel(
     progress: Callable[[int], None] | None = None,
     x_source: str = "<array>",
     y_source: str = "<array>",
+    copies: int = 0,
 ) -> np.ndarray:
     """Exact kernel matrix ``K[i, j] = k_S(x_i, y_j)``, float64 ``(m, n)``.
 
@@ -115,6 +117,9 @@ def kernel(
     ``x``): arrays, ``scipy.sparse`` matrices, DataFrames, lists of rows, or paths
     (anything :func:`rfsgen.inputs.open_input` takes).  A ``width: auto`` skeleton is
     bound to the rows' width.  ``progress(rows_done)`` is called after each block of ``x`` rows.
+    Raises :class:`~rfsgen.errors.LimitError` before any work when the matrix, the prepared
+    rows and one row's node values exceed the memory budget (:func:`check_memory`;
+    ``copies`` more m x n matrices that the caller will make, e.g. to write it).
     """
     x = _rows(x)
     y = None if y is None else _rows(y)
@@ -124,15 +129,15 @@ def kernel(
     if np.asarray(x).shape[0] == 0 or (y is not None and np.asarray(y).shape[0] == 0):
         m, n = np.asarray(x).shape[0], np.asarray(x if y is None else y).shape[0]
         return np.zeros((m, n))
+    m = np.asarray(x).shape[0]
+    n = m if same else np.asarray(y).shape[0]
+    plan = _Plan(skeleton)
+    per_row, fixed = check_memory(skeleton, plan, m, n, same, copies)
     xp = prepare_inputs(skeleton, x, 0, x_source)
     yp = xp if same else prepare_inputs(skeleton, y, 0, y_source)
-    m = xp[0].shape[0] if xp else 0
-    n = yp[0].shape[0] if yp else 0
-    plan = _Plan(skeleton)
-    widest = max(ids.size for ids in plan.members)
-    # Two levels alive at once at worst, plus the input level.
-    per_row = 24 * n * (len(skeleton.input_nodes) + 2 * widest + 1)  # rho, delta and eps
-    block = int(max(1, min(m, memory_bytes // max(per_row, 1))))
+    # Blocks of rows as large as memory_bytes and the budget allow (the values of a row do
+    # not depend on its block).
+    block = int(max(1, min(m, min(memory_bytes, budget.limit() - fixed) // max(per_row, 1))))
     out = np.empty((m, n))
     for a in range(0, m, block):
         b = min(m, a + block)
@@ -143,6 +148,24 @@ def kernel(
         # Symmetrise away rounding differences so the Gram matrix is exactly symmetric.
         out = 0.5 * (out + out.T)
     return out
+
+
+def check_memory(skeleton: Skeleton, plan: "_Plan", m: int, n: int, same: bool, copies: int = 0):
+    """:func:`rfsgen.budget.check` the kernel of ``m`` x ``n`` rows before allocating:
+    the float64 matrix (three at once when it is symmetrised, plus ``copies``), the
+    prepared rows of each input group, and one row of node values (rho, delta and eps,
+    an n-vector each, for the input level and two levels alive at once).  Returns
+    ``(per_row, fixed)``: bytes per row of a block and bytes outside the blocks."""
+    widest = max(ids.size for ids in plan.members)
+    per_row = 24 * n * (len(skeleton.input_nodes) + 2 * widest + 1)
+    prepared = 8 * (m + (0 if same else n)) * sum(ids.size * base.width for base, ids, _ in skeleton.input_groups)
+    fixed = 8 * m * n * ((3 if same else 1) + copies) + prepared
+    lv = int(np.argmax([ids.size for ids in plan.members]))
+    label = skeleton.nodes[int(plan.members[lv][0])].layer
+    budget.check(fixed + per_row, f"the kernel of skeleton '{skeleton.path}' on {m} x {n} rows (the {m} x {n} float64 "
+                                  f"matrix, the prepared rows and the values of layer '{label}', {widest} nodes of "
+                                  f"{n} values per row)", "use fewer rows (--rows START:STOP)")
+    return per_row, fixed
 
 
 def _rows(obj) -> np.ndarray:
@@ -213,12 +236,16 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
                 skel = skel.bind(src.width)
             check_width(src, skel.width, skel.path, skel.shape)
             start, stop = resolve_rows(rows, src.n_rows, src.name)
+            if stop is not None:  # (a stream's rows are counted as they come)
+                budget.check(8.0 * (stop - start) * skel.width, f"reading rows {start}:{stop} of '{src.name}' "
+                             f"({stop - start} x {skel.width} values) for the kernel",
+                             "use fewer rows (--rows START:STOP)")
             arrays.append(src.read(start, stop))
             names.append(src.name)
     y = arrays[1] if len(arrays) > 1 else None
     if progress is not None and hasattr(progress, "phase"):
         progress.phase("kernel", arrays[0].shape[0])
-    k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1])
+    k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1], copies=1)  # + np.save's buffer
     if output == "-":
         buf = io.BytesIO()
         np.save(buf, k)

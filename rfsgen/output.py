@@ -20,9 +20,22 @@ LAYOUTS = ("csr", "dense")
 COMPRESSIONS = ("none", "gzip", "lzf")
 
 
-def default_chunk_rows(columns: int) -> int:
-    """About 64 MiB of float64 work per chunk, between 16 and 8192 rows."""
-    return int(min(8192, max(16, (64 << 20) // (8 * max(columns, 1)))))
+def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk_rows: int | None = None) -> int:
+    """Rows per chunk: ``chunk_rows`` if given, else about 64 MiB of float64 work per
+    chunk, between 16 and 8192 rows, and no more than a quarter of the memory budget
+    holds at ``row_bytes`` per row (the widest intermediates of one row: its prepared
+    inputs, atoms and output values), down to one row.  The output's bytes never depend
+    on the chunk size.  Raises :class:`~rfsgen.errors.LimitError` (naming ``what``) when
+    the chunk does not fit the budget."""
+    from . import budget
+
+    rows = chunk_rows or int(min(8192, max(16, (64 << 20) // (8 * max(columns, 1)))))
+    if row_bytes and not chunk_rows:
+        rows = int(max(1, min(rows, budget.limit() // 4 // row_bytes)))
+    if row_bytes:
+        budget.check(rows * row_bytes, f"{what or 'the transform'}: a chunk of {rows} rows at {budget.fmt(row_bytes)} "
+                                       f"a row", "use a smaller --chunk-rows" if chunk_rows else "")
+    return rows
 
 
 def _check_options(layout, dtype, compression):
@@ -141,7 +154,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     from ._signals import deferred
     from .atomic import SafeFile, atomic_path
 
-    chunk_rows = chunk_rows or default_chunk_rows(tr.columns)
+    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
     if progress is not None and hasattr(progress, "phase"):

@@ -28,12 +28,15 @@ draw up to it.  Same skeleton, seed and D give the same file on any number of th
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .errors import SamplerError, UsageError
+from . import budget
+from .errors import LimitError, SamplerError, UsageError
 from .features import FeatureSet, term_keys
 from .skeleton import InputNode, Skeleton
 
@@ -78,6 +81,27 @@ MAX_COLUMNS = 100_000_000
 #: 100 times the draws per column so far, for skeletons that dedup heavily): the
 #: skeleton then has (almost) no features left to find.
 STALL_DRAWS = 1_000_000
+#: Most draws one sample may consume: ``MAX_DRAWS + DRAWS_PER_COLUMN * D``.  Skeletons whose
+#: new columns get ever rarer (circle powers behind heavy-tailed degrees) would otherwise
+#: walk for hours; 2^28 draws take about 2 minutes for the cheapest skeletons on two cores.
+MAX_DRAWS = 1 << 28
+DRAWS_PER_COLUMN = 64
+#: ... and the draws are fewer where one draw walks many items (stacked exp with a large
+#: beta): at most ``MAX_WALK_ITEMS`` expected walk items (:class:`Footprint`) beside the
+#: per-column allowance, minutes of walking.
+MAX_WALK_ITEMS = 1 << 30
+#: Once this many draws are made, the sampler also stops when even a generous rate of new
+#: columns (an upper confidence bound on the rate in the latter half of the draws so far;
+#: the expected rate only falls as draws go on) would need more draws than the cap to
+#: reach D: the run could not finish.
+PROJECT_AFTER = 1 << 24
+#: Bytes a block's walk holds per item (int64 draw, node, multiplicity and degree, the
+#: picks and their outputs, sorting permutations), and per base term after the walk
+#: (terms, their conjugates, canonical forms, keys); measured as peak RSS over items.
+ITEM_BYTES = 96
+TERM_BYTES = 160
+#: Bytes per column found (hash table, counts, kinds, lengths, pointers) besides its terms.
+COLUMN_BYTES = 96
 
 
 @dataclass
@@ -124,6 +148,216 @@ def _tables(skel: Skeleton) -> _Tables:
     continuous = np.array([isinstance(v, InputNode) and v.base.continuous for v in skel.nodes])
     width = np.array([v.base.width if isinstance(v, InputNode) else 0 for v in skel.nodes], dtype=np.int64)
     return _Tables(is_input, act_index, acts, fanin, ptr, children, group_of, skel.input_groups, continuous, width)
+
+
+def _children_per_item(act, fanin: int) -> float:
+    """Expected items an item of multiplicity one creates at a node of ``act`` with
+    ``fanin`` children: its degree, except that degrees above 8 x fan-in (drawn as
+    multinomial counts, :func:`_choose_children`) make at most ``fanin`` items.  Finite
+    even for heavy tails (step)."""
+    a = act.coefficients
+    cut = min(a.size, 8 * fanin + 1)
+    i = np.arange(cut, dtype=np.float64)
+    small = float(np.dot(i, a[:cut]))
+    rest = max(0.0, 1.0 - float(a[:cut].sum()))  # mass above the cut, the tail's included
+    # Degrees between the table's end and 8 x fan-in (only with fan-ins above 4096) make
+    # up to 8 x fan-in items each; above the cut at most fan-in.
+    return small + rest * (8 * fanin if cut == a.size and a.size <= 8 * fanin else fanin)
+
+
+def _push_down(skel: Skeleton, t: _Tables, factor: np.ndarray) -> np.ndarray:
+    """``value`` float64 ``(N,)``: 1 at the output, and every internal node adds
+    ``value[v] * factor[v]`` to each of its children (once per child reference), from
+    the output down.  Vectorised over the nodes of one skeleton entry (its layer),
+    which never reference each other and whose children all come before them."""
+    n = len(skel.nodes)
+    value = np.zeros(n)
+    value[skel.output] = 1.0
+    index: dict = {}
+    layer = np.array([index.setdefault(v.layer, len(index)) for v in skel.nodes], dtype=np.int64)
+    internal = np.flatnonzero(~t.is_input)
+    by_layer = internal[np.argsort(layer[internal], kind="stable")]
+    cuts = np.flatnonzero(np.diff(layer[by_layer])) + 1
+    groups = sorted(np.split(by_layer, cuts) if by_layer.size else [], key=lambda g: -int(g.max()))
+    # Entries from elsewhere (a scheme's rewrite) may not follow the rule: node by node, then.
+    order = [g for g in groups if not g.size or int(t.children[_edges(t, g)].max(initial=-1)) < int(g.min())]
+    if len(order) < len(groups):
+        order = [np.array([v]) for v in np.flatnonzero(~t.is_input)[::-1]]
+    for g in order:
+        src = value[g]
+        live = src != 0.0
+        if not live.any():
+            continue
+        g, src = g[live], src[live]
+        share = src * factor[g]
+        edges = _edges(t, g)
+        value += np.bincount(t.children[edges], weights=np.repeat(share, t.fanin[g]), minlength=n)
+    return value
+
+
+def _edges(t: _Tables, ids: np.ndarray) -> np.ndarray:
+    """Positions in ``t.children`` of the child references of nodes ``ids`` (int64), in order."""
+    counts = t.fanin[ids]
+    starts = t.child_ptr[ids]
+    total = int(counts.sum())
+    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+def _per_node(t: _Tables, fn) -> np.ndarray:
+    """float64 ``(N,)``: ``fn(activation, fan_in)`` at each internal node, 0 at inputs (one call per distinct pair)."""
+    out = np.zeros(t.is_input.size)
+    internal = np.flatnonzero(~t.is_input)
+    if internal.size:
+        span = int(t.fanin.max()) + 1
+        keys, inv = np.unique(t.act_index[internal] * span + t.fanin[internal], return_inverse=True)
+        vals = np.array([fn(t.activations[int(k // span)], int(k % span)) for k in keys])
+        out[internal] = vals[inv.ravel()]
+    return out
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one draw of a skeleton costs, in expectation (the walk is random: a block's
+    actual counts scatter around these).  ``reach`` is float64 ``(N,)``: items arriving
+    at each node per draw (1 at the output; an internal node passes each of its items'
+    expected children to its children uniformly), so ``reach`` summed over the input
+    nodes is the complexity C(S) (with heavy tails capped as the walk caps them)."""
+
+    reach: np.ndarray
+    items: float  # walk items per draw, all levels
+    terms: float  # base terms per draw after combining at each input node
+    omega: float  # float64 frequency values per draw (gaussian/laplace rows)
+    ortho: float  # float64 values of one orthogonal d x d block (orf), drawn at once
+    labels: tuple  # node labels, for messages
+    omega_node: int  # the input node holding most frequency values per draw (-1: none)
+
+    def block_bytes(self, draws: int) -> float:
+        """Estimated peak bytes of walking a block of ``draws`` draws."""
+        return draws * (ITEM_BYTES * self.items + TERM_BYTES * self.terms + 3 * 8 * self.omega) + 8 * self.ortho
+
+    def column_bytes(self, columns: int) -> float:
+        """Estimated bytes of ``columns`` columns held until the file is written (terms
+        grown by doubling, then compacted: twice their size; a new column tends to have
+        more terms than the average draw, which the constant columns pull down: one more).
+        Measured: cifar-deep, 10^6 columns, 166 MB over the start-up's 150 MB (estimate 155 MB)."""
+        return columns * (COLUMN_BYTES + 2 * 24 * (self.terms + 1) + 2 * 8 * self.omega)
+
+    def node(self) -> int:
+        """The node most of a draw's memory goes to: the widest frequency rows, or the most reached node."""
+        if self.omega_node >= 0 and 3 * 8 * self.omega >= ITEM_BYTES * self.items:
+            return self.omega_node
+        return int(np.argmax(self.reach))
+
+
+def footprint(skel: Skeleton, t: _Tables) -> Footprint:
+    """The expected cost of one draw of ``skel`` (see :class:`Footprint`): one pass over
+    the nodes from the output down (nodes are in topological order)."""
+    reach = _push_down(skel, t, _per_node(t, lambda act, f: _children_per_item(act, f) / f))
+    terms = 0.0
+    omega = 0.0
+    ortho = 0.0
+    omega_node, most = -1, 0.0
+    for base, ids, _ in t.groups:
+        r = reach[ids]
+        if base.continuous:
+            # A node's draws combine into one frequency row per draw that reaches it, and
+            # a draw reaches it with probability at most min(1, reach).
+            rows = np.minimum(r, 1.0)
+            terms += float(rows.sum())
+            values = rows * base.width
+            omega += float(values.sum())
+            if values.size and float(values.max()) > most:
+                most, omega_node = float(values.max()), int(ids[int(np.argmax(values))])
+            if base.name == "gaussian" and base.param("orthogonal"):
+                ortho = max(ortho, 2.0 * base.width * base.width)
+        else:
+            codes = base.uniform_codes or 1  # combined into one term, or a multiset of codes (sphere)
+            terms += float(np.minimum(r, codes).sum())
+    labels = tuple(v.label for v in skel.nodes)
+    return Footprint(reach, float(reach.sum()), terms, omega, ortho, labels, omega_node)
+
+
+def _max_degree(act) -> float:
+    """The largest degree ``act`` can draw: the table's last non-zero coefficient, or
+    ``inf`` for unbounded degrees (Poisson for exp, the exact tails of relu and step)."""
+    a = act.coefficients
+    if act.tail is not None or (act.name == "exp" and a.size > 1):
+        return math.inf
+    nz = np.flatnonzero(a > 0)
+    return float(nz[-1]) if nz.size else 0.0
+
+
+def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
+    """An upper bound on the distinct columns ``skel`` can give (``inf`` when unbounded).
+
+    A column is a product over input nodes of each node's combined factor and a kind;
+    a feature and its conjugate are one identity giving at most two kinds (cos, sin), a
+    real one one kind, so the columns are at most the product over input nodes of the
+    values a node's combined factor can take (power or code 0, i.e. no factor, included):
+    binary 2, categorical n, circle 2F + 1 and sphere the multisets of at most F of its
+    codes, where F bounds the factors a draw brings to the node (a product of the
+    largest degrees along its paths); gaussian and laplace frequencies are continuous.
+    Returned as a float (it may exceed 2^63)."""
+    t = t if t is not None else _tables(skel)
+    most = _push_down(skel, t, _per_node(t, lambda act, f: _max_degree(act)))  # F: factors one draw can bring
+    # Exact integers (float64 factor counts are exact below 2^53; above, the bound is huge anyway).
+    big = 10**30
+    total = 1
+    for base, ids, _ in t.groups:
+        reached, times = np.unique(most[ids], return_counts=True)
+        for f, k in zip(reached.tolist(), times.tolist()):  # k input nodes reached by at most f factors
+            if f == 0:
+                continue
+            if base.continuous or f == math.inf and base.name not in ("binary", "categorical"):
+                return math.inf
+            if base.name == "binary":
+                values = 2
+            elif base.name == "categorical":
+                values = int(base.param("categories"))
+            elif base.uniform_codes:  # multisets of at most f of c codes: C(f + c, c)
+                c = base.uniform_codes
+                log = math.lgamma(f + c + 1) - math.lgamma(f + 1) - math.lgamma(c + 1)
+                values = math.comb(int(f) + c, c) if log < 80 else big
+            elif base.name == "circle":
+                values = 2 * int(f) + 1
+            else:  # a base without a stated value count
+                return math.inf
+            if values > 1:
+                total = big if k * math.log(values) > 80 else min(total * values ** k, big)
+    return float(total)
+
+
+def _space_text(space: float) -> str:
+    if space == math.inf:
+        return "its distinct columns are unbounded, but new ones come ever more rarely"
+    return f"it can give at most {space:.6g} distinct columns"
+
+
+def check_block(skel: Skeleton, fp: Footprint, draws: int, columns: int = 0) -> None:
+    """:func:`rfsgen.budget.check` a block of ``draws`` draws (and ``columns`` columns
+    held beside it) against the memory budget, before walking it: a
+    :class:`~rfsgen.errors.LimitError` naming the node the memory goes to."""
+    need = fp.block_bytes(draws) + fp.column_bytes(columns)
+    if need <= budget.limit():
+        return
+    if not draws:
+        budget.check(need, f"skeleton '{skel.path}': the {columns} columns asked for (about {fp.terms:.3g} terms and "
+                           f"{fp.omega:.3g} frequency values each)", "ask for fewer columns with -n")
+        return
+    v = fp.node()
+    node = skel.nodes[v]
+    if v == fp.omega_node and fp.omega_node >= 0:
+        what = (f"skeleton '{skel.path}', node '{fp.labels[v]}' ({node.base.name} over {node.base.width} columns): "
+                f"sampling {draws} draws with about {fp.omega / max(fp.terms, 1e-300):.3g} x {node.base.width} "
+                f"frequency values per term")
+        fix = "give the gaussian/laplace node fewer columns (per: group or patch), or use fewer -n"
+    else:
+        what = (f"skeleton '{skel.path}', node '{fp.labels[v]}': sampling {draws} draws, each reaching this node "
+                f"about {fp.reach[v]:.3g} times ({fp.items:.3g} walk items, complexity C(S) = {skel.complexity:.3g})")
+        fix = "use fewer or flatter layers (a smaller exp beta or polynomial degree: C(S) multiplies over layers)"
+    if columns:
+        what += f" and holding {columns} columns"
+    budget.check(need, what, fix)
 
 
 def _sort_order(key: np.ndarray) -> np.ndarray:
@@ -557,11 +791,12 @@ class _BlockWalker:
     depend only on (seed, block index), so the result does not depend on the thread count
     or on timing; blocks walked past the last one needed are discarded."""
 
-    def __init__(self, walk, sizes, threads: int, ahead: int):
+    def __init__(self, walk, sizes, threads: int, ahead: int, check=None):
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         self._walk = walk
+        self._check = check  # check(size) raises LimitError for a block over the memory budget
         self._sizes = sizes
         self._ex = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-walk")
         self._next = 0
@@ -572,6 +807,16 @@ class _BlockWalker:
 
     def _submit(self):
         size = next(self._sizes)
+        if self._check is not None:
+            try:
+                self._check(size)
+            except LimitError as e:
+                # Raised when this block is taken, not now: the blocks before it may finish the sample.
+                f = Future()
+                f.set_exception(e)
+                self._next += 1
+                self._start += size
+                return f
         f = self._ex.submit(self._walk, self._next, self._start, size)
         self._next += 1
         self._start += size
@@ -610,8 +855,14 @@ def sample(
     with the number of new unique columns found after each block.  ``columns`` is
     1 .. :data:`MAX_COLUMNS`; ``seed`` an integer in 0 .. 2**63 - 1.  Raises
     :class:`SamplerError` when the skeleton has fewer distinct features than
-    requested: after :data:`STALL_DRAWS` + 100 q/D consecutive draws without a new
-    column (or ``max_draws`` draws in all, if given; checked after each block).
+    requested: at once when :func:`feature_space` bounds them below ``columns``;
+    after :data:`STALL_DRAWS` + 100 q/D consecutive draws without a new column; at
+    ``max_draws`` draws in all (default :data:`MAX_DRAWS` + :data:`DRAWS_PER_COLUMN`
+    x D; checked after each block); or, after :data:`PROJECT_AFTER` draws, when the
+    rate of new columns says the cap would come first.  Raises
+    :class:`~rfsgen.errors.LimitError` before walking a block (or holding the columns)
+    whose estimated memory (:class:`Footprint`) exceeds the budget
+    (:mod:`rfsgen.budget`); the budget also limits the blocks walked at once.
     ``audit``, if a list, receives ``(kind, terms)`` of every consumed draw in
     draw order (slow; for checking deduplication).  ``threads`` (default: numba's
     thread count, ``NUMBA_NUM_THREADS``) walk blocks (:func:`block_sizes`) in
@@ -638,6 +889,17 @@ def sample(
         threads = thread_count()
     threads = max(1, int(threads))
     t = _tables(skeleton_for_walk)
+    space = feature_space(skeleton_for_walk, t)
+    if space < columns:
+        raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
+                           f"most {int(space)} distinct columns (the product over its input nodes of the values their "
+                           f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
+    fp = footprint(skeleton_for_walk, t)
+    check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone
+    sizes = block_sizes(skeleton_for_walk, columns)
+    largest = max(next(sizes) for _ in range(32))  # the schedule reaches its cap within a few blocks
+    cap_draws = max_draws if max_draws is not None else \
+        int(min(MAX_DRAWS, MAX_WALK_ITEMS / max(fp.items, 1.0))) + DRAWS_PER_COLUMN * columns
 
     cols = _Columns(columns)
 
@@ -660,7 +922,16 @@ def sample(
     last_new = 0  # draws consumed when the latest new column was found
     # orf blocks are whole orthogonal sets (seconds each): walk no more of them than needed.
     ahead = 1 if scheme == "orf" else threads + 1
-    with _BlockWalker(walk, block_sizes(skeleton_for_walk, columns), threads, ahead) as blocks:
+    # Blocks in flight beside the one being consumed, as many as the memory budget holds
+    # (fewer blocks at once change nothing drawn: each block's draws are its own).
+    room = budget.limit() - fp.column_bytes(columns)
+    ahead = max(1, min(ahead, int(room // max(fp.block_bytes(largest), 1.0)) - 1))
+    history_drawn, history_found = [0], [0]  # after each block, for the rate of new columns
+
+    def check(size):
+        check_block(skeleton_for_walk, fp, size, columns)
+
+    with _BlockWalker(walk, block_sizes(skeleton_for_walk, columns), min(threads, ahead), ahead, check) as blocks:
         while True:
             try:
                 blk = blocks.take()
@@ -704,11 +975,27 @@ def sample(
             if cols.found >= columns:
                 break
             stalled = drawn - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
-            if stalled or (max_draws is not None and drawn >= max_draws):
+            if stalled or drawn >= cap_draws:
+                why = "it has too few distinct features" if stalled else f"the sampler stops at {cap_draws} draws"
                 raise SamplerError(
-                    f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws; "
-                    f"it has too few distinct features for -n {columns}: ask for at most {cols.found}"
+                    f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws "
+                    f"({_space_text(space)}); {why} for -n {columns}: ask for at most {cols.found}"
                 )
+            history_drawn.append(drawn)
+            history_found.append(cols.found)
+            if drawn >= PROJECT_AFTER and max_draws is None:
+                # New columns only get rarer: even at an upper bound of the rate of the latter
+                # half of the draws so far, reaching D would take more draws than are left.
+                h = bisect_left(history_drawn, drawn // 2)
+                k = cols.found - history_found[h]
+                rate = (k + 3 * math.sqrt(k) + 3) / max(drawn - history_drawn[h], 1)
+                need = (columns - cols.found) / rate
+                if need > cap_draws - drawn:
+                    raise SamplerError(
+                        f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws "
+                        f"({_space_text(space)}): at its rate of new columns, -n {columns} would need more than "
+                        f"{drawn + need:.3g} draws, over the sampler's limit of {cap_draws}; ask for at most {cols.found}"
+                    )
     stats = {
         "mean_factors_per_draw": factors / drawn,
         "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,

@@ -157,6 +157,19 @@ class Transformer:
     def columns(self) -> int:
         return self.fs.columns
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row of a chunk holds at most at once: the row read and converted
+        (float64), its prepared input groups, its atoms (:meth:`source`) and its output
+        values in two reused buffers plus a copy (sparse parts or the written block)."""
+        skel = self.skeleton
+        prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
+        return 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
+
+    @property
+    def what(self) -> str:
+        return f"the transform by '{self.fs.skeleton.path}' features ({self.columns} columns)"
+
     def source(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
         """Validated, prepared rows as the compiled loop reads them: float64 ``(m, s)``."""
         xp = prepare_inputs(self.skeleton, x, row0, source)
@@ -245,7 +258,7 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
 
     _check_options(layout, dtype, "none")
     tr = Transformer(fs, DTYPES[dtype])
-    chunk_rows = chunk_rows or default_chunk_rows(fs.columns)
+    chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
     with open_input(x) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
         D = fs.columns

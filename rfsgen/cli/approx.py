@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress, _emit_json
+from ._budget import max_memory_option
 
 
 @main.command("approx")
@@ -23,6 +24,7 @@ from . import main, translate_errors, _Progress, _emit_json
 @click.option("--overwrite", is_flag=True, help="Replace the --plot file if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
+@max_memory_option
 def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as_json, plot_path, overwrite, quiet):
     """How well random features approximate SKELETON's kernel on rows of INPUT.
 

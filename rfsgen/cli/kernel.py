@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
+from ._budget import max_memory_option
 
 
 @main.command("kernel")
@@ -16,6 +17,7 @@ from . import main, translate_errors, _Progress
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
+@max_memory_option
 def kernel_cmd(skeleton, input, input2, output, rows, overwrite, quiet):
     """Evaluate the exact kernel of SKELETON between rows of INPUT and INPUT2.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import _Progress, main, translate_errors
+from ._budget import max_memory_option
 
 
 @main.command("merge")
@@ -16,6 +17,7 @@ from . import _Progress, main, translate_errors
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
+@max_memory_option
 def merge_cmd(shards, output, virtual, overwrite, quiet):
     """Merge transform shards (from --rows or --shard) back into one file.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
+from ._budget import max_memory_option
 
 
 @main.command("sample")
@@ -20,6 +21,7 @@ from . import main, translate_errors, _Progress
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
+@max_memory_option
 def sample_cmd(skeleton, columns, seed, scheme, output, width, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 

@@ -6,6 +6,7 @@ import click
 
 from ..errors import UsageError
 from . import main, translate_errors, _Progress
+from ._budget import max_memory_option
 
 
 @main.command("transform")
@@ -29,6 +30,7 @@ from . import main, translate_errors, _Progress
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
+@max_memory_option
 def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
                   overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.

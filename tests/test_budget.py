@@ -1,0 +1,279 @@
+"""The memory budget (rfsgen.budget) and the bounds that use it: the sampler's blocks and
+columns, its draw cap, the kernel's matrices, the transform's chunks, and --max-memory."""
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import ROOT, skeleton_path
+from rfsgen import budget, sampler
+from rfsgen.cli import main
+from rfsgen.errors import LimitError, SamplerError, UsageError
+from rfsgen.kernel import _Plan, check_memory, kernel
+from rfsgen.skeleton import load_skeleton, parse_skeleton
+
+EXP8 = "rfsgen: 1\ninput: {width: 1}\nnodes:\n  - {name: x, base: circle}\n" + "".join(
+    f"  - {{name: h{i}, activation: {{name: exp, beta: 5}}, inputs: [{'x' if i == 1 else f'h{i - 1}'}]}}\n"
+    for i in range(1, 9))
+WIDE = ("rfsgen: 1\ninput: {{width: 10000000}}\nnodes:\n  - {{name: x, base: {base}}}\n"
+        "  - {{name: out, activation: {{name: exp, beta: 1}}, inputs: [x]}}\n")
+PATCH99 = ("rfsgen: 1\ninput: {shape: [100, 100, 100]}\nnodes:\n"
+           "  - {name: p, base: gaussian, per: patch, patch: {size: 99, stride: 1}}\n"
+           "  - {name: out, activation: relu, dense: true}\n")
+FINITE = ("rfsgen: 1\ninput: {{width: 2}}\nnodes:\n  - {{name: c, base: categorical, categories: {k}, per: column}}\n"
+          "  - {{name: out, activation: {{name: polynomial, degree: {p}}}, inputs: [c]}}\n")
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def one_error_line(res):
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rfsgen: error: "), res.output
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- budget itself
+@pytest.mark.parametrize("text, value", [("512M", 512 << 20), ("4G", 4 << 30), ("1.5GiB", 3 << 29), ("2e9", 2 * 10**9),
+                                         ("1000", 1000), ("3 kb", 3000)])
+def test_parse_size(text, value):
+    assert budget.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "12x", "-1G", "0", "G", "1e400000G"[:4] + "Q"])
+def test_parse_size_rejects(text):
+    with pytest.raises(UsageError):
+        budget.parse_size(text)
+
+
+def test_limit_order(monkeypatch):
+    monkeypatch.setenv(budget.ENV, "3M")
+    assert budget.limit() == 3 << 20
+    with budget.limited("1M"):
+        assert budget.limit() == 1 << 20
+        with budget.limited(None):
+            assert budget.limit() == 1 << 20
+    assert budget.limit() == 3 << 20
+    monkeypatch.delenv(budget.ENV)
+    assert budget.limit() == int(budget.machine_memory() * budget.DEFAULT_FRACTION)
+
+
+def test_check_at_and_past_the_limit():
+    with budget.limited(1000):
+        budget.check(1000, "thing")
+        with pytest.raises(LimitError, match=r"thing needs about 1001 B, over the memory budget of 1000 B; do less"):
+            budget.check(1001, "thing", "do less")
+
+
+# ----------------------------------------------------------------------------- sampler
+def _exact_need(skel, columns):
+    t = sampler._tables(skel)
+    fp = sampler.footprint(skel, t)
+    first = next(sampler.block_sizes(skel, columns))
+    return fp.block_bytes(first) + fp.column_bytes(columns)
+
+
+def test_sampler_block_at_and_past_the_budget():
+    skel = parse_skeleton("\n".join(EXP8.replace("beta: 5", "beta: 2").splitlines()[:8]) + "\n", "exp.yaml")
+    need = int(np.ceil(_exact_need(skel, 2)))
+    reference = sampler.sample(skel, 2, seed=3)
+    with budget.limited(need):
+        fs = sampler.sample(skel, 2, seed=3)  # the same draws under any budget that holds them
+    assert fs.draws == reference.draws and np.array_equal(fs.count, reference.count)
+    with budget.limited(need - 1), pytest.raises(LimitError, match=r"node 'x'.*over the memory budget"):
+        sampler.sample(skel, 2, seed=3)
+
+
+def test_sampler_columns_checked_before_anything():
+    skel = load_skeleton(skeleton_path("cifar-deep"))
+    t = sampler._tables(skel)
+    fp = sampler.footprint(skel, t)
+    with budget.limited(int(fp.column_bytes(10**6)) - 1), pytest.raises(LimitError, match="1000000 columns asked for"):
+        sampler.sample(skel, 10**6)
+
+
+def test_footprint_complexity_matches_reach():
+    # Without heavy tails or degree caps the expected items reaching the inputs is C(S).
+    skel = parse_skeleton(FINITE.format(k=3, p=3), "f.yaml")
+    fp = sampler.footprint(skel, sampler._tables(skel))
+    inputs = [v.id for v in skel.input_nodes]
+    assert fp.reach[inputs].sum() == pytest.approx(skel.complexity)
+
+
+@pytest.mark.parametrize("text, node", [(EXP8, "'x'"), (WIDE.format(base="gaussian"), "'x' (gaussian over 10000000"),
+                                        (WIDE.format(base="laplace"), "'x' (laplace over 10000000")])
+def test_issue_blowups_fail_fast_with_one_line(tmp_path, text, node):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    t0 = time.perf_counter()
+    res = run(["sample", p, "-n", 1, "-o", tmp_path / "f.h5", "--max-memory", "1G"])
+    assert res.exit_code == 1
+    line = one_error_line(res)
+    assert f"node {node}" in line and "needs about" in line and "memory budget of 1.0 GiB" in line
+    assert time.perf_counter() - t0 < 20
+    assert not (tmp_path / "f.h5").exists()
+
+
+def test_issue_patch99_fails_fast(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(PATCH99)
+    res = run(["sample", p, "-n", 1, "-o", tmp_path / "f.h5", "--max-memory", "1G"])
+    assert res.exit_code == 1
+    assert "node 'p[0, 0]' (gaussian over 980100 columns)" in one_error_line(res)
+
+
+def test_issue_blowup_allocates_little_under_a_memory_cap(tmp_path):
+    """The 1e7-wide Gaussian under RLIMIT_AS of 3 GiB: the budget's error, not a MemoryError."""
+    p = tmp_path / "s.yaml"
+    p.write_text(WIDE.format(base="gaussian"))
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RFSGEN_MAX_MEMORY="2G")
+    res = subprocess.run([sys.executable, "-m", "rfsgen", "sample", str(p), "-n", "1", "-o", str(tmp_path / "f.h5")],
+                         preexec_fn=cap, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count("\n") == 1 and "memory budget of 2.0 GiB" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_max_memory_option_and_env(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(EXP8)
+    res = run(["sample", p, "-n", 1, "-o", tmp_path / "f.h5"], env={budget.ENV: "64M"})
+    assert res.exit_code == 1 and "memory budget of 64.0 MiB" in one_error_line(res)
+    res = run(["sample", p, "-n", 1, "-o", tmp_path / "f.h5", "--max-memory", "12x"])
+    assert res.exit_code == 2 and "--max-memory" in one_error_line(res)
+    for cmd in ("sample", "transform", "kernel", "approx", "merge"):
+        assert "--max-memory SIZE" in run([cmd, "--help"]).output
+
+
+# ----------------------------------------------------------------------------- sampler ends
+def test_finite_feature_space_refused_at_once():
+    skel = parse_skeleton(FINITE.format(k=3, p=2), "f.yaml")
+    space = sampler.feature_space(skel)
+    assert space == 9  # two categorical nodes of 3 values each
+    with pytest.raises(SamplerError, match="can give at most 9 distinct columns"):
+        sampler.sample(skel, 10)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(k=st.integers(2, 4), p=st.integers(1, 3), base=st.sampled_from(["categorical", "binary", "circle", "sphere"]))
+def test_feature_space_bounds_what_the_sampler_finds(k, p, base):
+    params = {"categorical": f"categorical, categories: {k}", "binary": "binary", "circle": "circle",
+              "sphere": "sphere, per: all"}[base]
+    text = FINITE.format(k=k, p=p).replace(f"categorical, categories: {k}", params)
+    if base == "sphere":
+        text = text.replace(", per: column", "")
+    skel = parse_skeleton(text, "f.yaml")
+    space = sampler.feature_space(skel)
+    assert np.isfinite(space)
+    try:
+        fs = sampler.sample(skel, int(space), seed=1, max_draws=20_000)
+        found = fs.columns
+    except SamplerError as e:
+        found = int(str(e).split("produced only ")[1].split()[0])
+    assert found <= space
+
+
+def test_slow_feature_space_ends_with_a_count(monkeypatch):
+    """Issue 23, item 12: tabular-auto bound to width 1 with -n 256 walked for over 10
+    minutes.  With the cap and the rate projection scaled down, it ends quickly with a
+    line that says the columns are unbounded but rare."""
+    monkeypatch.setattr(sampler, "MAX_DRAWS", 1 << 21)
+    monkeypatch.setattr(sampler, "DRAWS_PER_COLUMN", 0)
+    monkeypatch.setattr(sampler, "PROJECT_AFTER", 1 << 18)
+    skel = load_skeleton(skeleton_path("tabular-auto")).bind(1)
+    assert sampler.feature_space(skel) == np.inf
+    t0 = time.perf_counter()
+    with pytest.raises(SamplerError, match=r"produced only \d+ distinct columns.*unbounded, but new ones come ever"):
+        sampler.sample(skel, 256, seed=0)
+    assert time.perf_counter() - t0 < 60
+
+
+def test_draw_cap_scales_down_with_expensive_draws():
+    skel = parse_skeleton(EXP8, "exp8.yaml")
+    fp = sampler.footprint(skel, sampler._tables(skel))
+    assert fp.items > 10_000  # items per draw, so the cap is below 2^32 / items + 64 D draws
+    assert sampler.MAX_WALK_ITEMS / fp.items < 1e6
+
+
+# ----------------------------------------------------------------------------- generated
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(depth=st.integers(1, 8), beta=st.floats(0.25, 6.0), base=st.sampled_from(["circle", "gaussian", "laplace"]),
+       width=st.sampled_from([1, 10, 1000, 10**5, 10**7]), n=st.integers(1, 64))
+def test_generated_skeletons_finish_within_budget_or_fail_fast(depth, beta, base, width, n):
+    import tracemalloc
+
+    if base == "circle":
+        width = 1
+    text = (f"rfsgen: 1\ninput: {{width: {width}}}\nnodes:\n  - {{name: x, base: {base}}}\n" + "".join(
+        f"  - {{name: h{i}, activation: {{name: exp, beta: {beta}}}, inputs: [{'x' if i == 1 else f'h{i - 1}'}]}}\n"
+        for i in range(1, depth + 1)))
+    skel = parse_skeleton(text, "gen.yaml")
+    limit = 64 << 20
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with budget.limited(limit):
+            sampler.sample(skel, n, seed=1, max_draws=200_000, threads=1)
+    except (LimitError, SamplerError):
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert time.perf_counter() - t0 < 30
+    assert peak < 2 * limit
+
+
+# ----------------------------------------------------------------------------- kernel, transform
+def test_kernel_at_and_past_the_budget(cifar_rows):
+    skel = load_skeleton(skeleton_path("shallow-gaussian"))
+    x = cifar_rows[:20]
+    per_row, fixed = check_memory(skel, _Plan(skel), 20, 20, True)
+    with budget.limited(per_row + fixed):
+        k = kernel(skel, x)
+    assert np.allclose(np.diag(k), 1.0)
+    with budget.limited(per_row + fixed - 1), pytest.raises(LimitError, match="20 x 20 rows"):
+        kernel(skel, x)
+
+
+def test_kernel_cli_checks_before_reading(tmp_path, cifar_rows):
+    np.save(tmp_path / "x.npy", cifar_rows)
+    res = run(["kernel", skeleton_path("shallow-gaussian"), tmp_path / "x.npy", "-o", tmp_path / "k.npy",
+               "--max-memory", "100K"])
+    assert res.exit_code == 1 and "for the kernel needs about" in one_error_line(res)
+    assert not (tmp_path / "k.npy").exists()
+
+
+def test_transform_chunks_fit_the_budget_with_the_same_bytes(tmp_path, cifar_rows):
+    from rfsgen.features import save
+    from rfsgen.transform import Transformer, transform_file
+
+    fs = sampler.sample(load_skeleton(skeleton_path("cifar-deep")), 200, seed=2)
+    save(fs, tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", cifar_rows)
+    row = Transformer(fs).row_bytes
+    transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / "a.h5")
+    with budget.limited(row):  # one row a chunk, just fits
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / "b.h5")
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "c.h5", "--max-memory", row - 1])
+    assert res.exit_code == 1 and "a chunk of 1 rows" in one_error_line(res)
+    assert not (tmp_path / "c.h5").exists()
+
+
+def test_approx_checks_its_matrices(tmp_path, cifar_rows):
+    from rfsgen.approx import approx
+
+    skel = load_skeleton(skeleton_path("shallow-gaussian"))
+    with budget.limited("1M"), pytest.raises(LimitError, match="64 x 4096 feature matrix"):
+        approx(skel, cifar_rows, [4096], trials=1, rows=64)
