@@ -511,7 +511,6 @@ def _read_data(p, f, name, n):
 
 
 def _load(p, f) -> FeatureSet:
-    from . import budget
     from .skeleton import MAX_SOURCE_BYTES
 
     try:
@@ -582,9 +581,9 @@ def _load(p, f) -> FeatureSet:
     terms = sizes["term_node"]
     if not sizes["term_code"] == sizes["term_power"] == terms:
         raise _bad(p, "term arrays of different lengths (" + ", ".join(f"'{k}' {sizes[k]}" for k in TERM_DATASETS) + ")")
-    budget.check(BYTES_PER_COLUMN * columns + BYTES_PER_TERM * terms + BYTES_PER_OMEGA * sizes["omega"],
-                 f"feature file '{p}': loading its {columns} columns, {terms} terms and {sizes['omega']} omegas",
-                 "use a feature file with fewer columns")
+    # The budget is checked in stages, each before its datasets are read, so that a size
+    # that contradicts what was already read is named as such rather than as too large.
+    _budget(p, columns, 0, 0)
 
     raw = _read_data(p, f, "skeleton", sizes["skeleton"])
     try:
@@ -622,6 +621,7 @@ def _load(p, f) -> FeatureSet:
                       f"{math.fsum(lengths.astype(np.float64)):.0f} terms, 'term_node' has {terms}")
     ptr = np.zeros(columns + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
+    _budget(p, columns, terms, 0)
 
     data.update({k: _read_data(p, f, k, terms) for k in TERM_DATASETS})
     for k in TERM_DATASETS:
@@ -645,10 +645,19 @@ def _load(p, f) -> FeatureSet:
     omega_need = _check_terms(p, fs, walk)
     if sizes["omega"] > omega_need:
         raise _bad(p, f"dataset 'omega' declares {sizes['omega']} values; its terms use at most {omega_need}")
+    _budget(p, columns, terms, sizes["omega"])
     omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64)
     _check_omega(p, fs, walk, omega)
     fs.omega = omega
     return fs
+
+
+def _budget(p, columns, terms, omegas):
+    from . import budget
+
+    budget.check(BYTES_PER_COLUMN * columns + BYTES_PER_TERM * terms + BYTES_PER_OMEGA * omegas,
+                 f"feature file '{p}': loading its {columns} columns, {terms} terms and {omegas} omegas",
+                 "use a feature file with fewer columns")
 
 
 def _stats(p, text):
@@ -758,7 +767,7 @@ def _check_omega(p, fs: FeatureSet, skel, omega: np.ndarray) -> None:
         big = ~(np.abs(omega) <= MAX_OMEGA)  # NaN too
         if big.any():
             i = int(np.flatnonzero(big)[0])
-            raise _bad(p, f"dataset 'omega': value {i} is {omega[i]!r}; omegas must be finite with |omega| <= 2^160")
+            raise _bad(p, f"dataset 'omega': value {i} is {float(omega[i])!r}; omegas must be finite with |omega| <= 2^160")
     if not fs.node.size:
         return
     cont = [(base, ids) for base, ids, _ in skel.input_groups if base.continuous]
