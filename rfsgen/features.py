@@ -610,15 +610,17 @@ def _load(p, f) -> FeatureSet:
     if count.min() < 1:  # (a uint64 count beyond 2^63 reads as negative here)
         raise _bad(p, f"column counts do not add up: column {int(np.argmin(count))} of dataset 'column_count' has "
                       f"count {int(count.min())}; counts are >= 1")
-    # Counts are >= 1 and their float sum at most 2^62, so the int64 sum cannot wrap around.
-    if math.fsum(count.astype(np.float64)) > MAX_DRAWS or int(count.sum()) != draws or draws < columns:
+    # Counts are >= 1 and their float sum (relative error < 1e-9) at most 2^62 (1 + 1e-9), so
+    # the int64 sum cannot wrap around.
+    if float(count.sum(dtype=np.float64)) > MAX_DRAWS * (1 + 1e-9) or int(count.sum()) != draws or draws < columns:
         raise _bad(p, f"column counts do not add up to the number of draws ({draws}, attribute 'draws')")
     if kind.min() < 0 or kind.max() > 2:
         j = int(np.flatnonzero((kind < 0) | (kind > 2))[0])
         raise _bad(p, f"unknown column kind {int(kind[j])} at column {j} of dataset 'column_kind' (0, 1 or 2)")
-    if lengths.min() < 0 or lengths.max() > max(terms, 0) or math.fsum(lengths.astype(np.float64)) != terms:
+    if lengths.min() < 0 or lengths.max() > terms or float(lengths.sum(dtype=np.float64)) > 2.0**62 \
+            or int(lengths.sum()) != terms:
         raise _bad(p, f"term arrays of different lengths: 'column_terms' adds up to "
-                      f"{math.fsum(lengths.astype(np.float64)):.0f} terms, 'term_node' has {terms}")
+                      f"{float(lengths.sum(dtype=np.float64)):.0f} terms, 'term_node' has {terms}")
     ptr = np.zeros(columns + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
     _budget(p, columns, terms, 0)
