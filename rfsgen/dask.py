@@ -322,8 +322,11 @@ def connect(address: str, timeout: float = 10.0):
                           "DASK_SCHEDULER_ADDRESS)") from None
 
 
-#: Loggers of the Dask stack whose records are routed through :func:`routed_messages`.
-LOGGERS = ("distributed", "tornado", "bokeh")
+#: Loggers of the client side of the Dask stack, whose records are routed through
+#: :func:`routed_messages`.  A scheduler or workers started in the same process (a
+#: LocalCluster) keep their own logging: they are the user's, not this command's.
+LOGGERS = ("distributed.client", "distributed.core", "distributed.comm", "distributed.batched", "distributed.utils",
+           "distributed.utils_comm", "distributed.protocol", "distributed.sizeof", "tornado")
 
 
 @contextlib.contextmanager
