@@ -292,8 +292,11 @@ def _rows(fs, seed=0):
 
 def _oracle(p):
     """'loaded' or 'refused' for the forged file ``p``; fails the test on anything else."""
+    from rfsgen import budget
+
     try:
-        fs = load(p)
+        with budget.limited("512M"):  # a declared size that slipped through would fail here, not swap
+            fs = load(p)
     except (FeatureFileError, LimitError) as e:
         assert "\n" not in str(e) and str(p) in str(e), str(e)
         return "refused"
@@ -317,11 +320,26 @@ _FLOAT_VALUES = st.sampled_from([0.0, -0.0, 1e-320, 1e300, -1e308, 1e308, float(
 def _forgeries(draw):
     """(file name, [edits], description): one or two generated forgeries of one valid file."""
     name = draw(st.sampled_from(("cifar-deep",) + FORGE_SKELETONS))
-    edits, what = [], []
+    edits, what, last = [], [], []  # HDF5 tricks go last: later edits would read a bomb or follow a link
     for _ in range(draw(st.integers(1, 2))):
-        kind = draw(st.sampled_from(["value", "value", "value", "map", "dtype", "shape", "attr"]))
+        kind = draw(st.sampled_from(["value", "value", "value", "map", "dtype", "shape", "attr", "hdf5"]))
         ds = draw(st.sampled_from([k for k in F.DATASETS if k != "skeleton"]))
-        if kind == "value":
+        if kind == "hdf5":  # reaching outside the file, foreign filters, declared sizes far beyond the data
+            trick = draw(st.sampled_from(["external storage", "external link", "soft link", "virtual", "lzf",
+                                          "bomb", "bomb+columns"]))
+            n = 2**27
+            last.extend({
+                "external storage": [F.external_storage(ds, "/etc/hostname")],
+                "external link": [F.external_link(ds, "/etc/hostname")],
+                "soft link": [F.soft_link(ds, "/" + draw(st.sampled_from(F.DATASETS)))],
+                "virtual": [F.virtual(ds, "/etc/hostname")],
+                "lzf": [F.with_filter(ds, compression="lzf")],
+                "bomb": [F.gzip_bomb(ds, n, np.float64 if ds == "omega" else np.uint64)],
+                "bomb+columns": [F.gzip_bomb(k, n) for k in ("column_count", "column_kind", "column_terms")]
+                + [F.set_attr("columns", n)],
+            }[trick])
+            what.append(f"{ds}: {trick}")
+        elif kind == "value":
             v = draw(_FLOAT_VALUES if ds == "omega" else st.one_of(_INT_VALUES, _FLOAT_VALUES))
             i = draw(st.integers(-3, 3))
             edits.append(F.set_values(ds, i, v))
@@ -353,7 +371,7 @@ def _forgeries(draw):
                  "rfs", "rr", "orf", "strat", np.array([1, 2]), np.array(["a", "b"]), np.float32(3)])))
             edits.append(F.set_attr(key, v))
             what.append(f"attribute {key} = {str(v)[:30]!r}")
-    return name, edits, "; ".join(what)
+    return name, edits + last, "; ".join(what)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
