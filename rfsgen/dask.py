@@ -338,10 +338,16 @@ def routed_messages(quiet: bool = False):
     import sys
     import warnings
 
+    import distributed  # noqa: F401  (its import configures its loggers: route them after that)
+
     class OneLine(logging.Handler):
         def emit(self, record):
-            if not quiet:
-                _warn_line(record.getMessage())
+            text = record.getMessage().strip()
+            if not text and record.exc_info and record.exc_info[1] is not None:  # log_errors logs "" + traceback
+                e = record.exc_info[1]
+                text = f"{type(e).__name__}: {e}".rstrip(": ")
+            if text and not quiet:
+                _warn_line(text)
 
     saved = []
     handler = OneLine(logging.WARNING)

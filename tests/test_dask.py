@@ -296,3 +296,38 @@ def test_quiet_silences_dask_and_messages_are_one_line_otherwise(files, shell_cl
     assert all(line.startswith("rfsgen: warning: dask: ") for line in lines[:-1]), err
     assert any("large graph" in line for line in lines[:-1]), err
     assert open("q.h5", "rb").read() == open("v.h5", "rb").read()
+
+
+def test_a_scheduler_that_dies_mid_run_is_one_line_and_nothing_after(files, tmp_path):
+    """A scheduler without workers holds the run (the feature set waits for a worker);
+    killing it ends the run: one line on stderr, nothing after it, no 20-second wait,
+    nothing written."""
+    import json
+    import signal
+    import time
+    from pathlib import Path
+
+    info = tmp_path / "s.json"
+    sched = subprocess.Popen([str(Path(sys.executable).parent / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(info)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() or not info.read_text().strip():
+            assert time.monotonic() < deadline and sched.poll() is None, "the dask scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        run = subprocess.Popen([sys.executable, "-m", "rfsgen", "transform", "f.h5", "x.npy", "-o", "o.h5", "-q",
+                                "--dask-scheduler", address], cwd=files, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)  # start-up (imports) and connecting
+        os.killpg(sched.pid, signal.SIGTERM)
+        t = time.monotonic()
+        err = run.communicate(timeout=60)[1]
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(sched.pid, signal.SIGKILL)
+        sched.wait(timeout=20)
+    assert run.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"rfsgen: error: lost the Dask scheduler at {address}") and "nothing was written" in err
+    assert time.monotonic() - t < 15
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
