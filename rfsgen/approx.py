@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import budget
-from .errors import UsageError
+from .errors import OutputError, UsageError
 from .kernel import kernel
 from .sampler import sample
 from .skeleton import Skeleton
@@ -113,8 +113,29 @@ def check_plotting() -> None:
         raise UsageError("--plot needs matplotlib: pip install 'rfsgen[plot]' (or pip install matplotlib)") from None
 
 
-def plot(records: list[dict], path, title: str = "") -> None:
-    """Figure 3 style: the four measures against D (log2), one line per scheme."""
+#: Formats matplotlib may need more than itself for (pgf runs LaTeX): not offered.
+_UNOFFERED_FORMATS = ("pgf",)
+
+
+def plot_format(path) -> str:
+    """The image format of ``--plot PATH`` from its extension (``'png'``, ``'pdf'``, ...);
+    a one-line :class:`UsageError` now, before any computing, for an extension matplotlib
+    cannot write or none at all."""
+    from pathlib import Path
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(k for k in FigureCanvasBase.get_supported_filetypes() if k not in _UNOFFERED_FORMATS)
+    ext = Path(str(path)).suffix.lower().lstrip(".")
+    if ext not in formats:
+        what = f"'.{ext}' is not an image format matplotlib writes" if ext else "the file name has no extension"
+        raise UsageError(f"--plot {path}: {what}; end the name with one of " + ", ".join("." + k for k in formats))
+    return ext
+
+
+def plot(records: list[dict], path, title: str = "", format: str | None = None) -> None:
+    """Figure 3 style: the four measures against D (log2), one line per scheme, written
+    to ``path`` in ``format`` (default: from ``path``'s extension)."""
     try:
         import matplotlib
 
@@ -140,8 +161,12 @@ def plot(records: list[dict], path, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110, format=format)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the plot ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
 
 
 def parse_budgets(spec: str) -> list[int]:

@@ -20,7 +20,9 @@ whole array, whatever the chunking.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import threading
 
 import dask
@@ -241,29 +243,157 @@ class ClusterTransformer:
         return row0, np.ascontiguousarray(vals, dtype=self.dtype)
 
 
-def connect(address: str, timeout: float = 10.0):
-    """A ``distributed.Client`` for ``address`` (``tcp://HOST:PORT``), or a one-line
-    :class:`~rfsgen.errors.RfsgenError` if the scheduler cannot be reached."""
+#: Schemes of scheduler addresses a Client in another process can reach ("inproc://"
+#: works only inside one process).
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_ADDRESS = re.compile(r"(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+#: Seconds to wait for a Client to close before giving up on the scheduler.
+CLOSE_TIMEOUT = 5.0
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is a scheduler address (``[SCHEME://]HOST:PORT``, SCHEME one of
+    :data:`SCHEMES`, PORT 1..65535); a one-line :class:`~rfsgen.errors.UsageError`
+    otherwise, before anything connects."""
+    text = str(address).strip()
+    m = _ADDRESS.fullmatch(text)
+    given = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    scheme = given.group(1).lower() if given else "tcp"
+    if m is None or scheme not in SCHEMES or not 1 <= int(m.group("port")) <= 65535:
+        why = ("'inproc://' addresses work only inside one process" if scheme == "inproc"
+               else f"unknown scheme '{scheme}://' (one of {', '.join(SCHEMES)})" if scheme not in SCHEMES
+               else "the port must be 1..65535" if m else "not HOST:PORT")
+        raise UsageError(f"--dask-scheduler {address!r}: not a Dask scheduler address ({why}); write "
+                         "tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (or set DASK_SCHEDULER_ADDRESS)")
+    return text
+
+
+def _client_class():
     from distributed import Client
 
+    class _Client(Client):
+        """A Client that, when it fails to start, is closed at once: never later, from the
+        garbage collector, with a 20-second timeout and a traceback printed on the way out."""
+
+        def __init__(self, *args, **kwargs):
+            try:
+                super().__init__(*args, **kwargs)
+            except BaseException:
+                _forget(self)
+                raise
+
+    return _Client
+
+
+def _forget(client) -> None:
+    """Mark ``client`` closed (so that its ``__del__`` does nothing) and stop its loop thread."""
+    client.status = "closed"
+    runner = getattr(client, "_loop_runner", None)
+    if runner is not None:
+        with contextlib.suppress(Exception):
+            runner.stop()
+
+
+def close(client) -> None:
+    """Close ``client`` now, waiting at most :data:`CLOSE_TIMEOUT` seconds for the scheduler
+    (which may be gone); whatever happens, nothing is left for the garbage collector."""
+    try:
+        client.close(timeout=CLOSE_TIMEOUT)
+    except Exception:  # the scheduler is unreachable: nothing left to release there
+        pass
+    finally:
+        _forget(client)
+
+
+def connect(address: str, timeout: float = 10.0):
+    """A ``distributed.Client`` for ``address`` (``tcp://HOST:PORT``), or a one-line
+    :class:`~rfsgen.errors.UsageError` for a malformed address, or
+    :class:`~rfsgen.errors.RfsgenError` if the scheduler cannot be reached.  Close it
+    with :func:`close` (or use it in a ``with`` block)."""
     from .errors import RfsgenError
 
+    address = check_address(address)
     try:
-        return Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as e:
+        return _client_class()(address, timeout=timeout, set_as_default=False)
+    except Exception as e:
         detail = " ".join(str(e).split())[:200]
         raise RfsgenError(f"cannot reach the Dask scheduler at {address} ({type(e).__name__}: {detail}); check the "
                           "address and that the scheduler is running, or run without --dask-scheduler (and "
                           "DASK_SCHEDULER_ADDRESS)") from None
 
 
-def transform_file(features, input, output, *, scheduler: str, **options) -> dict:
+#: Loggers of the client side of the Dask stack, whose records are routed through
+#: :func:`routed_messages`.  A scheduler or workers started in the same process (a
+#: LocalCluster) keep their own logging: they are the user's, not this command's.
+LOGGERS = ("distributed.client", "distributed.core", "distributed.comm", "distributed.batched", "distributed.utils",
+           "distributed.utils_comm", "distributed.protocol", "distributed.sizeof", "tornado")
+
+
+@contextlib.contextmanager
+def routed_messages(quiet: bool = False):
+    """Inside the block, warnings and log records of Dask's libraries (e.g. distributed's
+    "Sending large graph") are one line each on stderr, ``rfsgen: warning: dask: ...``,
+    without tracebacks; with ``quiet`` they are dropped.  Everything is restored after."""
+    import logging
+    import sys
+    import warnings
+
+    import distributed  # noqa: F401  (its import configures its loggers: route them after that)
+
+    class OneLine(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage().strip()
+            if not text and record.exc_info and record.exc_info[1] is not None:  # log_errors logs "" + traceback
+                e = record.exc_info[1]
+                text = f"{type(e).__name__}: {e}".rstrip(": ")
+            if text and not quiet:
+                _warn_line(text)
+
+    saved = []
+    handler = OneLine(logging.WARNING)
+    for name in LOGGERS:
+        log = logging.getLogger(name)
+        saved.append((log, log.handlers[:], log.propagate, log.level))
+        log.handlers[:] = [handler]
+        log.propagate = False
+        if log.level == logging.NOTSET or log.level < logging.WARNING:
+            log.setLevel(logging.WARNING)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not quiet:
+            _warn_line(str(message))
+
+    def _warn_line(text):
+        first = " ".join(str(text).split("\n", 1)[0].split())[:300]
+        print(f"rfsgen: warning: dask: {first}", file=sys.stderr)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            if quiet:
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        for log, handlers, propagate, level in saved:
+            log.handlers[:] = handlers
+            log.propagate = propagate
+            log.setLevel(level)
+
+
+def transform_file(features, input, output, *, scheduler: str, quiet: bool = False, **options) -> dict:
     """:func:`rfsgen.transform.transform_file` with the chunks computed on the Dask
-    cluster at ``scheduler``; the output file is the same as a local run's."""
+    cluster at ``scheduler``; the output file is the same as a local run's.  Dask's own
+    warnings and log records become one line each on stderr (none with ``quiet``); the
+    Client is closed before this returns or raises."""
     from .transform import transform_file as local
 
-    with connect(scheduler) as client:
-        def engine(fs, dtype):
-            return ClusterTransformer(client, scheduler, fs, dtype)
+    scheduler = check_address(scheduler)
+    with routed_messages(quiet):
+        client = connect(scheduler)
+        try:
+            def engine(fs, dtype):
+                return ClusterTransformer(client, scheduler, fs, dtype)
 
-        return local(features, input, output, engine=engine, **options)
+            return local(features, input, output, engine=engine, **options)
+        finally:
+            close(client)

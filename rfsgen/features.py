@@ -332,6 +332,48 @@ def _seal(f):
 
 # ----------------------------------------------------------------------------- reading
 REQUIRED = ("skeleton", "column_count", "column_kind", "column_terms", "term_node", "term_code", "term_power", "omega")
+COLUMN_DATASETS = ("column_count", "column_kind", "column_terms")
+TERM_DATASETS = ("term_node", "term_code", "term_power")
+
+# A feature file may come from elsewhere, and a forger can recompute every checksum and
+# the seal: what protects the reader is what it checks about the *meaning* of the file.
+# The bounds below keep every value the transform computes finite for finite inputs and
+# every allocation within the memory budget; a file the sampler writes never reaches them.
+
+#: Most draws a file may record (the sampler's counters and sums of counts stay exact in int64).
+MAX_DRAWS = 2**62
+#: Bound on the sum, over one column, of |power| of its unit-modulus terms (circle,
+#: categorical, sphere 'pair' over 2 values: factors whose value has modulus 1).  The
+#: transform raises such a factor z (computed |z| = 1 + d, |d| <= 2u with u = 2^-53)
+#: to its power by repeated squaring, each complex product adding a relative error of at
+#: most sqrt(5) u, so |z^p| <= exp((2 + sqrt(5)) u |p|) and a column's modulus drifts by
+#: at most exp(4.3 u sum|p|) <= exp(4.3 * 2^50 / 2^53) = e^0.54.  That stays inside the
+#: transform's overflow margin (a factor e, see Transformer._plan_huge), so outputs stay
+#: finite and within 1.7x of their true modulus; at 2^54..2^60 the drift reaches 1e156
+#: and then inf.  The sampler's circle powers are +-1 random walks (|p| ~ sqrt(draws) <=
+#: 2^31), categorical ones are below 'categories' <= 2^31; only a sphere 'pair' node over
+#: 2 values under a heavy-tailed activation (step) could legitimately come near, after a
+#: single draw of degree >= 2^52 (probability ~1e-8 per draw).
+MAX_UNIT_POWER = 2**50
+#: Bound on |omega| of gaussian/laplace terms.  The transform's angle is
+#: sum_c x_c * (scale * omega_c): with |omega| <= 2^160 the scaled table stays finite for
+#: any scale below 2^863 (1e259) and the angle for any row with |x| * width * scale <= 2^863;
+#: rows beyond that overflow in the mathematics itself (the transform reports them).
+#: Sampled omegas are sqrt(count) * N(0, 1) (< 2^40) or count * Cauchy (count <= 2^62;
+#: |Cauchy| > 2^98 has probability 2e-30 per draw).  omega = 1e308 used to give NaN.
+MAX_OMEGA = 2.0**160
+#: Most entries of the 'output_degree_histogram' statistic (degrees are capped at 2^62).
+MAX_HISTOGRAM = 1 << 16
+#: Largest stored size of one root attribute (a command line is at most a few MB).
+MAX_ATTRIBUTE_BYTES = 16 << 20
+#: Dataset filters a feature file may use: anything else (szip, lzf, scale-offset, n-bit,
+#: a user-defined plugin) is refused before HDF5 would run it.
+ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
+#: Bytes of memory per column and per term while loading (the datasets as stored, their
+#: int64 copies and the pointer/decoding temporaries), for the budget check before reading.
+BYTES_PER_COLUMN = 64
+BYTES_PER_TERM = 80
+BYTES_PER_OMEGA = 24
 
 
 def load(path) -> FeatureSet:
@@ -339,11 +381,32 @@ def load(path) -> FeatureSet:
 
     A feature file may come from elsewhere: every attribute and dataset is checked
     for type, shape and range (node indices, codes, powers, omega offsets, counts)
-    before anything uses it, and the root attributes against their seal.
+    before anything uses it, and the root attributes against their seal.  Nothing is
+    read from outside the file: external storage, external or soft links, virtual
+    datasets and filters other than gzip/shuffle/fletcher32 are refused, and each
+    dataset's declared size is checked against the header's counts and the memory
+    budget (:mod:`rfsgen.budget`, :class:`~rfsgen.errors.LimitError`) before it is read.
     """
+    import os
+    import stat
+
     import h5py
 
     p = str(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise FeatureFileError(f"{p}: no such feature file; create one with 'rfsgen sample'") from None
+    except PermissionError:
+        raise FeatureFileError(f"{p}: permission denied; make the feature file readable") from None
+    except (OSError, ValueError) as e:
+        raise FeatureFileError(f"{p}: cannot read the feature file ({type(e).__name__}); pass a feature file made by "
+                               "'rfsgen sample'") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise FeatureFileError(f"{p}: is a directory, not a feature file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+        raise FeatureFileError(f"{p}: not a regular file (a pipe, socket or device); save the feature file to disk "
+                               "first")
     try:
         _check_header(p)
         f = h5py.File(p, "r")
@@ -361,10 +424,11 @@ def load(path) -> FeatureSet:
         ) from None
     try:
         with f:
-            attrs, data = _read(p, f)
-        return _from_arrays(p, attrs, data)
-    except FeatureFileError:
+            return _load(p, f)
+    except RfsgenError:  # FeatureFileError, and LimitError for a file larger than the memory budget
         raise
+    except RecursionError:
+        raise _bad(p, "nested too deeply to read") from None
     except Exception as e:  # damaged metadata surfaces as KeyError, RuntimeError, OSError, ...
         raise FeatureFileError(
             f"{p}: corrupted feature file ({type(e).__name__} while reading it); re-create it with 'rfsgen sample'"
@@ -375,17 +439,91 @@ def _bad(p, what) -> FeatureFileError:
     return FeatureFileError(f"{p}: invalid feature file ({what}); re-create it with 'rfsgen sample'")
 
 
-def _read(p, f):
+def _get_attr(p, obj, key, where="attribute"):
+    """The value of attribute ``key`` of ``obj`` (None if absent), after checking, without
+    reading it, that it is a single value of a plain type and of bounded size."""
     import h5py
 
-    fmt = f.attrs.get("format")
+    if key not in obj.attrs:
+        return None
+    aid = h5py.h5a.open(obj.id, key.encode())
+    if aid.shape != ():
+        raise _bad(p, f"{where} '{key}' has shape {aid.shape}; expected a single value")
+    cls = aid.get_type().get_class()
+    if cls not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT, h5py.h5t.STRING):
+        raise _bad(p, f"{where} '{key}' is not a number or a string (HDF5 type class {cls})")
+    if aid.get_storage_size() > MAX_ATTRIBUTE_BYTES:
+        raise _bad(p, f"{where} '{key}' is {aid.get_storage_size()} bytes, over {MAX_ATTRIBUTE_BYTES}")
+    return obj.attrs[key]
+
+
+def _check_dataset(p, f, name):
+    """The dataset ``name`` of ``f``, checked without reading its data: a hard link to a
+    1-D integer (omega: float) dataset, stored in this file (no external storage, no
+    virtual layout), with no filter but gzip/shuffle/fletcher32 and chunks no larger than
+    the data (HDF5 decompresses whole chunks).  Returns its declared length."""
+    import h5py
+    from h5py import h5d, h5t
+
+    link = f.get(name, getlink=True)
+    if link is None:
+        raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{name}'); re-create it with "
+                               "'rfsgen sample'")
+    if not isinstance(link, h5py.HardLink):
+        what = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+        raise _bad(p, f"'{name}' is a link ({what}), not a dataset")
+    ds = f[name]
+    if not isinstance(ds, h5py.Dataset):
+        raise _bad(p, f"'{name}' is not a dataset")
+    float_ = name == "omega"
+    dcpl = ds.id.get_create_plist()
+    layout = dcpl.get_layout()
+    if layout == h5d.VIRTUAL:
+        raise _bad(p, f"dataset '{name}' is a virtual dataset (its data would come from other files)")
+    if dcpl.get_external_count():
+        raise _bad(p, f"dataset '{name}' has external storage (its data would be read from "
+                      f"{_plain(dcpl.get_external(0)[0])!r}, outside the file)")
+    for i in range(dcpl.get_nfilters()):
+        code = dcpl.get_filter(i)[0]
+        if code not in ALLOWED_FILTERS:
+            raise _bad(p, f"dataset '{name}' uses HDF5 filter {code}; only gzip, shuffle and fletcher32 are allowed")
+    cls = ds.id.get_type().get_class()
+    shape = ds.id.shape
+    want = h5t.FLOAT if float_ else h5t.INTEGER
+    if len(shape) != 1 or cls != want or ds.dtype.itemsize > 8 or ds.dtype.kind not in ("f" if float_ else "iu"):
+        raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 1-D "
+                      + ("float" if float_ else "integer") + " array")
+    if layout == h5d.CHUNKED and dcpl.get_chunk()[0] > max(shape[0], CHUNK):
+        raise _bad(p, f"dataset '{name}' has chunks of {dcpl.get_chunk()[0]} values for {shape[0]} values")
+    return int(shape[0])
+
+
+def _read_data(p, f, name, n):
+    """Dataset ``name`` (declared length ``n``, already checked) as an array."""
+    try:
+        data = f[name][()]
+    except OSError:
+        raise FeatureFileError(f"{p}: checksum mismatch while reading '{name}': the file is corrupted; "
+                               "re-create it with 'rfsgen sample'") from None
+    if data.shape != (n,):
+        raise _bad(p, f"dataset '{name}' read {data.shape} values for a declared {n}")
+    return data
+
+
+def _load(p, f) -> FeatureSet:
+    from .skeleton import MAX_SOURCE_BYTES
+
+    try:
+        fmt = _get_attr(p, f, "format")
+    except FeatureFileError:  # not a single string: not ours
+        fmt = None
     if isinstance(fmt, bytes):
         fmt = fmt.decode("utf-8", "replace")
     if not isinstance(fmt, str) or fmt != FORMAT:
         shown = fmt if isinstance(fmt, str) else type(fmt).__name__
         raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
                                "pass a file made by 'rfsgen sample'")
-    version = f.attrs.get("format_version")
+    version = _get_attr(p, f, "format_version")
     if not _is_int(version) or int(version) not in (1, FORMAT_VERSION):
         raise FeatureFileError(
             f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1 and "
@@ -393,42 +531,159 @@ def _read(p, f):
         )
     attrs = {}
     for k in ATTRS + (("attrs_sha256",) if int(version) >= 2 else ()):
-        if k not in f.attrs:
+        v = _get_attr(p, f, k)
+        if v is None:
             raise _bad(p, f"missing attribute '{k}'")
-        attrs[k] = f.attrs[k]
-    attrs.update({k: f.attrs[k] for k in OPTIONAL_ATTRS if k in f.attrs})
-    for k in REQUIRED:
-        obj = f.get(k, getlink=True)
-        if obj is None:
-            raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{k}'); re-create it")
-        if not isinstance(obj, h5py.HardLink):
-            raise _bad(p, f"'{k}' is a link, not a dataset")
-        if not isinstance(f[k], h5py.Dataset):
-            raise _bad(p, f"'{k}' is not a dataset")
-    data = {}
-    for k in REQUIRED:
-        ds = f[k]
-        kind = "f" if k == "omega" else "iu"
-        if ds.ndim != 1 or ds.dtype.kind not in kind or ds.dtype.itemsize > 8:
-            raise _bad(p, f"dataset '{k}' has shape {ds.shape} and dtype {ds.dtype}; expected a 1-D "
-                          + ("float" if k == "omega" else "integer") + " array")
-        try:
-            data[k] = ds[()]
-        except OSError:
-            raise FeatureFileError(f"{p}: checksum mismatch while reading '{k}': the file is corrupted; re-create it") from None
-    enc = f["term_node"].attrs.get("encoding", "plain")
+        attrs[k] = v
+    for k in OPTIONAL_ATTRS:
+        v = _get_attr(p, f, k)
+        if v is not None:
+            attrs[k] = v
+    sizes = {k: _check_dataset(p, f, k) for k in REQUIRED}
+    enc = _get_attr(p, f["term_node"], "encoding", "term_node's attribute")
+    enc = "plain" if enc is None else enc
     if isinstance(enc, bytes):
         enc = enc.decode("utf-8", "replace")
     if not isinstance(enc, str):
         raise _bad(p, "term_node's encoding attribute is not a string")
-    data["term_node_encoding"] = enc
     if int(version) >= 2:
         seal = attrs["attrs_sha256"]
         seal = seal.decode("utf-8", "replace") if isinstance(seal, bytes) else seal
         if not isinstance(seal, str) or seal != _attrs_digest(attrs, enc):
             raise FeatureFileError(f"{p}: the file's attributes do not match their checksum: the file is corrupted; "
                                    "re-create it with 'rfsgen sample'")
-    return attrs, data
+    if enc not in ("plain", "delta-within-column"):
+        raise _bad(p, f"unknown term_node encoding {enc!r}")
+
+    # The header's counts, then every declared size against them and the budget, before
+    # a byte of data is read: a gzip "bomb" (kilobytes declaring gigabytes) stops here.
+    columns = _attr(p, attrs, "columns", int)
+    draws = _attr(p, attrs, "draws", int)
+    seed = _attr(p, attrs, "seed", int)
+    scheme = _attr(p, attrs, "scheme")
+    nodes = _attr(p, attrs, "nodes", int)
+    width = _attr(p, attrs, "input_width", int) if "input_width" in attrs else None
+    if columns < 1:
+        raise _bad(p, f"attribute 'columns' is {columns}; a feature file has at least one column")
+    if not 1 <= draws <= MAX_DRAWS:
+        raise _bad(p, f"attribute 'draws' is {draws}, outside 1..2^62")
+    if scheme not in SCHEMES:
+        raise _bad(p, f"unknown scheme {scheme!r} in attribute 'scheme' (one of {', '.join(SCHEMES)})")
+    stats = _stats(p, _attr(p, attrs, "stats"))
+    command, tool_version = _attr(p, attrs, "command"), _attr(p, attrs, "tool_version")
+    skeleton_path, skeleton_sha = _attr(p, attrs, "skeleton_path"), _attr(p, attrs, "skeleton_sha256")
+    if sizes["skeleton"] > 4 * MAX_SOURCE_BYTES:  # UTF-8: at most 4 bytes per character
+        raise _bad(p, f"dataset 'skeleton' declares {sizes['skeleton']} bytes, over the skeleton limit of "
+                      f"{MAX_SOURCE_BYTES} characters")
+    for k in COLUMN_DATASETS:
+        if sizes[k] != columns:
+            raise _bad(p, f"dataset '{k}' declares {sizes[k]} values for {columns} columns (attribute 'columns')")
+    terms = sizes["term_node"]
+    if not sizes["term_code"] == sizes["term_power"] == terms:
+        raise _bad(p, "term arrays of different lengths (" + ", ".join(f"'{k}' {sizes[k]}" for k in TERM_DATASETS) + ")")
+    # The budget is checked in stages, each before its datasets are read, so that a size
+    # that contradicts what was already read is named as such rather than as too large.
+    _budget(p, columns, 0, 0)
+
+    raw = _read_data(p, f, "skeleton", sizes["skeleton"])
+    try:
+        src = bytes(raw.astype(np.uint8)).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(p, "the embedded skeleton is not UTF-8 text") from None
+    if hashlib.sha256(src.encode()).hexdigest() != skeleton_sha:
+        raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted; "
+                               "re-create it with 'rfsgen sample'")
+    try:  # the guarded YAML loader of every skeleton (alias bombs, size limits)
+        skel = parse_skeleton(src, skeleton_path, width=width)
+    except RfsgenError as e:
+        raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
+    if skel.auto != (width is not None):
+        raise _bad(p, "the embedded skeleton says 'width: auto' but the file records no input width" if skel.auto
+                   else "the file records an input width for a fixed-width skeleton")
+    if nodes != len(skel.nodes):
+        raise _bad(p, f"attribute 'nodes' is {nodes} but the embedded skeleton has {len(skel.nodes)} nodes")
+
+    data = {k: _read_data(p, f, k, sizes[k]) for k in COLUMN_DATASETS}
+    count = data["column_count"].astype(np.int64)
+    kind = data["column_kind"].astype(np.int64)
+    lengths = data["column_terms"].astype(np.int64)
+    if count.min() < 1:  # (a uint64 count beyond 2^63 reads as negative here)
+        raise _bad(p, f"column counts do not add up: column {int(np.argmin(count))} of dataset 'column_count' has "
+                      f"count {int(count.min())}; counts are >= 1")
+    # Counts are >= 1 and their float sum (relative error < 1e-9) at most 2^62 (1 + 1e-9), so
+    # the int64 sum cannot wrap around.
+    if float(count.sum(dtype=np.float64)) > MAX_DRAWS * (1 + 1e-9) or int(count.sum()) != draws or draws < columns:
+        raise _bad(p, f"column counts do not add up to the number of draws ({draws}, attribute 'draws')")
+    if kind.min() < 0 or kind.max() > 2:
+        j = int(np.flatnonzero((kind < 0) | (kind > 2))[0])
+        raise _bad(p, f"unknown column kind {int(kind[j])} at column {j} of dataset 'column_kind' (0, 1 or 2)")
+    if lengths.min() < 0 or lengths.max() > terms or float(lengths.sum(dtype=np.float64)) > 2.0**62 \
+            or int(lengths.sum()) != terms:
+        raise _bad(p, f"term arrays of different lengths: 'column_terms' adds up to "
+                      f"{float(lengths.sum(dtype=np.float64)):.0f} terms, 'term_node' has {terms}")
+    ptr = np.zeros(columns + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    _budget(p, columns, terms, 0)
+
+    data.update({k: _read_data(p, f, k, terms) for k in TERM_DATASETS})
+    for k in TERM_DATASETS:
+        d = data[k]
+        if d.size and d.dtype.kind == "u" and d.dtype.itemsize == 8 and int(d.max()) > 2**62:
+            raise _bad(p, f"dataset '{k}' holds {int(d.max())}, beyond 2^62")
+        if d.size and d.dtype.kind == "i" and d.dtype.itemsize == 8 and (int(d.min()) < -(2**62) or int(d.max()) > 2**62):
+            raise _bad(p, f"dataset '{k}' holds values beyond +-2^62")
+    node = data["term_node"].astype(np.int64)
+    if enc == "delta-within-column":
+        node = _node_from_deltas(node, ptr)
+    fs = FeatureSet(
+        skeleton=skel, scheme=scheme, seed=seed, draws=draws, count=count, kind=kind.astype(np.uint8),
+        ptr=ptr, node=node, code=data["term_code"].astype(np.int64), power=data["term_power"].astype(np.int64),
+        omega=np.zeros(0), stats=stats, command=command, tool_version=tool_version,
+    )
+    try:
+        walk = fs.walk_skeleton
+    except RfsgenError as e:
+        raise _bad(p, f"its scheme does not apply to the embedded skeleton: {e}") from None
+    omega_need = _check_terms(p, fs, walk)
+    if sizes["omega"] > omega_need:
+        raise _bad(p, f"dataset 'omega' declares {sizes['omega']} values; its terms use at most {omega_need}")
+    _budget(p, columns, terms, sizes["omega"])
+    omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64)
+    _check_omega(p, fs, walk, omega)
+    fs.omega = omega
+    return fs
+
+
+def _budget(p, columns, terms, omegas):
+    from . import budget
+
+    budget.check(BYTES_PER_COLUMN * columns + BYTES_PER_TERM * terms + BYTES_PER_OMEGA * omegas,
+                 f"feature file '{p}': loading its {columns} columns, {terms} terms and {omegas} omegas",
+                 "use a feature file with fewer columns")
+
+
+def _stats(p, text):
+    """The 'stats' attribute: a JSON object; the statistics commands show, where present,
+    of the right types (the sampler writes all three; a FeatureSet made in code may have none)."""
+    try:
+        stats = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _bad(p, "the 'stats' attribute is not JSON") from None
+    if not isinstance(stats, dict):
+        raise _bad(p, "the 'stats' attribute is not a JSON object")
+    for key in ("mean_factors_per_draw", "var_factors_per_draw"):
+        v = stats.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise _bad(p, f"the 'stats' attribute's '{key}' is {v!r}; expected a finite number")
+    if "mean_factors_per_draw" in stats and stats["mean_factors_per_draw"] < 0:
+        raise _bad(p, f"the 'stats' attribute's 'mean_factors_per_draw' is {stats['mean_factors_per_draw']!r} < 0")
+    hist = stats.get("output_degree_histogram")
+    if hist is not None and (not isinstance(hist, list) or len(hist) > MAX_HISTOGRAM or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= MAX_DRAWS for c in hist)):
+        shown = f"a list of {len(hist)} values" if isinstance(hist, list) else repr(hist)[:40]
+        raise _bad(p, f"the 'stats' attribute's 'output_degree_histogram' is {shown}; expected at most "
+                      f"{MAX_HISTOGRAM} counts in 0..2^62")
+    return stats
 
 
 def _is_int(v) -> bool:
@@ -448,92 +703,36 @@ def _attr(p, attrs, key, kind=str):
     return str(v)
 
 
-def _from_arrays(p, attrs, data) -> FeatureSet:
-    try:
-        src = bytes(data["skeleton"].astype(np.uint8)).decode("utf-8")
-    except UnicodeDecodeError:
-        raise _bad(p, "the embedded skeleton is not UTF-8 text") from None
-    if hashlib.sha256(src.encode()).hexdigest() != _attr(p, attrs, "skeleton_sha256"):
-        raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted")
-    width = _attr(p, attrs, "input_width", int) if "input_width" in attrs else None
-    try:
-        skel = parse_skeleton(src, _attr(p, attrs, "skeleton_path"), width=width)
-    except RfsgenError as e:
-        raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
-    if skel.auto != (width is not None):
-        raise _bad(p, "the embedded skeleton says 'width: auto' but the file records no input width" if skel.auto
-                   else "the file records an input width for a fixed-width skeleton")
-    columns = _attr(p, attrs, "columns", int)
-    draws = _attr(p, attrs, "draws", int)
-    seed = _attr(p, attrs, "seed", int)
-    scheme = _attr(p, attrs, "scheme")
-    if scheme not in SCHEMES:
-        raise _bad(p, f"unknown scheme {scheme!r}")
-    if _attr(p, attrs, "nodes", int) != len(skel.nodes):
-        raise _bad(p, "the node count does not match the embedded skeleton")
-    try:
-        stats = json.loads(_attr(p, attrs, "stats"))
-    except ValueError:
-        raise _bad(p, "the 'stats' attribute is not JSON") from None
-    if not isinstance(stats, dict):
-        raise _bad(p, "the 'stats' attribute is not a JSON object")
-    enc = data["term_node_encoding"]
-    if enc not in ("plain", "delta-within-column"):
-        raise _bad(p, f"unknown term_node encoding {enc!r}")
-    if any(int(data[k].min(initial=0)) < -(2**62) or int(data[k].max(initial=0)) > 2**62
-           for k in ("column_count", "column_terms", "term_node", "term_code", "term_power")):
-        raise _bad(p, "an integer dataset holds values beyond 2**62")
-    count = data["column_count"].astype(np.int64)
-    kind = data["column_kind"].astype(np.int64)
-    lengths = data["column_terms"].astype(np.int64)
-    if columns < 1 or not (count.size == kind.size == lengths.size == columns):
-        raise _bad(p, f"{count.size} column counts, {kind.size} kinds and {lengths.size} term counts "
-                      f"for {columns} columns")
-    if lengths.min(initial=0) < 0:
-        raise _bad(p, "a negative term count")
-    ptr = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ptr[1:])
-    node = data["term_node"].astype(np.int64)
-    if ptr[-1] != node.size or not (node.size == data["term_code"].size == data["term_power"].size):
-        raise _bad(p, "term arrays of different lengths")
-    if enc == "delta-within-column":
-        node = _node_from_deltas(node, ptr)
-    omega = data["omega"].astype(np.float64)
-    fs = FeatureSet(
-        skeleton=skel, scheme=scheme, seed=seed, draws=draws, count=count, kind=kind.astype(np.uint8),
-        ptr=ptr, node=node, code=data["term_code"].astype(np.int64), power=data["term_power"].astype(np.int64),
-        omega=omega, stats=stats, command=_attr(p, attrs, "command"), tool_version=_attr(p, attrs, "tool_version"),
-    )
-    _validate(p, fs, kind)
-    return fs
+def _unit_modulus(base) -> bool:
+    """Whether the factors of ``base`` have modulus exactly 1 in exact arithmetic while their
+    powers may be large (see :data:`MAX_UNIT_POWER`)."""
+    return base.name in ("circle", "categorical") or (
+        base.name == "sphere" and base.param("scheme") == "pair" and base.width <= 2)
 
 
-def _validate(p, fs: FeatureSet, kind):
+def _check_terms(p, fs: FeatureSet, skel) -> int:
+    """Range-check node ids, codes and powers (see :func:`_code_ranges`, :data:`MAX_UNIT_POWER`);
+    return the number of omega values the continuous terms may use."""
     def bad(what):
         return _bad(p, what)
 
-    if fs.count.min(initial=1) < 1 or fs.draws < fs.columns or math.fsum(fs.count.astype(np.float64)) != fs.draws \
-            or int(fs.count.sum()) != fs.draws:
-        raise bad("column counts do not add up to the number of draws")
-    if kind.min(initial=0) < 0 or kind.max(initial=0) > 2:
-        raise bad("unknown column kind")
-    try:
-        skel = fs.walk_skeleton
-    except RfsgenError as e:
-        raise bad(f"its scheme does not apply to the embedded skeleton: {e}") from None
     if not fs.node.size:
-        return
-    if fs.node.min() < 0 or fs.node.max() >= len(skel.nodes):
-        raise bad("a term refers to a node the skeleton does not have")
+        return 0
+    n_nodes = len(skel.nodes)
+    if fs.node.min() < 0 or fs.node.max() >= n_nodes:
+        t = int(np.flatnonzero((fs.node < 0) | (fs.node >= n_nodes))[0])
+        raise bad(f"dataset 'term_node': term {t} refers to node {int(fs.node[t])}, a node the skeleton does not "
+                  f"have (0..{n_nodes - 1})")
     is_input = np.array([isinstance(n, InputNode) for n in skel.nodes])
     if not is_input[fs.node].all():
-        raise bad("a term refers to an internal node")
-    if not np.isfinite(fs.omega).all():
-        raise bad("the omega table holds NaN or inf")
-    group_of = np.full(len(skel.nodes), -1)
+        t = int(np.flatnonzero(~is_input[fs.node])[0])
+        raise bad(f"dataset 'term_node': term {t} refers to an internal node ({skel.nodes[int(fs.node[t])].label})")
+    group_of = np.full(n_nodes, -1)
     for g, (_, ids, _) in enumerate(skel.input_groups):
         group_of[ids] = g
     tg = group_of[fs.node]
+    unit = np.zeros(fs.node.size, dtype=bool)
+    omega_need = 0
     for g, (base, _, _) in enumerate(skel.input_groups):
         sel = tg == g
         if not sel.any():
@@ -541,12 +740,50 @@ def _validate(p, fs: FeatureSet, kind):
         code, power = fs.code[sel], fs.power[sel]
         lo, hi, plo, phi = _code_ranges(base)
         if base.continuous:
-            if code.min() < 0 or (code + base.width).max() > fs.omega.size:
-                raise bad(f"a {base.name} term points outside the omega table")
+            omega_need += int(sel.sum()) * base.width
+            if code.min() < 0:
+                raise bad(f"dataset 'term_code': a {base.name} term has omega offset {int(code.min())} < 0")
         elif code.min() < lo or code.max() > hi:
-            raise bad(f"a {base.name} term has code outside {lo}..{hi}")
+            bad_code = int(code[(code < lo) | (code > hi)][0])
+            raise bad(f"dataset 'term_code': a {base.name} term has code outside {lo}..{hi}: {bad_code}")
         if power.min() < plo or power.max() > phi or (plo < 0 and not power.all()):
-            raise bad(f"a {base.name} term has power outside {plo}..{phi}" + (" or zero" if plo < 0 else ""))
+            bad_power = int(power[(power < plo) | (power > phi) | ((power == 0) & (plo < 0))][0])
+            raise bad(f"dataset 'term_power': a {base.name} term has power outside {plo}..{phi}"
+                      + (" or zero" if plo < 0 else "") + f": {bad_power}")
+        if _unit_modulus(base):
+            unit |= sel
+    if unit.any():
+        col = np.repeat(np.arange(fs.columns), np.diff(fs.ptr))
+        total = np.bincount(col[unit], np.abs(fs.power[unit]).astype(np.float64), fs.columns)
+        if total.max() > MAX_UNIT_POWER:
+            j = int(np.argmax(total))
+            raise bad(f"dataset 'term_power': column {j}'s powers of unit-modulus factors add up to {total[j]:.0f}, "
+                      f"over 2^50 (beyond it the transform's values drift away from modulus 1, to 1e156 and inf)")
+    return omega_need
+
+
+def _check_omega(p, fs: FeatureSet, skel, omega: np.ndarray) -> None:
+    """The omega table: finite, |omega| <= :data:`MAX_OMEGA`, each continuous term's
+    ``width`` values inside it."""
+    if omega.size:
+        big = ~(np.abs(omega) <= MAX_OMEGA)  # NaN too
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            raise _bad(p, f"dataset 'omega': value {i} is {float(omega[i])!r}; omegas must be finite with |omega| <= 2^160")
+    if not fs.node.size:
+        return
+    cont = [(base, ids) for base, ids, _ in skel.input_groups if base.continuous]
+    if not cont:
+        return
+    width = np.zeros(len(skel.nodes), dtype=np.int64)
+    for base, ids in cont:
+        width[ids] = base.width
+    tw = width[fs.node]
+    sel = tw > 0
+    if (fs.code[sel] + tw[sel]).max(initial=0) > omega.size:
+        t = int(np.flatnonzero(sel & (fs.code + tw > omega.size))[0])
+        raise _bad(p, f"dataset 'term_code': {skel.nodes[int(fs.node[t])].base.name} term {t} points at omega "
+                      f"{int(fs.code[t])}..{int(fs.code[t] + tw[t]) - 1}, outside the omega table of {omega.size}")
 
 
 def _code_ranges(base):

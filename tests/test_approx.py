@@ -157,3 +157,90 @@ def test_strat_is_unbiased_with_lower_error_than_rfs(name, D, rows, cifar_rows):
             assert np.all(np.abs(mean - exact)[off] <= 4 * se[off] + 1e-12)
         err[scheme] = np.mean((g - exact)[:, off] ** 2)
     assert err["strat"] < 0.8 * err["rfs"], err
+
+
+# ----------------------------------------------------------------------------- --plot paths (issue 23, item 11)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_RECORDS = [{"scheme": "rfs", "features": 64, "draws": 70.0, "dedup_ratio": 1.1, "trials": 1, "rows": 5,
+             **{k: 0.1 for k in ("mae", "rmse", "max_abs", "corr")},
+             **{k + "_std": 0.01 for k in ("mae", "rmse", "max_abs", "corr")}}]
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """approx() replaced by canned records; ``calls`` counts how often it ran."""
+    import rfsgen.approx
+
+    calls = []
+    monkeypatch.setattr(rfsgen.approx, "approx", lambda *a, **k: calls.append(1) or _RECORDS)
+    return calls
+
+
+def _approx_args(tmp_path, cifar_rows, plot, *extra):
+    rows = tmp_path / "rows.npy"
+    if not rows.exists():
+        np.save(rows, cifar_rows[:8])
+    return ["approx", skeleton_path("shallow-gaussian"), str(rows), "-n", "64", "--trials", "1", "--subset", "5",
+            "-q", "--plot", str(plot), *extra]
+
+
+@pytest.mark.parametrize("name, overwrite, code, message", [
+    ("fig.xyz", False, 2, r"'\.xyz' is not an image format matplotlib writes; end the name with one of .*\.png"),
+    ("fig", False, 2, "the file name has no extension"),
+    ("fig.pgf", False, 2, "'.pgf' is not an image format"),
+    ("{skeleton}", True, 2, "is also an input of this command"),
+    ("{rows}", True, 2, "is also an input of this command"),
+    ("{old}", False, 2, "already exists; pass --overwrite"),
+    ("missing/fig.png", False, 1, "directory .*missing does not exist"),
+    ("{dir}", True, 1, "is a directory; give a file name"),
+])
+def test_issue_plot_paths_are_checked_before_computing(tmp_path, cifar_rows, no_compute, name, overwrite, code,
+                                                       message):
+    """`--plot fig.xyz` used to fail with a traceback after the whole computation, and
+    `--plot` naming the skeleton with --overwrite with another: now one line, before."""
+    import shutil
+
+    skel = tmp_path / "s.yaml"
+    shutil.copy(skeleton_path("shallow-gaussian"), skel)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "old.png").write_bytes(b"old")
+    plot = name.format(skeleton=skel, rows=tmp_path / "rows.npy", dir=tmp_path / "adir", old=tmp_path / "old.png")
+    plot = plot if plot.startswith("/") else str(tmp_path / plot)
+    args = _approx_args(tmp_path, cifar_rows, plot, *(["--overwrite"] if overwrite else []))
+    args[1] = str(skel)
+    before = skel.read_bytes()
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == code and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("rfsgen: error: ")
+    import re
+
+    assert re.search(message, res.stderr), res.stderr
+    assert no_compute == [] and skel.read_bytes() == before and (tmp_path / "old.png").read_bytes() == b"old"
+    assert not list(tmp_path.glob(".*.part"))
+
+
+@settings(max_examples=15, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ext=st.sampled_from(["png", "PNG", "pdf", "svg", "jpg", "xyz", "", "h5", "png.bak", "pgf", "eps"]),
+       stem=st.text(st.characters(codec="ascii", categories=("L", "N")), min_size=1, max_size=8),
+       where=st.sampled_from(["new", "exists", "exists+overwrite", "missing-dir"]))
+def test_generated_plot_paths_fail_before_computing_or_write_the_figure(tmp_path_factory, cifar_rows, monkeypatch,
+                                                                         ext, stem, where):
+    import rfsgen.approx
+
+    calls = []
+    monkeypatch.setattr(rfsgen.approx, "approx", lambda *a, **k: calls.append(1) or _RECORDS)
+    d = tmp_path_factory.mktemp("plot")
+    name = stem + ("." + ext if ext else "")
+    plot = d / ("missing" if where == "missing-dir" else ".") / name
+    if where.startswith("exists"):
+        plot.write_bytes(b"old")
+    res = CliRunner().invoke(main, _approx_args(d, cifar_rows, plot, *(["--overwrite"] if "overwrite" in where else [])))
+    fine = ext.lower() in ("png", "pdf", "svg", "jpg", "eps") and where in ("new", "exists+overwrite")
+    if fine:
+        assert res.exit_code == 0 and calls == [1] and plot.stat().st_size > 100, res.stderr
+    else:
+        assert res.exit_code in (1, 2) and calls == [] and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not plot.exists() or plot.read_bytes() == b"old"
+    assert not list(d.glob(".*.part"))

@@ -213,3 +213,121 @@ def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch):
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert "a Dask worker died while transforming rows 0:50" in res.output
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
+
+
+# ----------------------------------------------------------------------------- addresses, closing, messages (issue 23, item 13)
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _cli(args, cwd, timeout=120):
+    """`python -m rfsgen ARGS` in a child process: (exit code, stderr, seconds). A child
+    shows what the CliRunner cannot: output at interpreter exit (garbage collection)."""
+    import time
+
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "rfsgen", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "DASK_SCHEDULER_ADDRESS": ""})
+    return r.returncode, r.stderr, time.monotonic() - t
+
+
+@pytest.mark.parametrize("address, why", [("foo", "not HOST:PORT"),
+                                          ("inproc://x", "'inproc://' addresses work only inside one process")])
+def test_issue_bad_address_is_one_line_and_nothing_after(files, address, why):
+    """`--dask-scheduler foo` used to print its error, then ~20 s later an "Exception
+    ignored in Client.__del__" traceback: now one line, at once, and nothing else."""
+    code, err, seconds = _cli(["transform", "f.h5", "x.npy", "-o", "o.h5", "-q", "--dask-scheduler", address], files)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"rfsgen: error: --dask-scheduler '{address}': not a Dask scheduler address ({why})")
+    assert seconds < 15 and sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scheme=st.sampled_from(["", "tcp://", "tls://", "inproc://", "http://", "TCP://", "udp://", "tcp:/"]),
+       host=st.sampled_from(["", "127.0.0.1", "host-1.example", "[::1]", "a b", "h\n", "h/x"]),
+       port=st.sampled_from(["", ":", ":0", ":1", ":8786", ":65535", ":65536", ":99999999", ":x", ":-1"]))
+def test_generated_addresses_are_refused_before_connecting_or_accepted(scheme, host, port):
+    address = scheme + host + port
+    try:
+        got = rd.check_address(address)
+    except rfsgen.UsageError as e:
+        assert "\n" not in str(e) and "not a Dask scheduler address" in str(e)
+        return
+    assert got == address and scheme in ("", "tcp://", "tls://") and host.strip() and host == host.strip()
+    assert port[1:].isdigit() and 1 <= int(port[1:]) <= 65535
+
+
+def test_close_never_leaves_the_client_to_the_garbage_collector():
+    """A Client whose scheduler has gone is closed within CLOSE_TIMEOUT; afterwards its
+    __del__ prints nothing (it used to wait 20 s, then print a traceback)."""
+    import gc
+    import time
+
+    seen = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(u)
+    try:
+        cluster = distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp://", host="127.0.0.1",
+                                           dashboard_address=":0")
+        client = rd.connect(cluster.scheduler_address)
+        cluster.close()
+        t = time.monotonic()
+        rd.close(client)
+        assert time.monotonic() - t < rd.CLOSE_TIMEOUT + 5
+        del client
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert seen == []
+
+
+def test_quiet_silences_dask_and_messages_are_one_line_otherwise(files, shell_cluster):
+    """Chunks of 1,000 rows (13.8 MB) make distributed warn "Sending large graph": with -q
+    nothing at all is printed; without it, each of Dask's messages is one line."""
+    np.save("big.npy", np.tile(np.load("x.npy"), (4, 1)))  # 1,200 rows
+    args = ["transform", "f.h5", "big.npy", "--chunk-rows", 1000, "--dask-scheduler", shell_cluster]
+    code, err, _ = _cli(args + ["-o", "q.h5", "-q"], files)
+    assert code == 0 and err == "", err
+    code, err, _ = _cli(args + ["-o", "v.h5"], files)
+    lines = err.strip().splitlines()
+    assert code == 0 and lines[-1].startswith("wrote 1200 rows"), err
+    assert all(line.startswith("rfsgen: warning: dask: ") for line in lines[:-1]), err
+    assert any("large graph" in line for line in lines[:-1]), err
+    assert open("q.h5", "rb").read() == open("v.h5", "rb").read()
+
+
+def test_a_scheduler_that_dies_mid_run_is_one_line_and_nothing_after(files, tmp_path):
+    """A scheduler without workers holds the run (the feature set waits for a worker);
+    killing it ends the run: one line on stderr, nothing after it, no 20-second wait,
+    nothing written."""
+    import json
+    import signal
+    import time
+    from pathlib import Path
+
+    info = tmp_path / "s.json"
+    sched = subprocess.Popen([str(Path(sys.executable).parent / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(info)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() or not info.read_text().strip():
+            assert time.monotonic() < deadline and sched.poll() is None, "the dask scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        run = subprocess.Popen([sys.executable, "-m", "rfsgen", "transform", "f.h5", "x.npy", "-o", "o.h5", "-q",
+                                "--dask-scheduler", address], cwd=files, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)  # start-up (imports) and connecting
+        os.killpg(sched.pid, signal.SIGTERM)
+        t = time.monotonic()
+        err = run.communicate(timeout=60)[1]
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(sched.pid, signal.SIGKILL)
+        sched.wait(timeout=20)
+    assert run.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"rfsgen: error: lost the Dask scheduler at {address}") and "nothing was written" in err
+    assert time.monotonic() - t < 15
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]

@@ -245,3 +245,379 @@ def test_fletcher32_is_hdf5s_checksum():
     for n in (0, 1, 2, 719, 720, 721, 5000, 5001):
         for b in (rng.integers(0, 256, n, dtype=np.uint8), np.full(n, 255, np.uint8)):
             assert int(fletcher32(b)) == reference(b.tolist())
+
+
+# ----------------------------------------------------------------------------- forged files (issue 23, item 7)
+# A forger recomputes every checksum and the seal (tests/forge.py): only the reader's
+# semantic checks stand between a forged file and the transform.  Oracle: load() either
+# raises a one-line FeatureFileError (or LimitError, for sizes over the memory budget),
+# or returns a feature set whose transform of finite rows is finite (or a one-line
+# DataError naming the row and column, the documented report of a value too large).
+import os
+import subprocess
+import sys
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import forge as F
+from rfsgen import DataError, LimitError
+from rfsgen.features import MAX_OMEGA, MAX_UNIT_POWER
+
+FORGE_SKELETONS = ("circle-step", "gauss-laplace", "categorical", "binary", "relu-deep")
+
+
+@pytest.fixture(scope="module")
+def valid_files(tmp_path_factory, original):
+    """One small valid file per base (cifar-deep: sphere pairs of 3; relu-deep: of 2)."""
+    d = tmp_path_factory.mktemp("valid")
+    files = {"cifar-deep": original[0]}
+    for name in FORGE_SKELETONS:
+        s = parse_skeleton(SMALL_SKELETONS[name], f"{name}.yaml")
+        files[name] = d / f"{name}.h5"
+        save(sample(s, 16 if name in ("binary", "categorical") else 60, seed=3), files[name])
+    return files
+
+
+def _rows(fs, seed=0):
+    from conftest import rows_for
+
+    rng = np.random.default_rng(seed)
+    x = rows_for(fs.skeleton, 6, seed=seed)
+    cont = [c for base, _, cols in fs.skeleton.input_groups if base.name not in ("binary", "categorical")
+            for c in cols.ravel()]
+    x[:3, cont] *= 10.0 ** rng.integers(-300, 6, size=(3, len(cont)))  # finite extremes, small and large
+    return x
+
+
+def _oracle(p):
+    """'loaded' or 'refused' for the forged file ``p``; fails the test on anything else."""
+    from rfsgen import budget
+
+    try:
+        with budget.limited("512M"):  # a declared size that slipped through would fail here, not swap
+            fs = load(p)
+    except (FeatureFileError, LimitError) as e:
+        assert "\n" not in str(e) and str(p) in str(e), str(e)
+        return "refused"
+    for dtype in ("float32", "float64"):
+        try:
+            z = transform(fs, _rows(fs), layout="dense", dtype=dtype)
+        except DataError as e:
+            assert "\n" not in str(e) and "too large" in str(e) and "row " in str(e) and "column " in str(e), str(e)
+            continue
+        assert np.isfinite(z).all(), f"a loaded forgery gives non-finite values in {dtype}"
+    return "loaded"
+
+
+_INT_VALUES = st.sampled_from([0, -1, 1, 2, 3, 255, 256, 65535, 2**31, 2**40, 2**50, 2**50 + 1, 2**54, 2**60,
+                               2**62, 2**63 - 1, -(2**62), -(2**63)])
+_FLOAT_VALUES = st.sampled_from([0.0, -0.0, 1e-320, 1e300, -1e308, 1e308, float(MAX_OMEGA), float(MAX_OMEGA) * 2,
+                                 float("nan"), float("inf"), float("-inf")])
+
+
+@st.composite
+def _forgeries(draw):
+    """(file name, [edits], description): one or two generated forgeries of one valid file."""
+    name = draw(st.sampled_from(("cifar-deep",) + FORGE_SKELETONS))
+    edits, what, last = [], [], []  # HDF5 tricks go last: later edits would read a bomb or follow a link
+    for _ in range(draw(st.integers(1, 2))):
+        kind = draw(st.sampled_from(["value", "value", "value", "map", "dtype", "shape", "attr", "hdf5"]))
+        ds = draw(st.sampled_from([k for k in F.DATASETS if k != "skeleton"]))
+        if kind == "hdf5":  # reaching outside the file, foreign filters, declared sizes far beyond the data
+            trick = draw(st.sampled_from(["external storage", "external link", "soft link", "virtual", "lzf",
+                                          "bomb", "bomb+columns"]))
+            n = 2**27
+            last.extend({
+                "external storage": [F.external_storage(ds, "/etc/hostname")],
+                "external link": [F.external_link(ds, "/etc/hostname")],
+                "soft link": [F.soft_link(ds, "/" + draw(st.sampled_from(F.DATASETS)))],
+                "virtual": [F.virtual(ds, "/etc/hostname")],
+                "lzf": [F.with_filter(ds, compression="lzf")],
+                "bomb": [F.gzip_bomb(ds, n, np.float64 if ds == "omega" else np.uint64)],
+                "bomb+columns": [F.gzip_bomb(k, n) for k in ("column_count", "column_kind", "column_terms")]
+                + [F.set_attr("columns", n)],
+            }[trick])
+            what.append(f"{ds}: {trick}")
+        elif kind == "value":
+            v = draw(_FLOAT_VALUES if ds == "omega" else st.one_of(_INT_VALUES, _FLOAT_VALUES))
+            i = draw(st.integers(-3, 3))
+            edits.append(F.set_values(ds, i, v))
+            what.append(f"{ds}[{i}] = {v!r}")
+        elif kind == "map":
+            op = draw(st.sampled_from(["neg", "x2^52", "+1", "zero", "reverse"]))
+            fn = {"neg": lambda a: -a, "x2^52": lambda a: a * 2.0**52 if a.dtype.kind == "f" else a << 52,
+                  "+1": lambda a: a + 1, "zero": lambda a: a * 0, "reverse": lambda a: a[::-1]}[op]
+            edits.append(F.map_dataset(ds, fn))
+            what.append(f"{ds}: {op}")
+        elif kind == "dtype":
+            dt = draw(st.sampled_from(["float64", "float16", "int8", "uint8", "bool", "S4", "complex128"]))
+
+            def conv(a, dt=dt):
+                return a.astype(np.float64).astype(dt) if dt != "S4" else a.astype("S4")
+            edits.append(F.map_dataset(ds, conv))
+            what.append(f"{ds} as {dt}")
+        elif kind == "shape":
+            op = draw(st.sampled_from(["2-D", "longer", "shorter", "empty", "scalar"]))
+            fn = {"2-D": lambda a: np.stack([a, a], axis=1), "longer": lambda a: np.concatenate([a, a[:1] if a.size else [1]]),
+                  "shorter": lambda a: a[:-1], "empty": lambda a: a[:0], "scalar": lambda a: a[0] if a.size else 0}[op]
+            edits.append(F.map_dataset(ds, fn))
+            what.append(f"{ds}: {op}")
+        else:
+            key = draw(st.sampled_from(F.ATTRIBUTES))
+            v = draw(st.one_of(_INT_VALUES, _FLOAT_VALUES, st.sampled_from(
+                ["", "x", "{}", "[1]", '{"mean_factors_per_draw": "x"}', '{"output_degree_histogram": 5}',
+                 '{"mean_factors_per_draw": NaN}', '{"output_degree_histogram": [1, -1]}', "[" * 5000 + "]" * 5000,
+                 "rfs", "rr", "orf", "strat", np.array([1, 2]), np.array(["a", "b"]), np.float32(3)])))
+            edits.append(F.set_attr(key, v))
+            what.append(f"attribute {key} = {str(v)[:30]!r}")
+    return name, edits + last, "; ".join(what)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_forgeries())
+def test_generated_forgeries_load_finite_or_fail_in_one_line(valid_files, tmp_path_factory, forgery):
+    name, edits, what = forgery
+    p = tmp_path_factory.mktemp("forged") / "f.h5"
+    try:
+        F.forge(valid_files[name], p, *edits)
+    except (TypeError, ValueError, OSError):  # h5py cannot store this forgery: nothing to test
+        return
+    outcome = _oracle(p)
+    assert outcome in ("loaded", "refused"), what
+    # The CLI: a refused file is one line and exit 2 (1 for the memory budget) in every
+    # command that reads it; a loaded one inspects.
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    rows = p.parent / "rows.npy"
+    for args in (["inspect", str(p)], ["transform", str(p), str(rows), "-o", str(p.parent / "o.h5"), "-q"]):
+        if args[0] == "transform":
+            if outcome == "loaded":
+                continue
+            np.save(rows, np.ones((2, 6)))
+        r = CliRunner().invoke(main, args)
+        if outcome == "loaded":
+            assert r.exit_code == 0, (what, r.output)
+        else:
+            lines = r.output.strip().splitlines()
+            assert r.exit_code in (1, 2) and len(lines) == 1 and lines[0].startswith("rfsgen: error: "), (what, r.output)
+            assert r.exit_code == 2 or "memory budget" in lines[0], (what, r.output)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(["circle-step", "categorical", "relu-deep"]),
+       power=st.integers(MAX_UNIT_POWER - 4, 2**62), index=st.integers(0, 10), sign=st.sampled_from([1, -1]))
+def test_unit_modulus_powers_are_bounded(valid_files, tmp_path_factory, name, power, index, sign):
+    """Powers of unit-modulus factors (circle, categorical frequencies, sphere pairs of 2)
+    past 2^50 are refused (they used to give values ~1e156 and inf); at the bound they
+    load and stay finite."""
+    p = F.forge(valid_files[name], tmp_path_factory.mktemp("pw") / "f.h5",
+                F.set_values("term_power", index, sign * power if name == "circle-step" else power))
+    outcome = _oracle(p)
+    if power > MAX_UNIT_POWER:
+        assert outcome == "refused"
+
+
+@pytest.mark.parametrize("power", [2**54, 2**57, 2**60])
+def test_issue_circle_power_2_54_to_2_60(valid_files, tmp_path, power):
+    p = F.forge(valid_files["circle-step"], tmp_path / "f.h5", F.set_values("term_power", 0, power))
+    with pytest.raises(FeatureFileError, match=r"dataset 'term_power': column \d+'s powers of unit-modulus factors "
+                                               rf"add up to {power}, over 2\^50") as e:
+        load(p)
+    assert "\n" not in str(e.value) and "re-create it with 'rfsgen sample'" in str(e.value)
+
+
+def test_unit_power_at_the_bound_is_finite(valid_files, tmp_path):
+    fs = load(valid_files["circle-step"])
+    j = int(np.argmax(np.diff(fs.ptr) == 1))  # a column with one circle term
+    p = F.forge(valid_files["circle-step"], tmp_path / "f.h5", F.set_values("term_power", int(fs.ptr[j]), MAX_UNIT_POWER))
+    z = transform(load(p), _rows(load(p)), layout="dense", dtype="float32")
+    assert np.isfinite(z).all() and np.abs(z[:, j]).max() <= 1.75 * fs.scale[j]
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, float(MAX_OMEGA) * 2, float("nan"), float("inf")])
+def test_issue_omega_1e308(valid_files, tmp_path, value):
+    p = F.forge(valid_files["gauss-laplace"], tmp_path / "f.h5", F.set_values("omega", 0, value))
+    with pytest.raises(FeatureFileError, match=r"dataset 'omega': value 0 is .*; omegas must be finite with "
+                                               r"\|omega\| <= 2\^160"):
+        load(p)
+    ok = F.forge(valid_files["gauss-laplace"], tmp_path / "ok.h5", F.set_values("omega", 0, float(MAX_OMEGA)))
+    assert np.isfinite(transform(load(ok), _rows(load(ok))[3:], layout="dense")).all()
+
+
+def test_issue_stats_empty_object_loads_and_inspects(valid_files, tmp_path):
+    """stats = "{}" is what a FeatureSet made in code carries: it loads, and inspect says
+    the statistics were not recorded (it used to end in a TypeError)."""
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    p = F.forge(valid_files["circle-step"], tmp_path / "f.h5", F.set_attr("stats", "{}"))
+    assert load(p).stats == {}
+    r = CliRunner().invoke(main, ["inspect", str(p)])
+    assert r.exit_code == 0 and "not recorded" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", str(p), "--json"])
+    assert r.exit_code == 0 and '"mean_factors_per_draw": null' in r.output
+
+
+@pytest.mark.parametrize("stats, message", [
+    ('{"mean_factors_per_draw": "x"}', "'mean_factors_per_draw' is 'x'; expected a finite number"),
+    ('{"mean_factors_per_draw": NaN}', "'mean_factors_per_draw' is nan"),
+    ('{"output_degree_histogram": 5}', "'output_degree_histogram' is 5"),
+    ('{"output_degree_histogram": [1, -1]}', "'output_degree_histogram' is a list of 2 values"),
+    ("[" * 100000 + "]" * 100000, "not JSON"),
+])
+def test_stats_types_are_checked(valid_files, tmp_path, stats, message):
+    p = F.forge(valid_files["circle-step"], tmp_path / "f.h5", F.set_attr("stats", stats))
+    with pytest.raises(FeatureFileError, match=message):
+        load(p)
+
+
+def _load_in_subprocess(p, timeout=60, memory=1 << 30):
+    """load(p) in a child limited to ``memory`` bytes and ``timeout`` seconds: its one-line
+    outcome (a hang or a memory blow-up fails the test instead of the machine)."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d))\n"
+            "from rfsgen.features import load\nfrom rfsgen.errors import RfsgenError\n"
+            "try:\n    load(sys.argv[1]); print('loaded')\n"
+            "except RfsgenError as e:\n    print(type(e).__name__ + ': ' + str(e))\n") % (memory, memory)
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "RFSGEN_MAX_MEMORY": str(memory // 2)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("case", ["column_count", "omega", "skeleton", "terms", "all columns"])
+def test_issue_gzip_bomb_fails_before_decompression(valid_files, tmp_path, case):
+    """Kilobytes of file declaring more than 8 GB: refused from the declared sizes, before a
+    byte is decompressed (the child has 1 GiB of address space)."""
+    src = valid_files["gauss-laplace"]
+    edits = {
+        "column_count": [F.gzip_bomb("column_count", 2**30)],
+        "omega": [F.gzip_bomb("omega", 2**30, np.float64)],
+        "skeleton": [F.gzip_bomb("skeleton", 9 * 2**30, np.uint8)],
+        "terms": [F.gzip_bomb(k, 2**30) for k in ("term_node", "term_code", "term_power")],
+        "all columns": [F.gzip_bomb("column_count", 2**30), F.gzip_bomb("column_kind", 2**30, np.uint8),
+                        F.gzip_bomb("column_terms", 2**30), F.set_attr("columns", 2**30)],
+    }[case]
+    p = F.forge(src, tmp_path / "bomb.h5", *edits)
+    assert os.path.getsize(p) < 2 << 20
+    out = _load_in_subprocess(p)
+    assert out.startswith(("FeatureFileError: ", "LimitError: ")) and "\n" not in out, out
+    if case == "all columns":
+        assert out.startswith("LimitError: ") and "1073741824 columns" in out and "over the memory budget" in out
+
+
+def test_issue_external_storage_fifo_and_any_path(valid_files, tmp_path):
+    """External storage would read /etc/passwd, or block forever on a FIFO: refused from
+    the dataset's creation properties, before HDF5 touches the target."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, name in (("/etc/passwd", "omega"), (fifo, "column_count"), (fifo, "skeleton")):
+        p = F.forge(valid_files["gauss-laplace"], tmp_path / "ext.h5", F.external_storage(name, target))
+        out = _load_in_subprocess(p, timeout=30)
+        assert out.startswith("FeatureFileError: ") and f"dataset '{name}' has external storage" in out \
+            and str(target) in out, out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("external link", r"'omega' is a link \(an external link\), not a dataset"),
+    ("soft link", r"'term_code' is a link \(a soft link\), not a dataset"),
+    ("virtual", "dataset 'omega' is a virtual dataset"),
+    ("lzf", "dataset 'term_code' uses HDF5 filter 32000; only gzip, shuffle and fletcher32"),
+    ("scale-offset", "dataset 'omega' uses HDF5 filter 6"),
+    ("huge chunks", "dataset 'column_kind' has chunks of"),
+    ("float attribute", "attribute 'columns' must be an integer"),
+    ("array attribute", r"attribute 'draws' has shape \(2,\)"),
+])
+def test_reaching_outside_the_file_is_refused(valid_files, tmp_path, case, message):
+    src = valid_files["gauss-laplace"]
+    edit = {
+        "external link": F.external_link("omega", "/etc/passwd"),
+        "soft link": F.soft_link("term_code", "/term_power"),
+        "virtual": F.virtual("omega", src),
+        "lzf": F.with_filter("term_code", compression="lzf"),
+        "scale-offset": F.with_filter("omega", scaleoffset=2),
+        "huge chunks": F.write_dataset("column_kind", np.zeros(60, np.uint8), chunks=(1 << 20,), maxshape=(None,)),
+        "float attribute": F.set_attr("columns", 60.0),
+        "array attribute": F.set_attr("draws", np.array([1, 2])),
+    }[case]
+    p = F.forge(src, tmp_path / "f.h5", edit)
+    with pytest.raises(FeatureFileError, match=message) as e:
+        load(p)
+    assert "\n" not in str(e.value)
+
+
+def test_a_fifo_or_device_as_the_feature_file_is_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for p in (fifo, "/dev/zero"):
+        with pytest.raises(FeatureFileError, match="not a regular file"):
+            load(p)
+
+
+ALIAS_BOMB = """rfsgen: 1
+description: &a [1, *a]
+input: {width: 6}
+nodes:
+  - {name: g, base: gaussian, columns: "0:6"}
+  - {name: out, activation: relu, inputs: [g]}
+"""
+
+
+def test_issue_embedded_skeleton_with_a_recursive_alias(valid_files, tmp_path):
+    """The embedded skeleton goes through parse_skeleton's guarded YAML loader: a
+    self-referencing alias is a one-line error, not a run that grows past 8 GB."""
+    p = F.forge(valid_files["gauss-laplace"], tmp_path / "f.h5", F.embedded_skeleton(ALIAS_BOMB))
+    out = _load_in_subprocess(p, timeout=30)
+    assert out.startswith("FeatureFileError: ") and "the embedded skeleton no longer parses" in out, out
+
+
+@pytest.mark.parametrize("case", ["circle 2^60", "omega 1e308", "external storage", "bomb", "column_kind 7"])
+@pytest.mark.parametrize("command", ["inspect", "transform"])
+def test_forged_files_exit_2_with_one_line_in_the_cli(valid_files, tmp_path, case, command):
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    name = "circle-step" if case == "circle 2^60" else "gauss-laplace"
+    edit = {"circle 2^60": F.set_values("term_power", 0, 2**60), "omega 1e308": F.set_values("omega", 0, 1e308),
+            "external storage": F.external_storage("omega", "/etc/passwd"),
+            "bomb": F.gzip_bomb("omega", 2**30, np.float64), "column_kind 7": F.set_values("column_kind", 0, 7)}[case]
+    p = F.forge(valid_files[name], tmp_path / "f.h5", edit)
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.ones((3, 6 if name == "gauss-laplace" else 3)))
+    args = ["inspect", str(p)] if command == "inspect" else ["transform", str(p), str(rows), "-o", str(tmp_path / "o.h5")]
+    r = CliRunner().invoke(main, args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("rfsgen: error: ") and str(p) in lines[0], r.output
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_every_valid_kind_loads_as_written(tmp_path):
+    """Every shipped and test skeleton under every scheme that applies: the loaded
+    feature set is the one saved, and transforms to the same bytes."""
+    import glob
+
+    from conftest import ROOT, load_shipped, rows_for
+    from rfsgen.schemes import SCHEMES
+
+    skeletons = [load_shipped(p) for p in sorted(glob.glob(str(ROOT / "skeletons" / "*.yaml")))]
+    skeletons += [parse_skeleton(v, k) for k, v in SMALL_SKELETONS.items()]
+    n = 0
+    for s in skeletons:
+        for scheme in SCHEMES:
+            small = any(k in s.path for k in ("coordinate", "binary", "categorical"))
+            try:
+                fs = sample(s, 20 if small else 100, seed=1, scheme=scheme)
+            except ValueError:  # the scheme does not apply to this skeleton
+                continue
+            p = tmp_path / f"{n}.h5"
+            n += 1
+            save(fs, p)
+            got = load(p)
+            assert _same(got, fs), (s.path, scheme)
+            x = rows_for(s, 3, seed=2)
+            assert transform(got, x, layout="dense").tobytes() == transform(fs, x, layout="dense").tobytes()
+    assert n >= 25

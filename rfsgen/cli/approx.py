@@ -38,30 +38,34 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
       rfsgen approx skeletons/shallow-gaussian.yaml rows.npy -n 2^8..2^12 \\
           --scheme rfs --scheme rr --trials 5 --subset 64 --plot fig3.png
     """
-    from pathlib import Path
+    from contextlib import ExitStack
 
-    from ..approx import approx, check_plotting, format_table, parse_budgets, plot
-    from ..errors import OutputExistsError
+    from ..approx import approx, check_plotting, format_table, parse_budgets, plot, plot_format
+    from ..atomic import atomic_path
     from ..inputs import check_width, open_input, resolve_rows
     from ..skeleton import load_skeleton
 
     skel = load_skeleton(skeleton)
     d = parse_budgets(budgets)
-    if plot_path:  # fail before the computing, not after it
-        check_plotting()
-        if Path(plot_path).exists() and not overwrite:
-            raise OutputExistsError(f"{plot_path}: already exists; pass --overwrite to replace it")
-    with open_input(input) as src:
-        if not skel.bound:
-            skel = skel.bind(src.width)
-        check_width(src, skel.width, skel.path, skel.shape)
-        start, stop = resolve_rows(rows, src.n_rows, src.name)
-        x = src.read(start, stop)
-    schemes = schemes or ("rfs",)
-    with _Progress(trials * len(d) * len(schemes), "map", quiet, "approx") as bar:
-        records = approx(skel, x, d, trials=trials, rows=subset, seed=seed, schemes=schemes, progress=bar)
-    if plot_path:
-        plot(records, plot_path, title=skel.path)
+    with ExitStack() as stack:
+        tmp = fmt = None
+        if plot_path:  # every check of the output before the computing, not after it
+            check_plotting()
+            # One of the inputs, exists without --overwrite, a directory, no such directory:
+            # refused here; the figure is written to a temporary file moved into place.
+            tmp = stack.enter_context(atomic_path(plot_path, overwrite, inputs=[skeleton, input]))
+            fmt = plot_format(plot_path)
+        with open_input(input) as src:
+            if not skel.bound:
+                skel = skel.bind(src.width)
+            check_width(src, skel.width, skel.path, skel.shape)
+            start, stop = resolve_rows(rows, src.n_rows, src.name)
+            x = src.read(start, stop)
+        schemes = schemes or ("rfs",)
+        with _Progress(trials * len(d) * len(schemes), "map", quiet, "approx") as bar:
+            records = approx(skel, x, d, trials=trials, rows=subset, seed=seed, schemes=schemes, progress=bar)
+        if plot_path:
+            plot(records, tmp, title=skel.path, format=fmt)
     if as_json:
         _emit_json(records)
     else:

@@ -45,8 +45,12 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
         ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
         ("constant", f"weight {info['constant_weight']:.6f}"),
         ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
-        ("factors", f"mean {info['mean_factors_per_draw']:.4f} per draw before combining; C(S) = {info['complexity']:.4g}"),
-        ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)),
+        # A feature set made in code and saved may carry no sampler statistics.
+        ("factors", (f"mean {info['mean_factors_per_draw']:.4f} per draw before combining"
+                     if info["mean_factors_per_draw"] is not None else "not recorded")
+         + f"; C(S) = {info['complexity']:.4g}"),
+        ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)
+         if info["output_degree_histogram"] is not None else "not recorded"),
         ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
          + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
         ("command", info["command"]),

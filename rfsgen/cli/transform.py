@@ -55,6 +55,7 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
             raise UsageError(f"--dask-scheduler needs dask and distributed ({e}); install them with "
                              "pip install 'rfsgen[dask]'") from None
         options["scheduler"] = dask_scheduler
+        options["quiet"] = quiet  # Dask's own warnings and log lines: none with -q
     else:
         from ..transform import transform_file
 
