@@ -307,9 +307,8 @@ class CsrRowsSource(InputSource):
         first = np.asarray(indptr[0:1], dtype=np.int64) if n_ptr else np.zeros(0)
         ends = np.asarray(indptr[n_ptr - 1:n_ptr], dtype=np.int64) if n_ptr else np.zeros(0)
         if (first.size and first[0] != 0) or (ends.size and not 0 <= ends[0] <= data.shape[0]):
-            raise InputError(f"{name}: the sparse matrix's indptr runs {int(first[0])}..{int(ends[0])} but it holds "
-                             f"{data.shape[0]} values (a CSR indptr runs from 0 to the number of values); the file is "
-                             "damaged")
+            raise InputError(f"{name}: the sparse matrix's indptr is not increasing from 0 or points past its data "
+                             f"(it runs {int(first[0])}..{int(ends[0])} over {data.shape[0]} values); the file is damaged")
 
     def chunks(self, chunk_rows, start=0, stop=None):
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
@@ -488,7 +487,7 @@ def _check_npy_file(p: Path) -> None:
         raise
     except Exception:
         return  # an unreadable header: np.load says why below
-    if not dtype.hasobject:
+    if not dtype.hasobject and all(int(v) >= 0 for v in shape):  # numpy reports the rest
         check_declared(str(p), shape, dtype.itemsize, p.stat().st_size - offset)
 
 
@@ -504,8 +503,8 @@ def _check_npz_member(p: Path, zf, member: str, what: str) -> None:
     except Exception as e:
         raise InputError(f"{p}: member {member} is not a readable .npy array "
                          f"({' '.join(str(e).split())[:120]})") from None
-    if dtype.hasobject:
-        raise InputError(f"{p}: member {member} holds Python objects, not numbers; save numbers with numpy.savez")
+    if dtype.hasobject:  # loading it is refused below (allow_pickle=False), with its message
+        return
     check_declared(f"{p}:{member}", shape, dtype.itemsize, info.file_size, what)
     budget.check(declared_bytes(shape, dtype.itemsize) + info.file_size, f"{p}: loading {what} ({member})",
                  "save the rows as .npy or .h5, which are read in chunks")
