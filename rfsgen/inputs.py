@@ -647,12 +647,13 @@ def _encoding(obj) -> str:
 MAX_LINK_HOPS = 16
 
 
-def _h5_get(f, key: str, p: Path, hops: int = 0):
+def _h5_get(f, key: str, p: Path, hops: int = 0, asked: str | None = None):
     """``f[key]`` resolved one link at a time, inside the file only: a soft link is
     followed (at most :data:`MAX_LINK_HOPS` deep, so a loop is an error, not a hang);
     an external link is refused.  None when a component does not exist."""
     import h5py
 
+    asked = key if asked is None else asked  # the dataset the user named, for messages
     obj = f["/"] if key.startswith("/") else f
     parts = [q for q in key.split("/") if q]
     for i, part in enumerate(parts):
@@ -666,21 +667,21 @@ def _h5_get(f, key: str, p: Path, hops: int = 0):
         if link is None:
             return None
         if isinstance(link, h5py.ExternalLink):
-            raise InputError(f"{p}:{key}: '{here}' is an external link (to {link.filename}:{link.path}); rfsgen reads "
+            raise InputError(f"{p}:{asked}: '{here}' is an external link (to {link.filename}:{link.path}); rfsgen reads "
                              "only data inside the file: copy the data in")
         if isinstance(link, h5py.SoftLink):
             if hops >= MAX_LINK_HOPS:
-                raise InputError(f"{p}:{key}: soft links nest more than {MAX_LINK_HOPS} deep at '{here}' (a loop?); "
+                raise InputError(f"{p}:{asked}: soft links nest more than {MAX_LINK_HOPS} deep at '{here}' (a loop?); "
                                  "the file is damaged or crafted")
             target = link.path if link.path.startswith("/") else obj.name.rstrip("/") + "/" + link.path
-            obj = _h5_get(f, target, p, hops + 1)
+            obj = _h5_get(f, target, p, hops + 1, asked)
             if obj is None:
                 return None
             continue
         try:
             obj = obj[part]
         except Exception as e:
-            raise InputError(f"{p}:{key}: cannot open '{here}' ({' '.join(str(e).split())[:120]}); the file is "
+            raise InputError(f"{p}:{asked}: cannot open '{here}' ({' '.join(str(e).split())[:120]}); the file is "
                              "damaged") from None
     return obj
 
