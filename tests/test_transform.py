@@ -869,3 +869,24 @@ def test_extreme_rows_and_crafted_inputs_through_the_cli_and_sklearn(tmp_path):
     x[2, 5] = 1e100
     with pytest.raises(_DataError, match="row 2"):
         SkeletonFeatures(circle, n_components=32, random_state=0).fit(x[:2]).transform(x)
+
+
+def test_nul_row_names_and_crafted_inputs_through_transform_cli(tmp_path):
+    """Issue 23 item 9: obs names holding NUL gave a ValueError traceback; a crafted COO
+    archive declaring (1e9, 8) a traceback."""
+    from rfsgen import save_features
+    from rfsgen.cli import main
+
+    skel = _one("gaussian")
+    save_features(_sample(skel, 16, seed=1), tmp_path / "f.h5")
+    spec = crafted.h5ad_names(tmp_path, [b"a", b"b\x00c"])
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f.h5"), spec, "-o", str(tmp_path / "o.h5ad")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "row 1: the row name" in res.output, res.output
+    assert not (tmp_path / "o.h5ad").exists()
+    eight = _one("gaussian", width=8)
+    save_features(_sample(eight, 16, seed=1), tmp_path / "f8.h5")
+    coo = crafted.sparse_npz(tmp_path, "coo", (10**9, 8))
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f8.h5"), coo, "-o", str(tmp_path / "o2.h5")],
+                             env={"RFSGEN_MAX_MEMORY": "1G"})
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "memory budget" in res.output, res.output
+    assert not (tmp_path / "o2.h5").exists()
