@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from . import budget
-from .errors import DataError, InputError, LimitError, UsageError
+from .errors import DataError, InputError, UsageError
 
 TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
