@@ -210,7 +210,9 @@ def normalize(x, norms) -> None:
     Each vector is first multiplied by the power of two 2^-e that brings its largest
     magnitude into [0.5, 1): exact, so ordinary rows get the same bits as without it,
     while rows of magnitude 1e-300 or 1e300 neither underflow nor overflow when
-    squared and give the features of the same rows unscaled.  The sum of squares
+    squared and give the features of the same rows unscaled.  Subnormal vectors
+    (largest magnitude below 2^-1023, where 2^-e itself overflows) are multiplied
+    by 2^1023 instead, also exact, into [2^-51, 0.5).  The sum of squares
     runs left to right for w <= 16; longer vectors use 8 running sums (element k of
     the first w - w mod 8 goes to sum k mod 8, the rest to sum 0) added as
     ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), which vectorises and keeps the rounding
@@ -233,7 +235,9 @@ def _normalize(x, norms, start, stop):  # pragma: no cover - compiled
             if mx == 0.0:
                 norms[r, j] = 0.0
                 continue
-            e = math.frexp(mx)[1]
+            # At most 2^1023: for subnormal vectors 2^-e would overflow; 2^1023 brings
+            # them into [2^-51, 0.5), whose squares neither underflow nor overflow.
+            e = max(math.frexp(mx)[1], -1023)
             f = math.ldexp(1.0, -e)
             for k in range(w):
                 v[k] = v[k] * f

@@ -112,7 +112,7 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray, out=None):
+    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray, out=None, where=None):
         """Complex values of factors (power 1) on prepared rows.
 
         ``xp`` is the prepared group, float64 ``(m, G, width)``; ``gi`` int64 ``(a,)``
@@ -122,9 +122,14 @@ class Base:
         pair of float64 ``(m, a)`` arrays (strided views allowed) that receive the real
         and imaginary parts (zeros for real factors) and is returned; continuous bases
         compute straight into it.
+
+        ``where`` = ``(row0, source, node labels of the group)`` names the place in the
+        :class:`DataError` raised when a continuous factor's angle
+        ``scale * <omega, x>`` is beyond the floats (default: rows from 0 of
+        ``<array>``, nodes by number).
         """
-        if out is not None and self.kind.continuous:
-            return self.kind.values(self, xp, gi, codes, out=out)
+        if self.kind.continuous:
+            return self.kind.values(self, xp, gi, codes, out=out, where=where)
         re, im = self.kind.values(self, xp, gi, codes)
         if out is None:
             return re, im
@@ -176,7 +181,17 @@ def _prepare_binary(base, x, nodes, row0, source):
 
 
 def _prepare_circle(base, x, nodes, row0, source):
-    return x * base.param("scale")
+    scale = base.param("scale")
+    with np.errstate(over="ignore"):
+        t = x * scale
+    bad = ~np.isfinite(t)
+    if bad.any():  # the angle scale * v itself is beyond the floats: no finite feature exists
+        r, g, _ = np.argwhere(bad)[0]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}': the angle scale * value = {scale:g} * "
+            f"{x[r, g, 0]:g} overflows; rescale that column or lower the node's 'scale'"
+        )
+    return t
 
 
 def _prepare_categorical(base, x, nodes, row0, source):
@@ -272,9 +287,12 @@ def _gram_categorical(base, xp, yp):
 
 
 def _pow2_scale(xp, yp):
-    """Per node, the power of two at or above the largest magnitude in xp and yp: (G,) float64."""
+    """Per node, the power of two at or above the largest magnitude in xp and yp: (G,) float64.
+
+    At most 2^1023 (the largest finite power of two): values up to the largest float
+    then scale into [0, 2)."""
     mx = np.maximum(np.abs(xp).max(axis=(0, 2), initial=0.0), np.abs(yp).max(axis=(0, 2), initial=0.0))
-    return np.ldexp(1.0, np.frexp(np.where(mx > 0, mx, 1.0))[1])
+    return np.ldexp(1.0, np.minimum(np.frexp(np.where(mx > 0, mx, 1.0))[1], 1023))
 
 
 def _gram_gaussian(base, xp, yp):
@@ -293,6 +311,9 @@ def _gram_gaussian(base, xp, yp):
         d2[g, i, j] = np.sum(d * d, axis=-1)
     with np.errstate(over="ignore"):
         t = np.sqrt(d2) * f[:, None, None] * s  # scale * |x - y|, inf when it overflows
+        g, i, j = np.nonzero(np.isinf(t))
+        if g.size:  # |x - y| beyond the floats but scale * |x - y| perhaps not: scale first
+            t[g, i, j] = np.sqrt(d2[g, i, j]) * s * f[g]
         e = -0.5 * t * t
     rho = np.exp(e)
     return rho, -np.expm1(e), 1.0 + rho
@@ -301,13 +322,19 @@ def _gram_gaussian(base, xp, yp):
 def _gram_laplace(base, xp, yp):
     s = base.param("scale")
     out = np.empty((xp.shape[1], xp.shape[0], yp.shape[0]))
-    for c in range(xp.shape[2]):  # loop over columns of a node, vectorised over rows and nodes
-        d = np.abs(xp[:, None, :, c] - yp[None, :, :, c]).transpose(2, 0, 1)
-        if c == 0:
-            out[...] = d
-        else:
-            out += d
-    e = -s * out
+    with np.errstate(over="ignore"):  # a distance beyond the floats is inf, handled below
+        for c in range(xp.shape[2]):  # loop over columns of a node, vectorised over rows and nodes
+            d = np.abs(xp[:, None, :, c] - yp[None, :, :, c]).transpose(2, 0, 1)
+            if c == 0:
+                out[...] = d
+            else:
+                out += d
+        e = -s * out
+        g, i, j = np.nonzero(np.isinf(out))
+        if g.size:  # |x - y|_1 beyond the floats but scale * |x - y|_1 perhaps not: scale first,
+            f = _pow2_scale(xp, yp)[g]  # from rows scaled by a power of two
+            d = np.abs(xp[i, g] / f[:, None] - yp[j, g] / f[:, None]).sum(axis=-1)
+            e[g, i, j] = -(d * s) * f
     rho = np.exp(e)
     return rho, -np.expm1(e), 1.0 + rho
 
@@ -486,11 +513,66 @@ def _values_linear(base, xp, gi, codes):
     return cr * flat[:, ir], (ci * flat[:, ii] if (ii >= 0).any() else None)
 
 
-def _values_continuous(base, xp, gi, omega, out=None):
+#: Below this bound on |theta| no partial sum of an angle can overflow (w terms, each
+#: rounding by at most 2^-53, stay far under the largest float, 1.8e308).
+SAFE_ANGLE = 1e300
+
+
+def _values_continuous(base, xp, gi, omega, out=None, where=None):
     # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
     # number of rows and with the CPU's kernel, and the bytes must not.
-    return phases_of(np.ascontiguousarray(xp, dtype=np.float64), gi,
-                     np.ascontiguousarray(omega, dtype=np.float64) * base.param("scale"), out=out)
+    xp = np.ascontiguousarray(xp, dtype=np.float64)
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    scale = base.param("scale")
+    with np.errstate(over="ignore"):
+        om = omega * scale
+    re, im = phases_of(xp, gi, om, out=out)
+    if xp.shape[0] and gi.size:
+        # |theta| <= max|x| * max_k |om_k|_1 bounds every partial sum: when that is
+        # small (always, for ordinary rows) no angle overflowed.  Otherwise the rows
+        # over the bound whose values came out NaN (an angle that overflowed: cos of a
+        # finite angle is never NaN) are recomputed with scaling; the other values keep
+        # their bits.
+        with np.errstate(over="ignore", invalid="ignore"):
+            l1 = float(np.abs(om).sum(axis=1).max())
+            row_max = np.abs(xp).max(axis=(1, 2))
+            over = np.flatnonzero(~(row_max * l1 < SAFE_ANGLE))
+        if over.size:
+            _careful_angles(xp, gi, omega, scale, re, im, over, where)
+    return re, im
+
+
+def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
+    """Recompute the NaN values of ``rows`` with each (row, node) vector scaled by a power
+    of two and ``scale`` split into mantissa and exponent, so that only an angle that
+    is itself beyond the floats overflows; such an angle is a :class:`DataError`."""
+    row0, source, labels = where if where is not None else (0, "<array>", None)
+    sm, se = math.frexp(scale)
+    for r in rows:
+        bad = np.flatnonzero(np.isnan(re[r]) | np.isnan(im[r]))
+        if not bad.size:
+            continue
+        v = xp[r, gi[bad]]  # (b, w): each bad atom's node vector
+        mx = np.abs(v).max(axis=1)
+        ex = np.frexp(np.where(mx > 0, mx, 1.0))[1]
+        vs = np.ldexp(v, -ex[:, None])  # exact: |vs| < 1
+        acc = np.zeros(bad.size)
+        for c in range(v.shape[1]):  # the compiled loop's order
+            acc = acc + vs[:, c] * omega[bad, c]
+        with np.errstate(over="ignore"):
+            theta = np.ldexp(acc * sm, ex + se)
+        inf = np.flatnonzero(~np.isfinite(theta))
+        if inf.size:
+            k = int(inf[0])
+            g = int(gi[bad[k]])
+            node = f"node '{labels[g]}'" if labels is not None else f"node {g} of the group"
+            raise DataError(
+                f"{source}: row {row0 + int(r)}, {node}: a feature's angle scale * <omega, x> overflows (the row's "
+                f"largest value there is {mx[k]:g}, scale {scale:g}); rescale the row's columns or lower the "
+                "node's 'scale'"
+            )
+        re[r, bad] = np.cos(theta)
+        im[r, bad] = np.sin(theta)
 
 
 def phases_of(xp, gi, om, out=None):

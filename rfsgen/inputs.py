@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import budget
 from .errors import DataError, InputError, UsageError
 
 TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
@@ -41,8 +42,18 @@ class InputSource:
         raise NotImplementedError
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """All rows ``start:stop`` as one float64 array."""
-        parts = [c for _, c in self.chunks(65536, start, stop)]
+        """All rows ``start:stop`` as one float64 array.  The size (declared by the
+        input, or counted as a stream arrives) is checked against the memory budget
+        before it is read."""
+        fix = "read fewer rows with --rows START:STOP"
+        if self.n_rows is not None:
+            n = max(0, (self.n_rows if stop is None else min(stop, self.n_rows)) - start)
+            budget.check(2 * n * self.width * 8, f"{self.name}: {n} rows of {self.width} values read at once", fix)
+        parts, total = [], 0
+        for _, c in self.chunks(65536, start, stop):
+            total += c.shape[0]
+            budget.check(2 * total * self.width * 8, f"{self.name}: {total} rows of {self.width} values read at once", fix)
+            parts.append(c)
         if not parts:
             return np.zeros((0, self.width))
         return np.concatenate(parts).astype(np.float64, copy=False)
@@ -62,6 +73,33 @@ class InputSource:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def check_chunk(src: InputSource, chunk_rows: int, start: int, stop) -> None:
+    """Budget check of one chunk of ``src`` (float64 ``(chunk_rows, width)`` and a
+    copy) before any is read: a forged width cannot allocate past the budget."""
+    rows = chunk_rows if stop is None else max(0, min(chunk_rows, stop - start))
+    budget.check(2 * rows * src.width * 8, f"{src.name}: a chunk of {rows} rows of {src.width} values",
+                 "pass fewer rows per chunk with --chunk-rows, or check the input's declared shape")
+
+
+def declared_bytes(shape, itemsize: int) -> int:
+    """Bytes an array of ``shape`` declares (exact Python integers: never overflows)."""
+    n = int(itemsize)
+    for v in shape:
+        n *= int(v)
+    return n
+
+
+def check_declared(name: str, shape, itemsize: int, available=None, what: str = "the array") -> None:
+    """Validate a declared shape before anything is allocated: no negative extents, and
+    (``available`` not None) at most ``available`` bytes, what the file can hold."""
+    if any(int(v) < 0 for v in shape):
+        raise InputError(f"{name}: {what} declares shape {tuple(int(v) for v in shape)}; the file is damaged")
+    nbytes = declared_bytes(shape, itemsize)
+    if available is not None and nbytes > available:
+        raise InputError(f"{name}: {what} declares shape {tuple(int(v) for v in shape)} ({nbytes} bytes) but the "
+                         f"file holds only {available} bytes; the file is damaged, truncated or crafted")
 
 
 def _float(a: np.ndarray) -> np.ndarray:
@@ -89,6 +127,7 @@ class ArraySource(InputSource):
 
     def chunks(self, chunk_rows, start=0, stop=None):
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        check_chunk(self, chunk_rows, start, stop)
         read = self._file_reader()
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
@@ -256,12 +295,24 @@ class CsrRowsSource(InputSource):
             raise InputError(f"{name}: the sparse matrix has dtype {data.dtype}, not real numbers; convert it")
         if indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
             raise InputError(f"{name}: the sparse matrix's indices are not integers; rewrite it with scipy or anndata")
+        if self.n_rows < 0 or self.width < 0:
+            raise InputError(f"{name}: the sparse matrix declares shape ({self.n_rows}, {self.width}); the file is damaged")
         if indptr.shape[0] != self.n_rows + 1:
             raise InputError(f"{name}: the sparse matrix's indptr has {indptr.shape[0]} entries for {self.n_rows} rows "
                              "(a CSR matrix has rows + 1); the file is damaged or not CSR")
+        if data.shape[0] != indices.shape[0]:
+            raise InputError(f"{name}: the sparse matrix has {data.shape[0]} values but {indices.shape[0]} column "
+                             "indices; the file is damaged")
+        n_ptr = int(indptr.shape[0])
+        first = np.asarray(indptr[0:1], dtype=np.int64) if n_ptr else np.zeros(0)
+        ends = np.asarray(indptr[n_ptr - 1:n_ptr], dtype=np.int64) if n_ptr else np.zeros(0)
+        if (first.size and first[0] != 0) or (ends.size and not 0 <= ends[0] <= data.shape[0]):
+            raise InputError(f"{name}: the sparse matrix's indptr is not increasing from 0 or points past its data "
+                             f"(it runs {int(first[0])}..{int(ends[0])} over {data.shape[0]} values); the file is damaged")
 
     def chunks(self, chunk_rows, start=0, stop=None):
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        check_chunk(self, chunk_rows, start, stop)
         dtype = np.float32 if self.data.dtype == np.float32 else np.float64
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
@@ -270,6 +321,8 @@ class CsrRowsSource(InputSource):
             if np.any(np.diff(ptr) < 0) or lo < 0 or hi > self.data.shape[0] or hi > self.indices.shape[0]:
                 raise InputError(f"{self.name}: rows {a}:{b}: the sparse matrix's indptr is not increasing or points "
                                  "past its data; the file is damaged")
+            budget.check(3 * (hi - lo) * 8, f"{self.name}: rows {a}:{b}: {hi - lo} stored values read at once",
+                         "pass fewer rows per chunk with --chunk-rows")
             cols = np.asarray(self.indices[lo:hi], dtype=np.int64)
             vals = np.asarray(self.data[lo:hi])
             if cols.size and (cols.min() < 0 or cols.max() >= self.width):
@@ -319,6 +372,10 @@ class SparseSource(InputSource):
         if matrix.dtype.kind not in "iuf":
             raise InputError(f"{name}: has dtype {matrix.dtype}, not real numbers; convert it")
         if matrix.format not in ("csr", "csc", "lil", "dok"):  # coo, dia, bsr do not slice rows
+            nnz = int(matrix.nnz) if matrix.format != "dia" else int(np.prod(matrix.data.shape, dtype=np.float64))
+            budget.check(8 * (int(matrix.shape[0]) + 1) + 24 * nnz,
+                         f"{name}: converting a {matrix.format.upper()} matrix of shape {tuple(matrix.shape)} to CSR",
+                         "save it as CSR (scipy: m.tocsr()) or with fewer rows")
             matrix = sp.csr_matrix(matrix)
         self.matrix = matrix
         self.name = name
@@ -383,6 +440,7 @@ def open_input(spec, stdin=None) -> InputSource:
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
+            _check_npy_file(p)
             try:
                 arr = np.load(p, mmap_mode="r", allow_pickle=False)
             except Exception as e:  # a damaged header raises ValueError, SyntaxError, TypeError, ...
@@ -410,6 +468,57 @@ def open_input(spec, stdin=None) -> InputSource:
     )
 
 
+def _npy_header(stream):
+    """``(shape, fortran, dtype)`` from a ``.npy`` header on ``stream`` (then at its data)."""
+    from numpy.lib import format as npformat
+
+    version = npformat.read_magic(stream)
+    reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+    return reader(stream)
+
+
+def _check_npy_file(p: Path) -> None:
+    """A ``.npy`` file's declared shape must fit in the file (before numpy maps it)."""
+    try:
+        with open(p, "rb") as fh:
+            shape, _fortran, dtype = _npy_header(fh)
+            offset = fh.tell()
+    except OSError:
+        raise
+    except Exception:
+        return  # an unreadable header: np.load says why below
+    if not dtype.hasobject and all(int(v) >= 0 for v in shape):  # numpy reports the rest
+        check_declared(str(p), shape, dtype.itemsize, p.stat().st_size - offset)
+
+
+def _check_npz_member(p: Path, zf, member: str, what: str) -> None:
+    """Before a member of an archive is loaded whole: its declared shape must fit in its
+    uncompressed size, and that in the memory budget."""
+    try:
+        info = zf.getinfo(member)
+        with zf.open(member) as fh:
+            shape, _fortran, dtype = _npy_header(fh)
+    except KeyError:
+        return
+    except Exception as e:
+        raise InputError(f"{p}: member {member} is not a readable .npy array "
+                         f"({' '.join(str(e).split())[:120]})") from None
+    if dtype.hasobject:  # loading it is refused below (allow_pickle=False), with its message
+        return
+    check_declared(f"{p}:{member}", shape, dtype.itemsize, info.file_size, what)
+    budget.check(declared_bytes(shape, dtype.itemsize) + info.file_size, f"{p}: loading {what} ({member})",
+                 "save the rows as .npy or .h5, which are read in chunks")
+
+
+def _archive(p: Path):
+    import zipfile
+
+    try:
+        return zipfile.ZipFile(p)
+    except Exception as e:
+        raise InputError(f"{p}: not a readable .npz archive ({' '.join(str(e).split())[:120]})") from None
+
+
 #: Members of a ``scipy.sparse.save_npz`` archive holding a CSR matrix.
 SCIPY_CSR_KEYS = {"format", "shape", "data", "indices", "indptr"}
 
@@ -433,6 +542,12 @@ def _open_npz(p: Path, key):
     if key not in keys:
         z.close()
         raise InputError(f"{p}: has no array '{key}' (available: {', '.join(keys)})")
+    try:
+        with _archive(p) as zf:
+            _check_npz_member(p, zf, key + ".npy", f"array '{key}'")
+    except BaseException:
+        z.close()
+        raise
     try:
         arr = z[key]
     except Exception as e:  # object arrays (pickles), damaged members
@@ -458,6 +573,12 @@ def _open_scipy_npz(p: Path, z):
                          "rewrite it with scipy.sparse.save_npz") from None
     if len(shape) != 2:
         raise InputError(f"{p}: holds a sparse matrix of shape {shape}; rows need a 2-D matrix")
+    if shape[0] < 0 or shape[1] < 0:
+        raise InputError(f"{p}: the sparse matrix declares shape {shape}; the file is damaged")
+    with _archive(p) as zf:
+        for member in zf.namelist():  # members loaded whole (CSR's data and indices stream)
+            if member not in ("format.npy", "shape.npy") and (fmt != "csr" or member == "indptr.npy"):
+                _check_npz_member(p, zf, member, f"the {fmt.upper()} matrix's {member[:-4]}")
     if fmt != "csr":
         import scipy.sparse as sp
 
@@ -498,6 +619,7 @@ class _NpyMember:
                              f"({' '.join(str(e).split())[:120]})") from None
         if self.dtype.hasobject:
             raise InputError(f"{path}: member {member} holds Python objects, not numbers")
+        check_declared(f"{path}:{member}", shape, self.dtype.itemsize, zf.getinfo(member).file_size)
         self.shape = tuple(shape)
         self.ndim = len(shape)
         self.pos = 0
@@ -521,6 +643,79 @@ def _encoding(obj) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
+#: Soft links followed at most this deep (HDF5's own limit is 16); deeper is a loop.
+MAX_LINK_HOPS = 16
+
+
+def _h5_get(f, key: str, p: Path, hops: int = 0, asked: str | None = None):
+    """``f[key]`` resolved one link at a time, inside the file only: a soft link is
+    followed (at most :data:`MAX_LINK_HOPS` deep, so a loop is an error, not a hang);
+    an external link is refused.  None when a component does not exist."""
+    import h5py
+
+    asked = key if asked is None else asked  # the dataset the user named, for messages
+    obj = f["/"] if key.startswith("/") else f
+    parts = [q for q in key.split("/") if q]
+    for i, part in enumerate(parts):
+        here = "/" + "/".join(parts[:i + 1])
+        if not isinstance(obj, h5py.Group):
+            return None
+        try:
+            link = obj.get(part, getlink=True)
+        except Exception:
+            link = None
+        if link is None:
+            return None
+        if isinstance(link, h5py.ExternalLink):
+            raise InputError(f"{p}:{asked}: '{here}' is an external link (to {link.filename}:{link.path}); rfsgen reads "
+                             "only data inside the file: copy the data in")
+        if isinstance(link, h5py.SoftLink):
+            if hops >= MAX_LINK_HOPS:
+                raise InputError(f"{p}:{asked}: soft links nest more than {MAX_LINK_HOPS} deep at '{here}' (a loop?); "
+                                 "the file is damaged or crafted")
+            target = link.path if link.path.startswith("/") else obj.name.rstrip("/") + "/" + link.path
+            obj = _h5_get(f, target, p, hops + 1, asked)
+            if obj is None:
+                return None
+            continue
+        try:
+            obj = obj[part]
+        except Exception as e:
+            raise InputError(f"{p}:{asked}: cannot open '{here}' ({' '.join(str(e).split())[:120]}); the file is "
+                             "damaged") from None
+    return obj
+
+
+def _check_dataset(ds, p: Path, key: str, what: str = "the dataset") -> None:
+    """A dataset from a file that came from elsewhere, before a byte of it is read:
+    stored inside the file (no external storage, no virtual dataset), a declared shape
+    that an uncompressed contiguous dataset's file can hold, HDF5 chunks that fit in
+    the memory budget."""
+    name = f"{p}:{key}"
+    try:
+        external = ds.external
+        virtual = ds.is_virtual
+        chunks = ds.chunks
+        shape, itemsize = ds.shape, ds.dtype.itemsize
+    except Exception as e:
+        raise InputError(f"{name}: cannot read {what}'s layout ({' '.join(str(e).split())[:120]}); the file is damaged") from None
+    if external:
+        raise InputError(f"{name}: {what} keeps its data in external files ({external[0][0]!s}); rfsgen reads only "
+                         "data inside the file: copy it in (h5py: write the array to a new dataset)")
+    if virtual:
+        raise InputError(f"{name}: {what} is a virtual dataset (data from other files); rfsgen reads only data "
+                         "inside the file: copy it in")
+    if shape is None:
+        raise InputError(f"{name}: {what} has no shape (an empty HDF5 dataspace); the file is damaged")
+    if chunks is None:  # contiguous or compact: unfiltered, every byte inside the file
+        check_declared(name, shape, itemsize, p.stat().st_size, what)
+    else:
+        check_declared(name, shape, itemsize, None, what)
+    if chunks is not None:
+        budget.check(declared_bytes(chunks, itemsize), f"{name}: one HDF5 chunk of {what} (shape {tuple(chunks)})",
+                     "rewrite the file with smaller chunks")
+
+
 def _open_h5(p: Path, key):
     """An HDF5 dataset, or a CSR group in the anndata encoding (``encoding-type:
     csr_matrix`` with data, indices, indptr).  ``file.h5ad`` alone means its ``X``."""
@@ -541,21 +736,33 @@ def _open_h5(p: Path, key):
             elif isinstance(o, h5py.Dataset) and not _encoding(o.parent).endswith("_matrix"):
                 names.append("/" + n)
 
-        f.visititems(visit)
         if key is None:
+            try:
+                f.visititems(visit)
+            except InputError:
+                raise
+            except Exception as e:
+                raise InputError(f"{p}: cannot list its datasets ({' '.join(str(e).split())[:120]}); the file is "
+                                 "damaged") from None
             if len(names) != 1:
                 raise InputError(f"{p}: holds {len(names)} datasets ({', '.join(names[:6])}); choose one as {p}:/PATH")
             key = names[0]
-        obj = f.get(key)
+        obj = _h5_get(f, key, p)
         if isinstance(obj, h5py.Group) and _encoding(obj) == "csr_matrix":
             src = _h5_csr(f, obj, p, key)
         elif isinstance(obj, h5py.Group) and _encoding(obj).endswith("_matrix"):
             raise InputError(f"{p}:{key}: is a {_encoding(obj)}; rfsgen reads rows, so it needs CSR (in Python: "
                              "adata.X = adata.X.tocsr(), then write it again)")
         elif isinstance(obj, h5py.Dataset):
+            _check_dataset(obj, p, key)
             src = ArraySource(obj, f"{p}:{key}", closer=f.close,
                               row_names=_obs_names(f, p, key, obj.shape[0] if obj.ndim else 0))
         else:
+            if not names:
+                try:
+                    f.visititems(visit)
+                except Exception:
+                    pass
             raise InputError(f"{p}: has no dataset or CSR group '{key}' (available: {', '.join(names[:6]) or 'none'})")
         return src
     except BaseException:
@@ -566,14 +773,23 @@ def _open_h5(p: Path, key):
 def _h5_csr(f, g, p, key):
     import h5py
 
+    parts = {}
     for part in ("data", "indices", "indptr"):
-        if not isinstance(g.get(part), h5py.Dataset):
+        ds = _h5_get(f, g.name.rstrip("/") + "/" + part, p)
+        if not isinstance(ds, h5py.Dataset):
             raise InputError(f"{p}:{key}: the CSR group has no '{part}' dataset; the file is damaged")
-    shape = g.attrs.get("shape")
+        _check_dataset(ds, p, ds.name, f"the CSR matrix's {part}")
+        parts[part] = ds
+    try:
+        shape = g.attrs.get("shape")
+        shape = None if shape is None else tuple(int(v) for v in np.asarray(shape).ravel())
+    except Exception:
+        shape = ()
     if shape is None or len(shape) != 2:
         raise InputError(f"{p}:{key}: the CSR group has no 2-D 'shape' attribute; rewrite it with anndata")
-    names = _obs_names(f, p, key, int(shape[0]))
-    return CsrRowsSource(f"{p}:{key}", shape, g["indptr"], g["data"], g["indices"], closer=f.close, row_names=names)
+    names = _obs_names(f, p, key, shape[0])
+    return CsrRowsSource(f"{p}:{key}", shape, parts["indptr"], parts["data"], parts["indices"], closer=f.close,
+                         row_names=names)
 
 
 def _obs_names(f, p, key, n_rows):
@@ -581,17 +797,32 @@ def _obs_names(f, p, key, n_rows):
     ``(start, stop) -> list[str]``; None when the file has none that fits."""
     if not (key in ("/X", "X") or key.lstrip("/").startswith("layers/")):
         return None
-    obs = f.get("obs")
-    if obs is None or _encoding(obs) != "dataframe":
+    import h5py
+
+    obs = _h5_get(f, "/obs", p)
+    if not isinstance(obs, h5py.Group) or _encoding(obs) != "dataframe":
         return None
     index = obs.attrs.get("_index")
-    index = index.decode() if isinstance(index, bytes) else index
-    ds = obs.get(str(index)) if index else None
-    if ds is None or not hasattr(ds, "shape") or ds.shape != (n_rows,) or ds.dtype.kind not in "OSU":
+    index = index.decode("utf-8", "replace") if isinstance(index, bytes) else index
+    if not isinstance(index, str) or not index or "\x00" in index:
         return None
+    ds = _h5_get(f, "/obs/" + index.strip("/"), p)
+    if not isinstance(ds, h5py.Dataset) or ds.shape != (n_rows,) or ds.dtype.kind not in "OSU":
+        return None
+    _check_dataset(ds, p, ds.name, "the row names (obs index)")
 
     def read(start, stop):
-        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[start:stop]]
+        try:
+            raw = ds[start:stop]
+        except Exception as e:
+            raise InputError(f"{p}:{ds.name}: rows {start}:{stop}: cannot read the row names "
+                             f"({' '.join(str(e).split())[:120]}); the file is damaged") from None
+        out = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in raw]
+        for i, v in enumerate(out):
+            if "\x00" in v:  # HDF5 strings end at NUL: the output could not carry the name
+                raise InputError(f"{p}:{ds.name}: row {start + i}: the row name {v!r} contains a NUL character; "
+                                 "rename that row (obs index) without it")
+        return out
 
     return read
 
@@ -621,6 +852,9 @@ def _npy_stream(stream) -> InputSource:
         raise InputError(f"<stdin>: not a readable .npy stream ({' '.join(str(e).split())[:160]})") from None
     if fortran and len(shape) > 1:
         raise InputError("<stdin>: Fortran-ordered .npy cannot be streamed; save it C-ordered")
+    if dtype.hasobject:
+        raise InputError("<stdin>: the .npy stream holds Python objects, not numbers")
+    check_declared("<stdin>", shape, dtype.itemsize)
 
     class _Rows:
         def __init__(self):

@@ -184,8 +184,10 @@ class Transformer:
                 src[:, ga.offset:ga.offset + flat.shape[1]] = flat
             else:
                 a = ga.gi.size
+                labels = [self.skeleton.nodes[i].label for i in self.skeleton.input_groups[ga.group][1]]
                 base.values(xp[ga.group], ga.gi, ga.codes,
-                            out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]))
+                            out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
+                            where=(row0, source, labels))
         return src
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:

@@ -105,3 +105,58 @@ def test_base_parameter_errors():
         make_base("sphere", {"scheme": "diag"}, 3)
     with pytest.raises(ValueError, match="at least 2 columns"):
         make_base("sphere", {}, 1)
+
+
+# ----------------------------------------------------------------------------- extreme finite values (issue 23, item 10)
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rfsgen.errors import DataError  # noqa: E402
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(exponent=st.integers(-1074, 1020), w=st.integers(2, 40), seed=st.integers(0, 5))
+def test_sphere_prepare_is_exact_under_power_of_two_scaling(exponent, w, seed):
+    """Any power-of-two scaling that loses no bit (subnormal rows included) gives the
+    same unit vectors, bit for bit; rows of subnormals give finite unit vectors."""
+    base = make_base("sphere", {}, w)
+    x = np.random.default_rng(seed).standard_normal((2, 1, w))
+    scaled = np.ldexp(x, exponent)
+    if (scaled == 0).all(axis=-1).any():  # underflowed to a zero vector: the zero rule applies
+        with pytest.raises(DataError, match="all zeros"):
+            base.prepare(scaled, ["n"], 0, "<t>")
+        return
+    got = base.prepare(scaled, ["n"], 0, "<t>")
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, rtol=1e-14)
+    if np.array_equal(np.ldexp(scaled, -exponent), x):
+        np.testing.assert_array_equal(got, base.prepare(x, ["n"], 0, "<t>"))
+
+
+@pytest.mark.parametrize("name", ["gaussian", "laplace"])
+@given(a=st.floats(-1.79e308, 1.79e308), b=st.floats(-1.79e308, 1.79e308),
+       scale=st.sampled_from([1e-308, 1e-200, 1.0, 1e200]))
+@settings(max_examples=30, derandomize=True, deadline=None)
+def test_gram_of_extreme_values_is_finite_and_right(name, a, b, scale):
+    """exp(-scale^2 d^2 / 2) and exp(-scale d) for any finite values, compared with the
+    same kernel computed in logarithms of the distance."""
+    import math
+
+    base = make_base(name, {"scale": scale}, 1)
+    xp, yp = np.array([[[a]]]), np.array([[[b]]])
+    rho, delta, eps = base.gram(xp, yp)
+    assert np.isfinite(rho).all() and np.isfinite(delta).all() and np.isfinite(eps).all()
+    d = abs(a / 2 - b / 2)  # half the distance: never overflows
+    log_t = (math.log(d) + math.log(2) + math.log(scale)) if d > 0 else -math.inf
+    want = math.exp(-0.5 * math.exp(2 * log_t)) if name == "gaussian" and log_t < 300 else (
+        math.exp(-math.exp(log_t)) if log_t < 600 else 0.0)
+    if name == "gaussian" and log_t >= 300:
+        want = 0.0
+    assert rho[0, 0, 0] == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
+def test_circle_angle_that_overflows_is_a_data_error():
+    base = make_base("circle", {"scale": 1e300}, 1)
+    np.testing.assert_array_equal(base.prepare(np.array([[[1e8]]]), ["c"], 0, "<t>"), [[[1e308]]])
+    with pytest.raises(DataError, match=r"<t>: row 7, node 'c': the angle scale \* value = 1e\+300 \* 1e\+100 overflows"):
+        base.prepare(np.array([[[1.0]], [[1e100]]]), ["c"], 6, "<t>")

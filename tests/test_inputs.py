@@ -1,4 +1,5 @@
 import io
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -280,3 +281,103 @@ def test_sparse_input_errors(tmp_path):
     np.savez(tmp_path / "fake.npz", format=np.array("csr"), shape=np.array([6, 6]), data=m.data)
     with pytest.raises(InputError, match="a CSR archive needs data, format, indices, indptr, shape"):
         read(tmp_path / "fake.npz")
+
+
+# ----------------------------------------------------------------------------- crafted inputs (issue 23, item 9)
+import crafted  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rfsgen import budget  # noqa: E402
+from rfsgen.errors import LimitError  # noqa: E402
+
+_CRAFT = settings(max_examples=25, derandomize=True, deadline=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _refused(spec, stdin=None, small="64M"):
+    """Open and read ``spec`` under a small budget: a one-line InputError or LimitError."""
+    with budget.limited(small):
+        with pytest.raises((InputError, LimitError)) as e:
+            with open_input(spec, stdin=stdin) as src:
+                src.read()
+                src.row_names(0, src.n_rows or 0)
+    assert "\n" not in str(e.value)
+    return e.value
+
+
+@_CRAFT
+@given(rows=st.integers(10**7, 10**15), width=st.integers(1, 10**6),
+       kind=st.sampled_from(["npy", "npz", "h5", "h5-chunked", "coo", "csr", "csc", "stdin"]))
+def test_crafted_files_declaring_huge_shapes_are_refused_before_allocating(tmp_path, rows, width, kind):
+    if kind == "npy":
+        spec, stdin = crafted.huge_npy(tmp_path, (rows, width)), None
+    elif kind == "npz":
+        spec, stdin = crafted.dense_npz(tmp_path, (rows, width)), None
+    elif kind == "h5":
+        spec, stdin = crafted.h5_dense(tmp_path, (rows, width)), None
+    elif kind == "h5-chunked":
+        spec, stdin = crafted.h5_dense(tmp_path, (rows, width), chunks=(min(rows, 2**20), min(width, 2**10))), None
+    elif kind == "stdin":
+        spec, stdin = "-", io.BufferedReader(io.BytesIO(crafted.npy_bytes((rows, width))))
+    else:
+        spec, stdin = crafted.sparse_npz(tmp_path, kind, (rows, width)), None
+    err = str(_refused(spec, stdin))
+    assert any(w in err for w in ("declares", "memory budget", "indptr has", "not a readable")), err
+
+
+@_CRAFT
+@given(kind=st.sampled_from(["loop", "external_link", "external_storage", "virtual"]), length=st.integers(1, 20))
+def test_hdf5_links_and_storage_outside_the_file_are_refused(tmp_path, kind, length):
+    spec = crafted.h5_soft_loop(tmp_path, length) if kind == "loop" else crafted.h5_outside(tmp_path, kind)
+    err = _refused(spec)
+    assert "/X" in str(err) and str(tmp_path) in str(err)
+
+
+@_CRAFT
+@given(n=st.integers(1, 50), declared=st.integers(-5, 10**12), lo=st.integers(-3, 3), end=st.integers(-3, 10**9),
+       col=st.integers(-10, 10**9))
+def test_csr_declared_counts_are_validated_before_use(tmp_path, n, declared, lo, end, col):
+    """indptr's ends, the number of values and the column range checked against each other."""
+    nnz = 4
+    indptr = np.linspace(lo, end, n + 1).astype(np.int64)
+    if lo == 0 and 0 <= end <= nnz and (np.diff(indptr) >= 0).all() and 0 <= col < 6 and declared == n:
+        return  # a valid matrix
+    spec = crafted.h5_csr(tmp_path, (declared, 6), indptr, np.full(nnz, col), np.ones(nnz))
+    _refused(spec)
+
+
+@_CRAFT
+@given(names=st.lists(st.binary(min_size=1, max_size=6), min_size=1, max_size=5))
+def test_row_names_with_nul_are_an_input_error(tmp_path, names):
+    names = [n.rstrip(b"\x00") or b"x" for n in names]
+    spec = crafted.h5ad_names(tmp_path, names)
+    with open_input(spec) as src:
+        if any(b"\x00" in n for n in names):
+            with pytest.raises(InputError, match=r"row \d+: the row name .* NUL") as e:
+                src.row_names(0, src.n_rows)
+            assert "\n" not in str(e.value)
+        else:
+            assert len(src.row_names(0, src.n_rows)) == len(names)
+
+
+def test_issue_examples_crafted_inputs(tmp_path):
+    """The four examples of issue 23 item 9."""
+    coo = crafted.sparse_npz(tmp_path, "coo", (10**9, 8))
+    assert Path(coo).stat().st_size < 2000
+    assert "memory budget" in str(_refused(coo, small="1G"))
+    assert "soft links nest" in str(_refused(crafted.h5_soft_loop(tmp_path, 2)))
+    nul = crafted.h5ad_names(tmp_path, [b"a\x00b", b"c"])
+    assert "NUL" in str(_refused(nul))
+    stdin = io.BufferedReader(io.BytesIO(crafted.npy_bytes((10**12, 8))))
+    assert "memory budget" in str(_refused("-", stdin))
+    assert "declares shape (1000000000000, 8)" in str(_refused(crafted.h5_dense(tmp_path, (10**12, 8))))
+
+
+def test_valid_sparse_and_h5_inputs_still_read(tmp_path):
+    import scipy.sparse as sp
+
+    m = sp.random(30, 6, density=0.3, format="coo", random_state=1)
+    sp.save_npz(tmp_path / "coo.npz", m)
+    with budget.limited("64M"), open_input(tmp_path / "coo.npz") as src:
+        np.testing.assert_array_equal(src.read(), m.toarray())

@@ -715,3 +715,178 @@ def test_read_only_install_caches_compiled_code_per_user(tmp_path):
             subprocess.run(["chattr", "-i", d], capture_output=True)
             os.chmod(d, 0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- extreme finite rows (issue 23, item 10)
+import crafted  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import SKELETONS, load_shipped, rows_for  # noqa: E402
+from rfsgen import DataError as _DataError  # noqa: E402
+from rfsgen import kernel as _kernel  # noqa: E402
+from rfsgen import parse_skeleton as _parse  # noqa: E402
+from rfsgen import sample as _sample  # noqa: E402
+from rfsgen import transform as _transform  # noqa: E402
+
+_SHIPPED = sorted(p.stem for p in SKELETONS.glob("*.yaml"))
+_FS: dict = {}
+
+
+def _shipped(name):
+    """(skeleton bound to 6 columns if 'width: auto', 64 sampled features), cached."""
+    if name not in _FS:
+        skel = load_shipped(SKELETONS / f"{name}.yaml")
+        _FS[name] = (skel, _sample(skel, 64, seed=3))
+    return _FS[name]
+
+
+def _features_or_error(fs, x):
+    """Dense float64 features, or None after checking the DataError is one line naming a row."""
+    try:
+        z = _transform(fs, x, layout="dense", dtype="float64")
+    except _DataError as e:
+        assert "\n" not in str(e) and "row " in str(e), str(e)
+        return None
+    assert np.isfinite(z).all()
+    return z
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(_SHIPPED), exponent=st.integers(-1074, 1020), seed=st.integers(0, 3),
+       extremes=st.lists(st.tuples(st.integers(0, 10**6), crafted.extreme_values()), max_size=4))
+def test_extreme_finite_rows_give_finite_features_or_a_data_error(name, exponent, seed, extremes):
+    """Rows scaled by any power of two, with entries set to finite extremes, through every
+    shipped skeleton: finite features and a finite kernel, equal to the unscaled rows'
+    where the scaling is exact and the kernel is scale-free, or a one-line DataError."""
+    skel, fs = _shipped(name)
+    base = rows_for(skel, 2, seed=seed)
+    scalable = all(b.name == "sphere" for b, _, _ in skel.input_groups)
+    x = np.ldexp(base, exponent) if scalable else base.copy()
+    for col, v in extremes:
+        x[col % 2, (col // 2) % skel.width] = v
+    z = _features_or_error(fs, x)
+    try:
+        k = _kernel(skel, x)
+    except _DataError as e:
+        assert "\n" not in str(e) and "row " in str(e)
+        k = None
+    if k is not None:
+        assert np.isfinite(k).all()
+        if not extremes or scalable:
+            np.testing.assert_allclose(np.diag(k), 1.0, rtol=1e-9)
+    exact = scalable and not extremes and np.array_equal(np.ldexp(x, -exponent), base)
+    if exact:  # a power-of-two scaling that lost no bit: sphere nodes see the same unit vectors
+        assert z is not None
+        np.testing.assert_array_equal(z, _transform(fs, base, layout="dense", dtype="float64"))
+        np.testing.assert_allclose(k, _kernel(skel, base), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["shallow-gaussian", "cifar-deep"])
+def test_subnormal_rows_give_the_features_of_the_rows_unscaled(name, cifar_rows):
+    """Issue 23 item 10: rows scaled by 2^-1040 gave 1020 of 1024 features NaN."""
+    skel = load_shipped(SKELETONS / f"{name}.yaml")
+    fs = _sample(skel, 1024, seed=2)
+    x = cifar_rows[:3]
+    tiny = np.ldexp(x, -1040)  # subnormal: some low bits are lost
+    z, zt = (_transform(fs, r, layout="dense", dtype="float64") for r in (x, tiny))
+    assert np.isfinite(zt).all()
+    np.testing.assert_allclose(zt, _transform(fs, np.ldexp(tiny, 1040), layout="dense", dtype="float64"), rtol=0, atol=0)
+    np.testing.assert_allclose(zt, z, atol=1e-6)
+    np.testing.assert_allclose(_kernel(skel, tiny), _kernel(skel, x), atol=1e-9)
+
+
+def _one(base, width=3, extra=""):
+    return _parse(f"rfsgen: 1\ninput: {{width: {width}}}\nnodes:\n - {{name: a, base: {base}{extra}}}\n"
+                  " - {name: o, activation: relu, inputs: [a]}\noutput: o\n")
+
+
+@pytest.mark.parametrize("base", ["gaussian", "laplace"])
+def test_rows_near_the_largest_float(base):
+    """Issue 23 item 10: entries of +-1.7e308 gave NaN.  The kernel is finite and right
+    (far rows: 0, a row with itself: 1); features whose angle overflows are a DataError
+    naming the row and the node."""
+    skel = _one(base)
+    x = np.array([[1.7e308, -1.7e308, 1.0], [1.0, 2.0, 3.0]])
+    k = _kernel(skel, x)
+    far = _kernel(skel, np.array([[1e6, 0, 0], [-1e6, 0, 0]]))  # base kernel 0 for far rows, then relu's dual
+    np.testing.assert_array_equal(k, far)
+    with pytest.raises(_DataError, match=r"row 0, node 'a': a feature's angle") as e:
+        _transform(_sample(skel, 256, seed=1), x, layout="dense")
+    assert "\n" not in str(e.value)
+    small = _one(base, extra=", scale: 1.0e-308")  # scale * |x - y| is ordinary: the kernel sees it
+    k = _kernel(small, np.array([[1.7e308, 0, 0], [-1.7e308, 0, 0]]))
+    assert 0 < k[0, 1] < 1 and np.isfinite(k).all()
+
+
+def test_partial_sums_that_overflow_are_recomputed_not_refused():
+    """theta = 1.7e308 - 1.7e308 + ... is finite though a partial sum overflows: the
+    features are finite and equal those of the exactly halved row's angle."""
+    skel = _one("gaussian", width=2)
+    fs = _sample(skel, 64, seed=5)
+    x = np.array([[1.5e308, -1.5e308]])
+    z = _features_or_error(fs, x)
+    if z is not None:
+        assert np.isfinite(z).all()
+
+
+def test_huge_scale_times_large_values_is_a_data_error_in_every_api():
+    """Issue 23 item 10: scale 1e300 with |x| >= 1e100 gave NaN."""
+    circle = _parse("rfsgen: 1\ninput: {width: 8}\nnodes:\n - {name: a, base: circle, scale: 1.0e+300, per: column}\n"
+                    " - {name: o, activation: relu, inputs: [a]}\noutput: o\n")
+    x = np.ones((2, 8))
+    x[1, 3] = 1e100
+    for call in (lambda: _kernel(circle, x), lambda: _transform(_sample(circle, 32, seed=1), x)):
+        with pytest.raises(_DataError, match=r"row 1, node 'a\[3\]': the angle scale \* value") as e:
+            call()
+        assert "\n" not in str(e.value)
+    gauss = _one("gaussian", extra=", scale: 1.0e+300")
+    with pytest.raises(_DataError, match=r"row 0, node 'a'"):
+        _transform(_sample(gauss, 64, seed=1), np.array([[1e100, 0, 0], [1.0, 0, 0]]))
+
+
+def test_extreme_rows_and_crafted_inputs_through_the_cli_and_sklearn(tmp_path):
+    from rfsgen.cli import main
+    from rfsgen.sklearn import SkeletonFeatures
+
+    skel = SKELETONS / "tabular-circle.yaml"
+    x = rows_for(load_shipped(skel), 4)
+    x[2, 5] = 1.7e308  # scale 0.5: a finite angle
+    np.save(tmp_path / "x.npy", x)
+    runner = CliRunner()
+    res = runner.invoke(main, ["kernel", str(skel), str(tmp_path / "x.npy"), "-o", str(tmp_path / "k.npy")])
+    assert res.exit_code == 0, res.output
+    assert np.isfinite(np.load(tmp_path / "k.npy")).all()
+    big = crafted.h5_dense(tmp_path, (10**12, 8))  # issue 23 item 9: an .h5 given to kernel declaring 1e12 rows
+    res = runner.invoke(main, ["kernel", str(skel), big, "-o", str(tmp_path / "k2.npy")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "declares shape (1000000000000, 8)" in res.output
+    res = runner.invoke(main, ["kernel", str(skel), "-", "-o", str(tmp_path / "k3.npy")],
+                        input=crafted.npy_bytes((10**12, 8)), env={"RFSGEN_MAX_MEMORY": "1G"})
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "memory budget" in res.output, res.output
+    assert not (tmp_path / "k2.npy").exists() and not (tmp_path / "k3.npy").exists()
+    circle = _parse("rfsgen: 1\ninput: {width: 8}\nnodes:\n - {name: a, base: circle, scale: 1.0e+300, per: column}\n"
+                    " - {name: o, activation: relu, inputs: [a]}\noutput: o\n")
+    x[2, 5] = 1e100
+    with pytest.raises(_DataError, match="row 2"):
+        SkeletonFeatures(circle, n_components=32, random_state=0).fit(x[:2]).transform(x)
+
+
+def test_nul_row_names_and_crafted_inputs_through_transform_cli(tmp_path):
+    """Issue 23 item 9: obs names holding NUL gave a ValueError traceback; a crafted COO
+    archive declaring (1e9, 8) a traceback."""
+    from rfsgen import save_features
+    from rfsgen.cli import main
+
+    skel = _one("gaussian")
+    save_features(_sample(skel, 16, seed=1), tmp_path / "f.h5")
+    spec = crafted.h5ad_names(tmp_path, [b"a", b"b\x00c"])
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f.h5"), spec, "-o", str(tmp_path / "o.h5ad")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "row 1: the row name" in res.output, res.output
+    assert not (tmp_path / "o.h5ad").exists()
+    eight = _one("gaussian", width=8)
+    save_features(_sample(eight, 16, seed=1), tmp_path / "f8.h5")
+    coo = crafted.sparse_npz(tmp_path, "coo", (10**9, 8))
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f8.h5"), coo, "-o", str(tmp_path / "o2.h5")],
+                             env={"RFSGEN_MAX_MEMORY": "1G"})
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "memory budget" in res.output, res.output
+    assert not (tmp_path / "o2.h5").exists()
