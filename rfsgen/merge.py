@@ -320,8 +320,8 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
     if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
         raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
                              "checksum is of other names (rows moved?)")
-    _members(path, f, _ROOT, "/")
     x = _link(path, f, "X", "X")
+    _members(path, f, _ROOT, "/")
     if layout == "dense":
         _dataset(path, x, "X", dtype, (n, D), comp, file_size)
         _encoding(path, x, "X", "array", "0.2.0")
@@ -468,13 +468,17 @@ class _Reader:
         if hi > lo:
             rows = np.repeat(np.arange(b - a), np.diff(ptr))
             c = cols.astype(np.int64, copy=False)
-            bad = (c < 0) | (c >= D) | (vals == 0)
-            step = np.diff(c) <= 0  # within a row, strictly increasing
-            step &= rows[1:] == rows[:-1]
-            if bad.any() or step.any():
-                k = int(np.argmax(bad)) if bad.any() else int(np.argmax(step)) + 1
-                raise _damaged(s.path, f"row {s.start + a + int(rows[k])} of 'X' is not canonical CSR (a column "
-                                       f"index outside 0..{D - 1}, out of order or repeated, or a stored zero)")
+            bad = (c < 0) | (c >= D)
+            bad[1:] |= (np.diff(c) <= 0) & (rows[1:] == rows[:-1])  # within a row, strictly increasing
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise _damaged(s.path, f"'X/indices' is not canonical CSR at row {s.start + a + int(rows[k])} (a column "
+                                       f"index outside 0..{D - 1}, out of order or repeated)")
+            zero = vals == 0
+            if zero.any():
+                k = int(np.argmax(zero))
+                raise _damaged(s.path, f"'X/data' stores a zero at row {s.start + a + int(rows[k])} (an output never "
+                                       "does)")
             block[rows, c] = vals
         return block
 
