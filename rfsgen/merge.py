@@ -317,9 +317,6 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
         raise _damaged(path, f"its integrity record's shape {record['shape']} is not rows x columns [{n}, {D}]")
     if not 0 <= nnz <= n * D or (layout == "dense" and nnz != n * D):
         raise _damaged(path, f"its integrity record's nnz {nnz} is impossible for {n} x {D} ({layout})")
-    if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
-        raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
-                             "checksum is of other names (rows moved?)")
     x = _link(path, f, "X", "X")
     _members(path, f, _ROOT, "/")
     if layout == "dense":
@@ -350,6 +347,10 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
         g = _link(path, f, name, name)
         if not isinstance(g, h5py.Group) or len(g):
             raise _damaged(path, f"'{name}' is not an empty group")
+    # Last: the number of rows is now known to be what the file holds.
+    if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
+        raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
+                             "checksum is of other names (rows moved?)")
     return _Shard(path, f, attrs, record, start, stop, dtype, comp)
 
 
