@@ -182,7 +182,9 @@ class Checksum:
 
         out = np.empty(words.shape[0], dtype=np.uint64)
         bad = np.zeros(words.shape[0], dtype=np.bool_)
-        on_rows(xxh64_blocks, words.shape[0], words, self.kind, out, bad)
+        # Threads for large pieces only (a dense chunk); the CSR writer's 4 MiB pieces are
+        # hashed in its own thread, beside the compute, without starting more.
+        on_rows(xxh64_blocks, words.shape[0], words, self.kind, out, bad, min_rows=8)
         self.digests.append(out)
         if self.first_bad is None and bad.any():
             self.first_bad = offset + int(np.argmax(bad)) * CHECKSUM_BLOCK

@@ -22,8 +22,8 @@ from rfsgen.output import RECORD_ATTR, Checksum, NamesChecksum, canonical_json, 
 # ----------------------------------------------------------------------------- reading the layout
 def data_extents(path) -> list:
     """``(dataset, file offset, bytes)`` of every stored piece of X's data: the
-    contiguous area of a dense X, or every chunk of a chunked dataset (uncompressed:
-    only the part within the dataset's shape; the rest of a last chunk is no data)."""
+    contiguous area of a dense X, or every chunk of a chunked dataset (a chunk stored
+    uncompressed: only the part within the dataset's shape; the rest is no data)."""
     out = []
     with h5py.File(path, "r") as f:
         x = f["X"]
@@ -38,7 +38,7 @@ def data_extents(path) -> list:
                 for i in range(ds.id.get_num_chunks()):
                     info = ds.id.get_chunk_info(i)
                     size = info.size
-                    if ds.compression is None:
+                    if ds.compression is None or info.filter_mask:  # stored raw (lzf keeps what it cannot shrink)
                         first = info.chunk_offset[0]
                         size = min(size, (min(ds.shape[0], first + ds.chunks[0]) - first) * row_bytes)
                     out.append((name, info.byte_offset, size))

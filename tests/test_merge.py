@@ -173,7 +173,12 @@ def test_a_damaged_or_forged_shard_is_refused_and_nothing_is_written(base, kind,
         names = _copy_set(base, kind, into)
         damage.DAMAGES[damage_name](names[which], np.random.default_rng(seed))
         args = ["merge", *names, "-o", into / "m.h5", "-q"] + (["--virtual"] if virtual and kind == "dense" else [])
-        _refused(run(args), into, names[which])
+        res = run(args)
+        if res.exit_code == 0 and kind == "gzip" and damage_name.startswith("flip"):
+            # A compressed chunk's last padding bits are no data: the merge must then be exact.
+            assert (into / "m.h5").read_bytes() == (base / "gzip-all.h5").read_bytes()
+            return
+        _refused(res, into, names[which])
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
