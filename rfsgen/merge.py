@@ -200,7 +200,8 @@ def _encoding(path, obj, where: str, kind: str, version: str) -> None:
 
 
 def _read_record(path, f) -> dict:
-    from .output import CHECKSUM, COMPRESSIONS, DTYPES, RECORD_ATTR, RECORD_FORMAT, RECORD_VERSION, canonical_json, seal_of
+    from .output import (CHECKSUM, COMPRESSIONS, DTYPES, RECORD_ATTR, RECORD_FORMAT, RECORD_VERSION, canonical_json,
+                         seal_of)
 
     if RECORD_ATTR not in f.attrs:
         raise InputError(f"{path}: has no integrity record ('{RECORD_ATTR}'): it was written before rfsgen recorded "
@@ -473,8 +474,9 @@ class _Reader:
             bad[1:] |= (np.diff(c) <= 0) & (rows[1:] == rows[:-1])  # within a row, strictly increasing
             if bad.any():
                 k = int(np.argmax(bad))
-                raise _damaged(s.path, f"'X/indices' is not canonical CSR at row {s.start + a + int(rows[k])} (a column "
-                                       f"index outside 0..{D - 1}, out of order or repeated)")
+                row = s.start + a + int(rows[k])
+                raise _damaged(s.path, f"'X/indices' is not canonical CSR at row {row} (a column index outside "
+                                       f"0..{D - 1}, out of order or repeated)")
             zero = vals == 0
             if zero.any():
                 k = int(np.argmax(zero))

@@ -194,7 +194,8 @@ def test_shard_sets_that_do_not_tile_their_rows_are_refused(base, kind, how, i):
             del names[i + 1]
         elif how == "overlap":
             transform_file(base / "f.h5", base / "x.npy", into / "wide.h5", rows=f"{CUTS[i]}:{CUTS[i + 2]}",
-                           layout="dense" if kind == "dense" else "csr", compression="gzip" if kind == "gzip" else "none")
+                           layout="dense" if kind == "dense" else "csr",
+                           compression="gzip" if kind == "gzip" else "none")
             names.append(into / "wide.h5")
             named = [into / "wide.h5"]
         elif how == "swap":  # row ranges exchanged in the attributes, records resealed

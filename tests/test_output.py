@@ -44,7 +44,8 @@ def _reference(data: bytes) -> str:
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)
-@given(size=st.sampled_from([0, 4, 12, CHECKSUM_BLOCK - 4, CHECKSUM_BLOCK, CHECKSUM_BLOCK + 4, 2 * CHECKSUM_BLOCK + 36]),
+@given(size=st.sampled_from([0, 4, 12, CHECKSUM_BLOCK - 4, CHECKSUM_BLOCK, CHECKSUM_BLOCK + 4,
+                            2 * CHECKSUM_BLOCK + 36]),
        cuts=st.lists(st.integers(0, 2 * CHECKSUM_BLOCK + 40), max_size=6), offset=st.sampled_from([0, 4]))
 def test_the_checksum_does_not_depend_on_how_the_bytes_are_fed(size, cuts, offset):
     raw = np.random.default_rng(size).integers(0, 2**32, size // 4 + 1, dtype=np.uint32)
