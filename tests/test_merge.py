@@ -396,3 +396,30 @@ def test_a_merged_output_carries_the_record_of_a_direct_run(base, tmp_path):
     assert _merge(tmp_path, names[::-1], "--virtual").exit_code == 0
     with h5py.File(tmp_path / "m.h5", "r") as v, h5py.File(base / "dense-all.h5", "r") as a:
         assert v.attrs["rfsgen_record"] == a.attrs["rfsgen_record"]
+
+
+def test_shards_of_named_rows_merge_exactly_and_their_names_are_verified(base, tmp_path):
+    """An .h5ad input's row names travel through the shards (checksummed) into the merge."""
+    from rfsgen.h5ad import mark_dense, mark_root, write_index
+
+    x = np.load(base / "x.npy")
+    with h5py.File(tmp_path / "x.h5ad", "w") as f:
+        f["X"] = x
+        mark_dense(f["X"])
+        mark_root(f)
+        write_index(f, "obs", x.shape[0], lambda a, b: [f"cell-{i}" for i in range(a, b)])
+        write_index(f, "var", x.shape[1], None)
+    transform_file(base / "f.h5", tmp_path / "x.h5ad", tmp_path / "all.h5")
+    names = []
+    for k, rows in enumerate(("0:30", "30:31", "31:103")):
+        names.append(tmp_path / f"s{k}.h5")
+        transform_file(base / "f.h5", tmp_path / "x.h5ad", names[-1], rows=rows)
+    assert damage.record(names[1])["obs_names"] == "input"
+    assert _merge(tmp_path, names[::-1]).exit_code == 0
+    assert (tmp_path / "m.h5").read_bytes() == (tmp_path / "all.h5").read_bytes()
+    (tmp_path / "m.h5").unlink()
+    with h5py.File(names[2], "r+") as f:  # one name changed, the record left as it was
+        f["obs/_index"][5] = "cell-x"
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "'obs/_index' (the row names) does not match its integrity record" in res.output
