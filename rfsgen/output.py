@@ -4,6 +4,11 @@ It takes anything that yields chunks of feature values (a :class:`rfsgen.transfo
 a merge's shard reader, a cluster engine) and writes them, atomically, as dense ``X`` or CSR
 (``X/data``, ``X/indices``, ``X/indptr``) with the AnnData annotations and rfsgen's provenance.
 The file's bytes depend only on the values written, never on how they were chunked.
+
+Every output carries an integrity record (:data:`RECORD_ATTR`, see :func:`make_record`):
+its provenance, row range, dtype, layout, shape, nnz, the :data:`CHECKSUM` of each of
+X's datasets (fed as the data is written, so no second pass over the file) and of the
+row names, sealed by a SHA-256 of the rest.  ``rfsgen merge`` verifies shards against it.
 """
 
 from __future__ import annotations
