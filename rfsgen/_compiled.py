@@ -343,6 +343,104 @@ def fletcher32(data):  # pragma: no cover - compiled
     return (sum2 << s16) | sum1
 
 
+# XXH64 (https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md), the per-block
+# hash of the outputs' data checksum (rfsgen.output.Checksum): fast enough to run as
+# the data is written, so that the record costs little next to the transform.
+_XP1 = np.uint64(0x9E3779B185EBCA87)
+_XP2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_XP3 = np.uint64(0x165667B19E3779F9)
+_XP4 = np.uint64(0x85EBCA77C2B2AE63)
+_XP5 = np.uint64(0x27D4EB2F165667C5)
+_F32_EXP = np.uint64(0x7F8000007F800000)  # the exponent bits of two float32 in one word
+_F32_LO = np.uint64(0x7F800000)
+_F32_HI = np.uint64(0x7F80000000000000)
+_F64_EXP = np.uint64(0x7FF0000000000000)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rotl(x, r):  # pragma: no cover - compiled
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _xround(acc, w):  # pragma: no cover - compiled
+    return _rotl(acc + w * _XP2, 31) * _XP1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _nonfinite(w, kind):  # pragma: no cover - compiled
+    """Whether the word ``w`` holds a NaN or an infinity: two float32 (``kind`` 4) or
+    one float64 (``kind`` 8); never for ``kind`` 0."""
+    if kind == 4:
+        e = w & _F32_EXP
+        return (e & _F32_LO) == _F32_LO or (e & _F32_HI) == _F32_HI
+    if kind == 8:
+        return (w & _F64_EXP) == _F64_EXP
+    return False
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def xxh64(words, tail, seed, kind):  # pragma: no cover - compiled
+    """XXH64 of the bytes of ``words`` (uint64, little-endian) followed by ``tail``
+    (uint8, fewer than 8 bytes), with ``seed``.  Returns ``(hash, bad)``: ``bad`` is
+    True when a word holds a non-finite float of size ``kind`` (see :func:`_nonfinite`;
+    the tail is not checked)."""
+    n = words.size
+    seed = np.uint64(seed)
+    bad = False
+    i = 0
+    if n >= 4:
+        v1 = seed + _XP1 + _XP2
+        v2 = seed + _XP2
+        v3 = seed
+        v4 = seed - _XP1
+        while i + 4 <= n:
+            w1, w2, w3, w4 = words[i], words[i + 1], words[i + 2], words[i + 3]
+            if kind:
+                bad |= _nonfinite(w1, kind) | _nonfinite(w2, kind) | _nonfinite(w3, kind) | _nonfinite(w4, kind)
+            v1 = _xround(v1, w1)
+            v2 = _xround(v2, w2)
+            v3 = _xround(v3, w3)
+            v4 = _xround(v4, w4)
+            i += 4
+        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
+        for v in (v1, v2, v3, v4):
+            h = (h ^ _xround(np.uint64(0), v)) * _XP1 + _XP4
+    else:
+        h = seed + _XP5
+    h += np.uint64(n * 8 + tail.size)
+    while i < n:
+        if kind:
+            bad |= _nonfinite(words[i], kind)
+        h = _rotl(h ^ _xround(np.uint64(0), words[i]), 27) * _XP1 + _XP4
+        i += 1
+    j = 0
+    if tail.size - j >= 4:
+        v = (np.uint64(tail[0]) | (np.uint64(tail[1]) << np.uint64(8)) | (np.uint64(tail[2]) << np.uint64(16))
+             | (np.uint64(tail[3]) << np.uint64(24)))
+        h = _rotl(h ^ (v * _XP1), 23) * _XP2 + _XP3
+        j = 4
+    while j < tail.size:
+        h = _rotl(h ^ (np.uint64(tail[j]) * _XP5), 11) * _XP1
+        j += 1
+    h ^= h >> np.uint64(33)
+    h *= _XP2
+    h ^= h >> np.uint64(29)
+    h *= _XP3
+    h ^= h >> np.uint64(32)
+    return h, bad
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def xxh64_blocks(words, kind, out, bad, start, stop):  # pragma: no cover - compiled
+    """XXH64 (seed 0) of rows ``start:stop`` of ``words`` (uint64 ``(blocks, w)``, one
+    block a row) into ``out`` (uint64 ``(blocks,)``); ``bad[b]`` (bool) marks a block with
+    a non-finite float of size ``kind`` (0: no check)."""
+    tail = np.empty(0, dtype=np.uint8)
+    for b in range(start, stop):
+        out[b], bad[b] = xxh64(words[b], tail, 0, kind)
+
+
 # ----------------------------------------------------------------------------- sampler walk
 # The walk's bookkeeping between its random draws: each loop computes exactly what the
 # numpy expression in its docstring does (integers only), in one pass without temporaries.

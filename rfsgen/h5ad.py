@@ -40,10 +40,11 @@ def mark_csr(group, shape) -> None:
     group.attrs["shape"] = np.asarray(shape, dtype=np.int64)
 
 
-def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, first: int = 0) -> None:
+def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, first: int = 0, digest=None) -> None:
     """A dataframe group ``name`` (``obs`` or ``var``) with ``n`` string index values:
     ``names(a, b)`` for entries ``a:b`` when given, else the numbers
-    ``first .. first + n - 1`` as strings."""
+    ``first .. first + n - 1`` as strings.  ``digest.update(block)``, if given, sees
+    every block of values in order (the output's integrity record)."""
     import h5py
 
     g = f.create_group(name)
@@ -55,4 +56,6 @@ def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, 
     for a in range(0, n, NAME_BLOCK):
         b = min(n, a + NAME_BLOCK)
         block = names(a, b) if names is not None else [str(i) for i in range(first + a, first + b)]
+        if digest is not None:
+            digest.update(block)
         ds[a:b] = np.array(block, dtype=object)

@@ -1,30 +1,69 @@
-"""Put transform shards back together (``rfsgen merge``).
+"""Put transform shards back together (``rfsgen merge``), trusting nothing in them.
 
 Shards are outputs of ``rfsgen transform --rows`` / ``--shard`` over one input with one
-feature file.  :func:`merge_files` checks that they belong together and cover a
-contiguous range of rows exactly once (in any argument order), then writes the merged
-file through the same writer as ``rfsgen transform``: it is identical, dataset by
-dataset and attribute by attribute, to one transform over the whole range, and byte
-for byte where that file's bytes do not depend on how it was written.  With
-``virtual=True`` (dense shards) ``X`` is an HDF5 virtual dataset over the shards'
+feature file.  Each carries an integrity record (:mod:`rfsgen.output`): its provenance,
+row range, dtype, layout, shape, the checksums of its data and row names, sealed.
+:func:`merge_files` verifies every shard against it, and the shards against each
+other, then writes the merged file through the same writer as ``rfsgen transform``: it
+is identical, byte for byte, to one transform over the whole range, record included.
+With ``virtual=True`` (dense shards) ``X`` is an HDF5 virtual dataset over the shards'
 ``X`` instead of a copy.
+
+What is verified, and when:
+
+* before any file is created: that each shard is a regular file, an HDF5 file of the
+  output kind (exactly the groups, datasets and links rfsgen writes; no external,
+  soft or virtual links, no external storage, only the filters rfsgen uses), the type
+  of every attribute read and the dtype and shape of every dataset, dataset sizes
+  against the file's real size, the record (present, canonical, sealed, equal to the
+  attributes and to the datasets), the same feature file, input, columns, dtype,
+  layout, compression, rfsgen version and kind of row names across shards, row ranges
+  that meet with no gap or overlap (shards are sorted by ``rows_start``: the order on
+  the command line does not matter), the row names' checksums, and the memory the
+  merge needs against the budget (:mod:`rfsgen.budget`);
+* as the data is copied, into a temporary file that is removed when a check fails:
+  the data's checksums (a flipped bit anywhere in ``X`` is found), NaN and infinities,
+  and (CSR) the index structure.  The data is read once; nothing that fails a check
+  ever becomes the output, and no temporary file remains.
+
+Shards written before the record existed are refused, with the advice to re-create them.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import re
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from .errors import InputError, UsageError
-from .inputs import ArraySource, CsrRowsSource, InputSource
+from .errors import InputError, RfsgenError, UsageError
 
 #: The root attributes every shard must have (written by ``rfsgen transform``).
 SHARD_ATTRS = ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop", "columns",
                "layout")
+_TEXT_ATTRS = ("rfsgen_version", "features_file", "features_sha256", "input", "layout")
+_INT_ATTRS = ("rows_start", "rows_stop", "columns")
+#: The members of an output's root group, and of its groups.
+_ROOT = {"X", "obs", "var", "layers", "obsm", "obsp", "uns", "varm", "varp"}
+_EMPTY = ("layers", "obsm", "obsp", "uns", "varm", "varp")
+_CSR = {"data", "indices", "indptr"}
+#: HDF5 filters rfsgen writes: deflate (gzip) and lzf.
+_FILTERS = {"none": set(), "gzip": {1}, "lzf": {32000}}
+#: An attribute larger than this is not rfsgen's (the record is about 1 KiB).
+_MAX_ATTR = 1 << 20
+#: No deflate stream expands more than 1032 times; lzf much less.
+_MAX_RATIO = 1100
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_REFUSE = "merge takes files written by 'rfsgen transform'"
+
+
+def _damaged(path, what: str) -> InputError:
+    return InputError(f"{path}: {what}; the shard is damaged or not rfsgen's; re-create it with 'rfsgen transform'")
 
 
 @dataclass
@@ -32,84 +71,328 @@ class _Shard:
     path: str
     file: object  # open h5py.File
     attrs: dict
+    record: dict
     start: int
     stop: int
     dtype: np.dtype
     compression: str
+    names: list = field(default_factory=list)
 
     @property
     def label(self) -> str:
         return f"{self.path} (rows {self.start}:{self.stop})"
 
-    def rows(self) -> InputSource:
-        x = self.file["X"]
-        if self.attrs["layout"] == "csr":
-            return CsrRowsSource(self.path, x.attrs["shape"], x["indptr"], x["data"], x["indices"])
-        return ArraySource(x, self.path)
+    @property
+    def layout(self) -> str:
+        return self.attrs["layout"]
 
-    def names(self, a: int, b: int) -> list:
-        ds = self.file["obs"]["_index"]
-        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[a - self.start:b - self.start]]
+    @property
+    def columns(self) -> int:
+        return self.attrs["columns"]
 
 
-def _text(v):
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+# ----------------------------------------------------------------------------- one shard
+def _attr(path, obj, key: str, where: str = ""):
+    """The attribute ``key`` of ``obj``, its stored size checked before it is read."""
+    size = obj.attrs.get_id(key).get_storage_size()
+    if size > _MAX_ATTR:
+        raise _damaged(path, f"attribute '{where}{key}' holds {size} bytes")
+    return obj.attrs[key]
+
+
+def _text(path, v, key: str) -> str:
+    if isinstance(v, bytes):
+        try:
+            v = v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _damaged(path, f"attribute '{key}' is not UTF-8 text") from None
+    if not isinstance(v, str):
+        raise _damaged(path, f"attribute '{key}' is {_show(v)}, not text")
+    return v
+
+
+def _integer(path, v, key: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise _damaged(path, f"attribute '{key}' is {_show(v)}, not an integer")
+    return int(v)
+
+
+def _show(v) -> str:
+    text = repr(v.item() if isinstance(v, np.generic) else v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _link(path, group, name: str, where: str):
+    """Member ``name`` of ``group``, which must be a hard link (an object in this file)."""
+    import h5py
+
+    link = group.get(name, getlink=True)
+    if link is None:
+        raise _damaged(path, f"has no '{where}'")
+    if not isinstance(link, h5py.HardLink):
+        kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+        raise _damaged(path, f"'{where}' is {kind}, not data in the file (a merge never follows links)")
+    return group[name]
+
+
+def _members(path, group, want: set, where: str) -> None:
+    have = set(group.keys())
+    if have != want:
+        extra, missing = sorted(have - want), sorted(want - have)
+        what = (f"has unexpected members {extra}" if extra else "") + (" and " if extra and missing else "") + (
+            f"lacks {missing}" if missing else "")
+        raise _damaged(path, f"'{where}' {what}")
+
+
+def _dataset(path, obj, where: str, dtype, shape, compression: str, file_size: int):
+    """Check that ``obj`` is a dataset rfsgen could have written: kind, dtype, shape,
+    storage inside the file, filters, and a stored size that fits the file's size."""
+    import h5py
+
+    from . import budget
+
+    if not isinstance(obj, h5py.Dataset):
+        raise _damaged(path, f"'{where}' is a group, not a dataset")
+    if obj.is_virtual:
+        raise _damaged(path, f"'{where}' is a virtual dataset (reads other files); merge the original shards")
+    dcpl = obj.id.get_create_plist()
+    if dcpl.get_external_count():
+        raise _damaged(path, f"'{where}' keeps its data in external files (HDF5 external storage)")
+    if obj.dtype != np.dtype(dtype):
+        raise _damaged(path, f"'{where}' has dtype {obj.dtype}, expected {np.dtype(dtype).str} ({np.dtype(dtype)})")
+    if tuple(obj.shape) != tuple(shape):
+        raise _damaged(path, f"'{where}' has shape {tuple(obj.shape)}, but its record says {tuple(shape)}")
+    filters = {dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())}
+    if filters != _FILTERS[compression]:
+        raise _damaged(path, f"'{where}' has HDF5 filters {sorted(filters)}, expected {sorted(_FILTERS[compression])} "
+                             f"(compression {compression})")
+    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    stored = obj.id.get_storage_size()
+    if stored > file_size:
+        raise _damaged(path, f"'{where}' says it stores {stored} bytes, more than the file's {file_size}")
+    kind = dcpl.get_layout()
+    if kind == h5py.h5d.CONTIGUOUS:
+        offset = obj.id.get_offset()
+        if nbytes and (stored != nbytes or offset is None or offset + nbytes > file_size):
+            raise _damaged(path, f"'{where}' declares {nbytes} bytes of data that the file does not hold "
+                                 f"(it is {file_size} bytes; truncated?)")
+    elif kind == h5py.h5d.CHUNKED:
+        chunks = obj.chunks
+        chunk_bytes = int(np.prod(chunks, dtype=object)) * np.dtype(dtype).itemsize
+        budget.check(chunk_bytes, f"shard {path}: one HDF5 chunk of '{where}'")
+        expected = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)], dtype=object)) if nbytes else 0
+        if obj.id.get_num_chunks() != expected:
+            raise _damaged(path, f"'{where}' stores {obj.id.get_num_chunks()} chunks, expected {expected}")
+        if compression == "none" and stored != expected * chunk_bytes:
+            raise _damaged(path, f"'{where}' stores {stored} bytes for {expected} chunks of {chunk_bytes} bytes")
+        if compression != "none" and nbytes > _MAX_RATIO * stored + chunk_bytes:
+            raise _damaged(path, f"'{where}' declares {nbytes} bytes compressed into {stored}: more than "
+                                 f"{compression} can expand")
+    elif nbytes > 65536:  # compact: kept in the object header, at most 64 KiB
+        raise _damaged(path, f"'{where}' declares {nbytes} bytes in a compact layout")
+    return obj
+
+
+def _encoding(path, obj, where: str, kind: str, version: str) -> None:
+    for key, want in (("encoding-type", kind), ("encoding-version", version)):
+        if key not in obj.attrs or _text(path, _attr(path, obj, key, where + "."), where + "." + key) != want:
+            raise _damaged(path, f"'{where}' is not encoded as {kind} {version}")
+
+
+def _read_record(path, f) -> dict:
+    from .output import (CHECKSUM, COMPRESSIONS, DTYPES, RECORD_ATTR, RECORD_FORMAT, RECORD_VERSION, canonical_json,
+                         seal_of)
+
+    if RECORD_ATTR not in f.attrs:
+        raise InputError(f"{path}: has no integrity record ('{RECORD_ATTR}'): it was written before rfsgen recorded "
+                         "one, so its data cannot be verified; re-create the shard with this version of 'rfsgen "
+                         "transform' (the same --rows or --shard)")
+    text = _text(path, _attr(path, f, RECORD_ATTR), RECORD_ATTR)
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _damaged(path, f"its integrity record '{RECORD_ATTR}' is not JSON") from None
+    if not isinstance(record, dict):
+        raise _damaged(path, f"its integrity record '{RECORD_ATTR}' is not a JSON object")
+    if record.get("format") != RECORD_FORMAT:
+        raise _damaged(path, f"its integrity record has format {_show(record.get('format'))}, not '{RECORD_FORMAT}'")
+    version = record.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+        raise InputError(f"{path}: its integrity record is version {version}, newer than this rfsgen reads "
+                         f"({RECORD_VERSION}); merge with the rfsgen version that wrote it")
+    try:
+        canonical = canonical_json(record)
+    except ValueError:  # NaN or infinity in it
+        raise _damaged(path, "its integrity record holds a non-finite number") from None
+    if canonical != text:
+        raise _damaged(path, "its integrity record is not in canonical form (edited?)")
+    if record.get("seal") != seal_of(record):
+        raise _damaged(path, "its integrity record does not match its seal (edited or damaged)")
+    kinds = {"format": str, "version": int, "rfsgen_version": str, "features_file": str, "features_sha256": str,
+             "input": str, "rows_start": int, "rows_stop": int, "columns": int, "layout": str, "dtype": str,
+             "compression": str, "shape": list, "nnz": int, "checksum": str, "datasets": dict, "obs_names": str,
+             "obs_names_sha256": str, "seal": str}
+    if set(record) != set(kinds):
+        raise _damaged(path, f"its integrity record has fields {sorted(record)}, expected {sorted(kinds)}")
+    for key, kind in kinds.items():
+        v = record[key]
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise _damaged(path, f"its integrity record's '{key}' is {_show(v)}, not {kind.__name__}")
+    if version != RECORD_VERSION:
+        raise _damaged(path, f"its integrity record has version {version}")
+    if record["checksum"] != CHECKSUM:
+        raise _damaged(path, f"its integrity record uses checksum {_show(record['checksum'])}, not {CHECKSUM}")
+    choices = {"layout": ("csr", "dense"), "dtype": tuple(DTYPES), "compression": COMPRESSIONS,
+               "obs_names": ("numbers", "input")}
+    for key, allowed in choices.items():
+        if record[key] not in allowed:
+            raise _damaged(path, f"its integrity record's '{key}' is {_show(record[key])}, not one of {list(allowed)}")
+    want = {"X"} if record["layout"] == "dense" else {"X/data", "X/indices", "X/indptr"}
+    sums = record["datasets"]
+    if set(sums) != want or not all(isinstance(v, str) and _HEX64.match(v) for v in sums.values()):
+        raise _damaged(path, f"its integrity record's 'datasets' should hold the checksums of {sorted(want)}")
+    for key in ("features_sha256", "obs_names_sha256"):
+        if not _HEX64.match(record[key]):
+            raise _damaged(path, f"its integrity record's '{key}' is not a SHA-256 in hex")
+    return record
 
 
 def _open_shard(path) -> _Shard:
     import h5py
 
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such shard; check the path")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such shard; check the path") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror}); check the path and its permissions") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block HDF5's open forever
+        raise InputError(f"{path}: not a regular file; {_REFUSE}")
     try:
         f = h5py.File(p, "r")
     except OSError:
-        raise InputError(f"{path}: not a readable HDF5 file; merge takes files written by 'rfsgen transform'") from None
+        raise InputError(f"{path}: not a readable HDF5 file; {_REFUSE}") from None
     try:
-        attrs = {}
-        for k in SHARD_ATTRS:
-            if k not in f.attrs:
-                raise InputError(f"{path}: not an rfsgen transform output (no '{k}' attribute); merge takes files "
-                                 "written by 'rfsgen transform'")
-            attrs[k] = _text(f.attrs[k])
-        x = f.get("X")
-        layout = attrs["layout"]
-        if layout == "csr" and isinstance(x, h5py.Group) and "data" in x:
-            dtype, comp = x["data"].dtype, x["data"].compression
-        elif layout == "dense" and isinstance(x, h5py.Dataset):
-            dtype, comp = x.dtype, x.compression
-        else:
-            raise InputError(f"{path}: its X does not match its layout '{layout}'; the file is damaged")
-        start, stop = int(attrs["rows_start"]), int(attrs["rows_stop"])
-        n = int(x.attrs["shape"][0]) if layout == "csr" else int(x.shape[0])
-        if n != stop - start or "obs" not in f or f["obs"]["_index"].shape != (n,):
-            raise InputError(f"{path}: holds {n} rows but says rows {start}:{stop}; the file is damaged")
-        return _Shard(str(path), f, attrs, start, stop, np.dtype(dtype), comp or "none")
+        return _check_shard(str(path), f, st.st_size)
+    except RfsgenError:
+        f.close()
+        raise
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError) as e:
+        # h5py's own errors on a damaged file (unreadable metadata, a bad link)
+        f.close()
+        detail = " ".join(str(e).split())[:120]
+        raise _damaged(path, f"HDF5 cannot read it ({type(e).__name__}: {detail})") from None
     except BaseException:
         f.close()
         raise
 
 
+def _check_shard(path: str, f, file_size: int) -> _Shard:
+    """Everything about one shard that can be checked without reading its data."""
+    import h5py
+
+    from .output import number_names_digest
+
+    attrs = {}
+    for k in SHARD_ATTRS:
+        if k not in f.attrs:
+            raise InputError(f"{path}: not an rfsgen transform output (no '{k}' attribute); {_REFUSE}")
+        v = _attr(path, f, k)
+        attrs[k] = _text(path, v, k) if k in _TEXT_ATTRS else _integer(path, v, k)
+    start, stop, D = attrs["rows_start"], attrs["rows_stop"], attrs["columns"]
+    if not 0 <= start <= stop:
+        raise _damaged(path, f"rows {start}:{stop} are not a range of rows")
+    if D < 1:
+        raise _damaged(path, f"attribute 'columns' is {D}")
+    if attrs["layout"] not in ("csr", "dense"):
+        raise _damaged(path, f"attribute 'layout' is {_show(attrs['layout'])}, not 'csr' or 'dense'")
+    record = _read_record(path, f)
+    for k in SHARD_ATTRS:
+        if record[k] != attrs[k]:
+            raise _damaged(path, f"attribute '{k}' is {_show(attrs[k])} but its integrity record says "
+                                 f"{_show(record[k])}")
+    n, layout, dtype, comp, nnz = stop - start, record["layout"], np.dtype(record["dtype"]), record["compression"], \
+        record["nnz"]
+    if record["shape"] != [n, D]:
+        raise _damaged(path, f"its integrity record's shape {record['shape']} is not rows x columns [{n}, {D}]")
+    if not 0 <= nnz <= n * D or (layout == "dense" and nnz != n * D):
+        raise _damaged(path, f"its integrity record's nnz {nnz} is impossible for {n} x {D} ({layout})")
+    x = _link(path, f, "X", "X")
+    _members(path, f, _ROOT, "/")
+    if layout == "dense":
+        _dataset(path, x, "X", dtype, (n, D), comp, file_size)
+        _encoding(path, x, "X", "array", "0.2.0")
+    else:
+        if not isinstance(x, h5py.Group):
+            raise _damaged(path, "'X' is a dataset, but its layout is csr (a group)")
+        _members(path, x, _CSR, "X")
+        _encoding(path, x, "X", "csr_matrix", "0.1.0")
+        shape = _attr(path, x, "shape", "X.")
+        if not isinstance(shape, np.ndarray) or shape.dtype.kind not in "iu" or shape.tolist() != [n, D]:
+            raise _damaged(path, f"'X' has shape attribute {_show(shape)}, expected [{n}, {D}]")
+        index = np.int32 if D < 2**31 else np.int64
+        _dataset(path, _link(path, x, "data", "X/data"), "X/data", dtype, (nnz,), comp, file_size)
+        _dataset(path, _link(path, x, "indices", "X/indices"), "X/indices", index, (nnz,), comp, file_size)
+        _dataset(path, _link(path, x, "indptr", "X/indptr"), "X/indptr", np.int64, (n + 1,), comp, file_size)
+    for name, size in (("obs", n), ("var", D)):
+        g = _link(path, f, name, name)
+        if not isinstance(g, h5py.Group):
+            raise _damaged(path, f"'{name}' is not a group")
+        _members(path, g, {"_index"}, name)
+        ds = _link(path, g, "_index", f"{name}/_index")
+        if not isinstance(ds, h5py.Dataset) or ds.shape != (size,) or h5py.check_string_dtype(ds.dtype) is None \
+                or ds.is_virtual or ds.id.get_create_plist().get_external_count():
+            raise _damaged(path, f"'{name}/_index' is not {size} strings stored in the file")
+    for name in _EMPTY:
+        g = _link(path, f, name, name)
+        if not isinstance(g, h5py.Group) or len(g):
+            raise _damaged(path, f"'{name}' is not an empty group")
+    # Last: the number of rows is now known to be what the file holds.
+    if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
+        raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
+                             "checksum is of other names (rows moved?)")
+    return _Shard(path, f, attrs, record, start, stop, dtype, comp)
+
+
+def _verify_names(s: _Shard) -> None:
+    """Read the shard's row names, compare their checksum with the record, and keep
+    them when they come from the input (they are copied into the merged file)."""
+    from .h5ad import NAME_BLOCK
+    from .output import NamesChecksum
+
+    ds = s.file["obs"]["_index"].asstr()
+    digest = NamesChecksum()
+    keep = s.record["obs_names"] == "input"
+    for a in range(0, s.stop - s.start, NAME_BLOCK):
+        block = list(ds[a:min(a + NAME_BLOCK, s.stop - s.start)])
+        digest.update(block)
+        if keep:
+            s.names.extend(block)
+    if digest.hexdigest() != s.record["obs_names_sha256"]:
+        raise _damaged(s.path, "'obs/_index' (the row names) does not match its integrity record")
+
+
+# ----------------------------------------------------------------------------- shards together
 def check_shards(shards: list) -> list:
-    """Sort ``shards`` by rows and check they belong together and tile their range.
-    Each violation is a one-line :class:`InputError` naming the shards."""
+    """Sort ``shards`` by ``rows_start`` (the order given does not matter) and check that
+    they belong together and tile their range.  Each violation is a one-line
+    :class:`InputError` naming the shards."""
     first = shards[0]
     same = (("features_sha256", "come from different feature files", "sample once and transform every shard with it"),
             ("input", "come from different inputs", "merge shards of one input"),
             ("layout", "have different layouts", "transform every shard with the same --layout"),
-            ("columns", "have different column counts", "transform every shard with the same feature file"))
+            ("columns", "have different column counts", "transform every shard with the same feature file"),
+            ("dtype", "have different dtypes", "transform every shard with the same --dtype"),
+            ("compression", "were written with different --compression", "use one --compression for every shard"),
+            ("rfsgen_version", "were written by different rfsgen versions", "transform every shard with one version"),
+            ("obs_names", "disagree on where row names come from", "merge shards of one input"))
     for s in shards[1:]:
         for key, what, fix in same:
-            if s.attrs[key] != first.attrs[key]:
-                raise InputError(f"{first.path} and {s.path} {what} ({key} {first.attrs[key]!r} vs {s.attrs[key]!r}); "
-                                 f"{fix}")
-        if s.dtype != first.dtype:
-            raise InputError(f"{first.path} and {s.path} have different dtypes ({first.dtype} vs {s.dtype}); "
-                             "transform every shard with the same --dtype")
-        if s.compression != first.compression:
-            raise InputError(f"{first.path} and {s.path} were written with different --compression "
-                             f"({first.compression} vs {s.compression})")
+            a, b = first.record[key], s.record[key]
+            if a != b:
+                shown = f"{a} vs {b}" if key == "dtype" else f"{key} {a!r} vs {b!r}"
+                raise InputError(f"{first.path} and {s.path} {what} ({shown}); {fix}")
     order = sorted(shards, key=lambda s: (s.start, s.stop))
     for a, b in zip(order, order[1:]):
         if os.path.realpath(a.path) == os.path.realpath(b.path):
@@ -123,41 +406,158 @@ def check_shards(shards: list) -> list:
     return order
 
 
-class _ShardRows(InputSource):
-    """The shards' rows in order, numbered as in the input (``rows_start`` onwards)."""
+class _Reader:
+    """Reads one shard's rows in order (as float arrays ``(m, columns)``), feeding
+    every byte of its data to the checksums of its record and checking values
+    (finite; CSR: nonzero, column indices increasing within each row) on the way.
+    :meth:`finish` compares the checksums once every row was read."""
+
+    def __init__(self, s: _Shard):
+        from .output import Checksum
+
+        self.s = s
+        self.next = 0  # the next row (within the shard) to read
+        x = s.file["X"]
+        if s.layout == "dense":
+            self.x = x
+            self.sums = {"X": Checksum(finite=s.dtype)}
+        else:
+            self.data, self.indices, self.indptr = x["data"], x["indices"], x["indptr"]
+            self.sums = {"X/data": Checksum(finite=s.dtype), "X/indices": Checksum(), "X/indptr": Checksum()}
+            self.end = 0  # indptr where the next row starts
+        self.done = False
+
+    def _read(self, ds, a, b, where):
+        try:
+            return ds[a:b]
+        except (OSError, RuntimeError, ValueError) as e:
+            detail = " ".join(str(e).split())[:100]
+            raise _damaged(self.s.path, f"'{where}' cannot be read at {a}:{b} ({type(e).__name__}: {detail})") from None
+
+    def _nonfinite(self, where, values, first, unit):
+        """A NaN/infinity was seen in ``where``: name the first one among ``values``
+        (element ``first`` onwards), else the 1 MiB block that held it."""
+        bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
+        at = (f"value {first + int(bad[0])}{unit(int(bad[0]))}" if bad.size else
+              f"byte {self.sums[where].first_bad} onwards")
+        return _damaged(self.s.path, f"'{where}' holds NaN or infinity ({at}); an output never does")
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        s = self.s
+        if a != self.next:  # pragma: no cover - _ShardRows reads in order
+            raise AssertionError("shard rows read out of order")
+        self.next = b
+        D = s.columns
+        if s.layout == "dense":
+            block = self._read(self.x, a, b, "X")
+            self.sums["X"].update(block)
+            if self.sums["X"].first_bad is not None:
+                raise self._nonfinite("X", block, a * D, lambda k: f", row {s.start + a + k // D}, column {k % D}")
+            return block
+        ptr = self._read(self.indptr, a, b + 1, "X/indptr")
+        self.sums["X/indptr"].update(ptr if a == 0 else ptr[1:])
+        lo, hi = int(ptr[0]), int(ptr[-1])
+        if lo != self.end or np.any(np.diff(ptr) < 0) or hi > s.record["nnz"] or np.any(np.diff(ptr) > D):
+            raise _damaged(s.path, f"'X/indptr' is not a CSR row pointer at rows {s.start + a}:{s.start + b}")
+        self.end = hi
+        vals = self._read(self.data, lo, hi, "X/data")
+        cols = self._read(self.indices, lo, hi, "X/indices")
+        self.sums["X/data"].update(vals)
+        self.sums["X/indices"].update(cols)
+        if self.sums["X/data"].first_bad is not None:
+            raise self._nonfinite("X/data", vals, lo, lambda k: f", row {s.start + a + self._row(ptr, k)}")
+        block = np.zeros((b - a, D), dtype=s.dtype)
+        if hi > lo:
+            rows = np.repeat(np.arange(b - a), np.diff(ptr))
+            c = cols.astype(np.int64, copy=False)
+            bad = (c < 0) | (c >= D)
+            bad[1:] |= (np.diff(c) <= 0) & (rows[1:] == rows[:-1])  # within a row, strictly increasing
+            if bad.any():
+                k = int(np.argmax(bad))
+                row = s.start + a + int(rows[k])
+                raise _damaged(s.path, f"'X/indices' is not canonical CSR at row {row} (a column index outside "
+                                       f"0..{D - 1}, out of order or repeated)")
+            zero = vals == 0
+            if zero.any():
+                k = int(np.argmax(zero))
+                raise _damaged(s.path, f"'X/data' stores a zero at row {s.start + a + int(rows[k])} (an output never "
+                                       "does)")
+            block[rows, c] = vals
+        return block
+
+    @staticmethod
+    def _row(ptr, k):
+        return int(np.searchsorted(ptr, ptr[0] + k, "right")) - 1
+
+    def finish(self) -> None:
+        """Compare the checksums (every row must have been read)."""
+        s = self.s
+        if self.done:
+            return
+        self.done = True
+        if s.layout == "csr":
+            if s.stop == s.start:  # no rows read: indptr is [0]
+                ptr = self._read(self.indptr, 0, 1, "X/indptr")
+                self.sums["X/indptr"].update(ptr)
+                self.end = int(ptr[0])
+            if self.end != s.record["nnz"]:
+                raise _damaged(s.path, f"'X/indptr' ends at {self.end}, but the record says nnz {s.record['nnz']}")
+        for where, c in self.sums.items():
+            digest = c.hexdigest()
+            if c.first_bad is not None:
+                raise _damaged(s.path, f"'{where}' holds NaN or infinity (byte {c.first_bad} onwards); an output "
+                                       "never does")
+            if digest != s.record["datasets"][where]:
+                raise _damaged(s.path, f"'{where}' does not match the checksum in its integrity record (a changed "
+                                       "bit)")
+
+
+class _ShardRows:
+    """The shards' rows in order, numbered as in the input (``rows_start`` onwards),
+    verified as they are read (see :class:`_Reader`); each shard's checksums are
+    compared as soon as its last row is read, and all of them before the end."""
 
     def __init__(self, shards: list):
         self.shards = shards
+        self.readers = [_Reader(s) for s in shards]
         self.name = shards[0].attrs["input"]
-        self.width = int(shards[0].attrs["columns"])
+        self.width = shards[0].columns
         self.n_rows = shards[-1].stop
+        self.numbers = shards[0].record["obs_names"] == "numbers"
 
     def _pieces(self, a, b):
-        for s in self.shards:
+        for s, r in zip(self.shards, self.readers):
             lo, hi = max(a, s.start), min(b, s.stop)
             if lo < hi:
-                yield s, lo, hi
+                yield s, r, lo, hi
 
     def chunks(self, chunk_rows, start=0, stop=None):
         stop = self.n_rows if stop is None else stop
-        sources = {}
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
-            parts = []
-            for s, lo, hi in self._pieces(a, b):
-                src = sources.setdefault(s.path, s.rows())
-                parts.extend(block for _, block in src.chunks(hi - lo, lo - s.start, hi - s.start))
+            parts = [r.read(lo - s.start, hi - s.start) for s, r, lo, hi in self._pieces(a, b)]
+            for s, r in zip(self.shards, self.readers):
+                if s.stop <= b:  # read whole: compare its checksums now
+                    r.finish()
             yield a, parts[0] if len(parts) == 1 else np.concatenate(parts)
+        # The writer asks for a next chunk after the last one (a for loop does), so a
+        # mismatch found here still ends the write before the output is in place.
+        for r in self.readers:
+            r.finish()
 
     def row_names(self, start, stop):
+        """None for row numbers (the writer writes them as a direct run does); else
+        the names read (and verified) from the shards."""
+        if self.numbers:
+            return None
         out = []
-        for s, lo, hi in self._pieces(start, stop):
-            out.extend(s.names(lo, hi))
+        for s, _, lo, hi in self._pieces(start, stop):
+            out.extend(s.names[lo - s.start:hi - s.start])
         return out
 
 
 class _Copy:
-    """What :func:`rfsgen.transform.write_output` needs of a transformer, for rows
+    """What :func:`rfsgen.output.write_output` needs of a transformer, for rows
     that are already features: they are copied as they are."""
 
     def __init__(self, columns: int, dtype):
@@ -175,11 +575,28 @@ class _Copy:
             yield row0, self.chunk(block)
 
 
+def _check_memory(order, chunk_rows: int) -> None:
+    """The merge's memory, from the shards' declared sizes, against the budget: a chunk
+    of rows read, densified and written (twice while the writer overlaps), and for CSR
+    the merged row pointer, held until the end."""
+    from . import budget
+
+    first = order[0]
+    n = order[-1].stop - first.start
+    D = first.columns
+    est = chunk_rows * D * (4 * first.dtype.itemsize + 8)
+    if first.layout == "csr":
+        est += 16 * (n + 1)
+    budget.check(est, f"merging {len(order)} shards ({n} rows x {D} columns, {first.layout})")
+
+
 def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = False,
                 progress: Callable[[int], None] | None = None, chunk_rows: int | None = None) -> dict:
     """Merge transform shards into ``output`` (see the module docstring).  Returns a
-    summary dict (rows, columns, nnz, output, shards, virtual)."""
-    from .output import write_output
+    summary dict (rows, columns, nnz, output, shards, virtual).  A shard that fails a
+    check raises :class:`InputError` (one line naming the shard and what failed) and
+    no output is left behind."""
+    from .output import default_chunk_rows, write_output
 
     if not shards:
         raise UsageError("give the shards to merge")
@@ -189,16 +606,20 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
             opened.append(_open_shard(p))
         order = check_shards(opened)
         first = order[0]
+        if virtual and first.layout != "dense":
+            raise UsageError("--virtual needs dense shards (--layout dense): a CSR matrix cannot be a virtual "
+                             "dataset, since each shard's indptr must be shifted; merge without --virtual")
+        chunk_rows = chunk_rows or default_chunk_rows(first.columns)
+        _check_memory(order, chunk_rows)
+        for s in order:
+            _verify_names(s)
         start, stop = first.start, order[-1].stop
+        src = _ShardRows(order)
+        provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")}
         if virtual:
-            if first.attrs["layout"] != "dense":
-                raise UsageError("--virtual needs dense shards (--layout dense): a CSR matrix cannot be a virtual "
-                                 "dataset, since each shard's indptr must be shifted; merge without --virtual")
-            info = _write_virtual(order, output, overwrite)
+            info = _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress)
         else:
-            src = _ShardRows(order)
-            provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")}
-            info = write_output(output, _Copy(src.width, first.dtype), src, start, stop, layout=first.attrs["layout"],
+            info = write_output(output, _Copy(src.width, first.dtype), src, start, stop, layout=first.layout,
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
                                 overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
                                 phase="merge")
@@ -209,17 +630,26 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
             s.file.close()
 
 
-def _write_virtual(order, output, overwrite) -> dict:
+def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress) -> dict:
+    """A merged file whose X is a virtual dataset over the shards' X.  The shards are
+    read through once first (to verify them, and for the merged record's checksum),
+    before any file is created."""
     import h5py
 
     from ._signals import deferred
     from .atomic import SafeFile, atomic_path
-    from .output import _write_annotations
+    from .output import Checksum, _write_annotations, make_record, write_record, write_root_attrs
 
     first = order[0]
     start, stop = first.start, order[-1].stop
-    D = int(first.attrs["columns"])
-    src = _ShardRows(order)
+    D = first.columns
+    whole = Checksum()
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase("verify", stop - start)
+    for _, block in src.chunks(chunk_rows, start, stop):
+        whole.update(block)
+        if progress:
+            progress(block.shape[0])
     out_dir = Path(os.path.abspath(output)).parent
     layout = h5py.VirtualLayout(shape=(stop - start, D), dtype=first.dtype)
     for s in order:
@@ -232,13 +662,11 @@ def _write_virtual(order, output, overwrite) -> dict:
         with h5py.File(sink, "w", libver="latest") as f:
             f.create_virtual_dataset("X", layout, fillvalue=np.nan)
             with deferred():
-                _write_annotations(f, src, start, stop - start, D, "dense")
-                for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
-                    f.attrs[key] = first.attrs[key]
-                f.attrs["rows_start"] = start
-                f.attrs["rows_stop"] = stop
-                f.attrs["columns"] = D
-                f.attrs["layout"] = "dense"
+                names, names_sha = _write_annotations(f, src, start, stop - start, D, "dense")
+                write_root_attrs(f, provenance, start, stop - start, D, "dense")
                 f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
+                write_record(f, make_record(provenance, start=start, n_rows=stop - start, columns=D, layout="dense",
+                                            dtype=first.dtype, compression="none", nnz=(stop - start) * D,
+                                            checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha))
         sink.check()
     return {"rows": stop - start, "columns": D, "nnz": (stop - start) * D, "output": str(output)}

@@ -4,6 +4,11 @@ It takes anything that yields chunks of feature values (a :class:`rfsgen.transfo
 a merge's shard reader, a cluster engine) and writes them, atomically, as dense ``X`` or CSR
 (``X/data``, ``X/indices``, ``X/indptr``) with the AnnData annotations and rfsgen's provenance.
 The file's bytes depend only on the values written, never on how they were chunked.
+
+Every output carries an integrity record (:data:`RECORD_ATTR`, see :func:`make_record`):
+its provenance, row range, dtype, layout, shape, nnz, the :data:`CHECKSUM` of each of
+X's datasets (fed as the data is written, so no second pass over the file) and of the
+row names, sealed by a SHA-256 of the rest.  ``rfsgen merge`` verifies shards against it.
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ class _Appender:
     rows) would lay the file out differently from alternating them (small chunks).
     """
 
-    def __init__(self, group, names, dtypes, block, compression, check):
+    def __init__(self, group, names, dtypes, block, compression, check, sums=None):
         self.block = block
+        self.sums = sums  # a Checksum per dataset, fed what is written, in order
         self.check = check  # called after every block: raises a recorded write error
         kw = {} if compression == "none" else {"compression": compression}
         self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
@@ -95,7 +101,9 @@ class _Appender:
         size = parts[0].size
         if not size:
             return
-        for ds, data in zip(self.ds, parts):
+        for k, (ds, data) in enumerate(zip(self.ds, parts)):
+            if self.sums is not None:
+                self.sums[k].update(data)
             ds.resize((self.size + size,))
             if self.raw and size == self.block:
                 # A whole uncompressed chunk goes to the file as it is: the same bytes
@@ -133,6 +141,157 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
     return data[:nnz], indices[:nnz], counts
 
 
+# ----------------------------------------------------------------------------- integrity record
+#: The root attribute holding the integrity record (one canonical JSON text).
+RECORD_ATTR = "rfsgen_record"
+RECORD_FORMAT = "rfsgen-output-record"
+RECORD_VERSION = 1
+#: The data checksum: XXH64 (seed 0) of each 1 MiB block of a dataset's bytes (the
+#: last block may be shorter), then SHA-256 of the blocks' hashes (8 bytes each,
+#: little-endian), in hex.  Blocks are cut at byte offsets of the whole dataset, so
+#: the checksum never depends on how the data was chunked when it was written.
+CHECKSUM = "xxh64-1MiB-sha256"
+CHECKSUM_BLOCK = 1 << 20
+
+
+class Checksum:
+    """The :data:`CHECKSUM` of one dataset's bytes, fed in order in pieces of any size.
+
+    ``finite`` (a float dtype, or None) also watches for NaN and infinities in the
+    bytes as they are hashed, at no extra pass: :attr:`first_bad` is then the byte
+    offset of the first 1 MiB block holding one (None while there is none).
+    """
+
+    def __init__(self, finite=None):
+        self.kind = 0 if finite is None else np.dtype(finite).itemsize
+        self.pending = np.empty(CHECKSUM_BLOCK, dtype=np.uint8)
+        self.n_pending = 0
+        self.digests: list = []
+        self.size = 0  # bytes fed
+        self.first_bad = None
+
+    def update(self, arr) -> None:
+        """Feed the bytes of ``arr`` (any array, in C order)."""
+        u8 = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        n = u8.size
+        i = 0
+        if self.n_pending:
+            i = min(CHECKSUM_BLOCK - self.n_pending, n)
+            self.pending[self.n_pending:self.n_pending + i] = u8[:i]
+            self.n_pending += i
+            if self.n_pending < CHECKSUM_BLOCK:
+                self.size += n
+                return
+            self._blocks(self.pending.view(np.uint64).reshape(1, -1), self.size - (self.n_pending - i))
+            self.n_pending = 0
+        full = (n - i) // CHECKSUM_BLOCK
+        if full:
+            region = u8[i:i + full * CHECKSUM_BLOCK]
+            if region.ctypes.data % 8:  # uint64 words need an aligned start
+                region = region.copy()
+            self._blocks(region.view(np.uint64).reshape(full, -1), self.size + i)
+        rest = n - i - full * CHECKSUM_BLOCK
+        self.pending[:rest] = u8[n - rest:]
+        self.n_pending = rest
+        self.size += n
+
+    def _blocks(self, words, offset):
+        from ._compiled import on_rows, xxh64_blocks
+
+        out = np.empty(words.shape[0], dtype=np.uint64)
+        bad = np.zeros(words.shape[0], dtype=np.bool_)
+        # Threads for large pieces only (a dense chunk); the CSR writer's 4 MiB pieces are
+        # hashed in its own thread, beside the compute, without starting more.
+        on_rows(xxh64_blocks, words.shape[0], words, self.kind, out, bad, min_rows=8)
+        self.digests.append(out)
+        if self.first_bad is None and bad.any():
+            self.first_bad = offset + int(np.argmax(bad)) * CHECKSUM_BLOCK
+
+    def hexdigest(self) -> str:
+        """The checksum of everything fed (the object is spent afterwards)."""
+        from ._compiled import xxh64
+
+        if self.n_pending:
+            whole = self.n_pending // 8 * 8
+            h, bad = xxh64(self.pending[:whole].view(np.uint64), self.pending[whole:self.n_pending], 0, self.kind)
+            tail_bad = False
+            if self.kind and whole < self.n_pending:  # a last float32 outside the words
+                tail_bad = not np.isfinite(self.pending[whole:self.n_pending].view(np.float32)).all()
+            if self.first_bad is None and (bad or tail_bad):
+                self.first_bad = self.size - self.n_pending
+            self.digests.append(np.array([h], dtype=np.uint64))
+            self.n_pending = 0
+        sha = hashlib.sha256()
+        for d in self.digests:
+            sha.update(d.astype("<u8").tobytes())
+        return sha.hexdigest()
+
+
+class NamesChecksum:
+    """SHA-256 of the compact JSON array (ASCII, ``json.dumps(names, separators=(",",
+    ":"))``) of a run of row names, fed in blocks."""
+
+    def __init__(self):
+        self.sha = hashlib.sha256(b"[")
+        self.first = True
+
+    def update(self, names) -> None:
+        import json
+
+        if len(names):
+            text = json.dumps(list(names), separators=(",", ":"))[1:-1]
+            self.sha.update((text if self.first else "," + text).encode("ascii"))
+            self.first = False
+
+    def hexdigest(self) -> str:
+        sha = self.sha.copy()
+        sha.update(b"]")
+        return sha.hexdigest()
+
+
+def number_names_digest(start: int, stop: int) -> str:
+    """The :class:`NamesChecksum` of the row numbers ``start .. stop - 1`` as names."""
+    from .h5ad import NAME_BLOCK
+
+    c = NamesChecksum()
+    for a in range(start, stop, NAME_BLOCK):
+        c.update([str(i) for i in range(a, min(stop, a + NAME_BLOCK))])
+    return c.hexdigest()
+
+
+def canonical_json(obj) -> str:
+    """The one text of ``obj`` that the record and its seal use: sorted keys, no spaces, ASCII."""
+    import json
+
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def seal_of(record: dict) -> str:
+    """SHA-256 (hex) of the canonical JSON of ``record`` without its ``seal``."""
+    return hashlib.sha256(canonical_json({k: v for k, v in record.items() if k != "seal"}).encode("ascii")).hexdigest()
+
+
+def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layout: str, dtype, compression: str,
+                nnz: int, checksums: dict, names: str, names_sha256: str) -> dict:
+    """The integrity record of an output (see :data:`RECORD_ATTR`), sealed.
+
+    ``checksums`` maps each data dataset (``X``, or ``X/data``, ``X/indices``,
+    ``X/indptr``) to its :class:`Checksum`; ``names`` says where the row names come
+    from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
+    ``names_sha256`` is their :class:`NamesChecksum`.
+    """
+    record = {
+        "format": RECORD_FORMAT, "version": RECORD_VERSION,
+        **{k: provenance[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")},
+        "rows_start": int(start), "rows_stop": int(start + n_rows), "columns": int(columns), "layout": layout,
+        "dtype": np.dtype(dtype).name, "compression": compression, "shape": [int(n_rows), int(columns)],
+        "nnz": int(nnz), "checksum": CHECKSUM, "datasets": dict(checksums),
+        "obs_names": names, "obs_names_sha256": names_sha256,
+    }
+    record["seal"] = seal_of(record)
+    return record
+
+
 def file_sha256(path) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -163,31 +322,54 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).
         with h5py.File(sink, "w", libver="earliest") as f:
-            n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink)
+            sums = ({"X": Checksum()} if layout == "dense" else
+                    {"X/data": Checksum(), "X/indices": Checksum(), "X/indptr": Checksum()})
+            n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
+                                 sums)
             with deferred():
-                _write_annotations(f, src, start, n_rows, D, layout)
-                for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
-                    f.attrs[key] = provenance[key]
-                f.attrs["rows_start"] = start
-                f.attrs["rows_stop"] = start + n_rows
-                f.attrs["columns"] = D
-                f.attrs["layout"] = layout
+                names, names_sha = _write_annotations(f, src, start, n_rows, D, layout)
+                write_root_attrs(f, provenance, start, n_rows, D, layout)
+                write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
+                                            dtype=np_dtype, compression=compression, nnz=nnz,
+                                            checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
+                                            names_sha256=names_sha))
         sink.check()
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
 
 
-def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> None:
+def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str) -> None:
+    """rfsgen's provenance at the root, in this order: rfsgen_version, features_file,
+    features_sha256, input, rows_start, rows_stop, columns, layout."""
+    for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
+        f.attrs[key] = provenance[key]
+    f.attrs["rows_start"] = start
+    f.attrs["rows_stop"] = start + n_rows
+    f.attrs["columns"] = columns
+    f.attrs["layout"] = layout
+
+
+def write_record(f, record: dict) -> None:
+    """The integrity record, after every other root attribute: an addition to the
+    file as it was before records (version 1), which leaves X, obs, var and the other
+    attributes as they were."""
+    f.attrs[RECORD_ATTR] = canonical_json(record)
+
+
+def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> tuple:
     """What makes the output an AnnData file: encodings, ``obs`` (the input's row
     names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
-    their rows' names) and ``var`` (column numbers)."""
+    their rows' names) and ``var`` (column numbers).  Returns where the row names
+    came from (``"input"`` or ``"numbers"``) and their :class:`NamesChecksum`."""
     if layout == "dense":
         mark_dense(f["X"])
     mark_root(f)
     names = None
     if src.row_names(start, start) is not None:  # the input has row names
         names = _offset_names(src, start)
-    write_index(f, "obs", n_rows, names, first=start)
+    digest = NamesChecksum()
+    write_index(f, "obs", n_rows, names, first=start, digest=digest)
     write_index(f, "var", columns, None)
+    return ("numbers" if names is None else "input"), digest.hexdigest()
 
 
 def _offset_names(src, start):
@@ -220,9 +402,10 @@ def _overlapped(chunks, put, progress) -> int:
     return n_rows
 
 
-def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink) -> int:
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum) -> int:
     """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
-    is filled directly, without going through h5py's write path.
+    is filled directly, without going through h5py's write path.  ``checksum`` (a
+    :class:`Checksum`) is fed each chunk's values as they are written.
 
     Where ``os.posix_fallocate`` exists (Linux), the area's disk blocks are reserved
     first (a full disk fails here, before any work, and never as a SIGBUS later) and
@@ -253,9 +436,10 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     try:
         # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
         if _reserve(fd, offset, n * row_bytes) and not getattr(tr, "remote", False):
-            return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress)
+            return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum)
 
         def put(row0, vals):
+            checksum.update(vals)
             data = memoryview(vals).cast("B")
             pos = offset + (row0 - start) * row_bytes
             while data:  # pwrite may write less than asked
@@ -319,7 +503,7 @@ def _populator(threads: int, pool):
     return populate
 
 
-def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress) -> int:
+def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum) -> int:
     """Compute each chunk into a shared memory map of its rows of the file (bytes
     ``offset + (row - start) * row_bytes`` onwards, already allocated)."""
     import mmap
@@ -340,6 +524,7 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
                 populate(window)
                 out = np.frombuffer(window, dtype=tr.dtype, count=m * tr.columns, offset=first - lo)
                 tr.chunk(block, row0, src.name, out=out.reshape(m, tr.columns))
+                checksum.update(out)  # while the window is mapped (and partly still in cache)
             finally:
                 out = None
                 try:
@@ -352,14 +537,16 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     return n_rows
 
 
-def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink):
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums):
+    """Write ``X``; ``sums`` maps each of its datasets to a :class:`Checksum` fed its bytes.
+    Returns ``(rows, nnz)``."""
     D = tr.columns
     known = stop is not None
     n_rows = 0
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink)
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"])
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
@@ -367,6 +554,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                                   chunks=(rows_per_block, D), track_times=False, **kw)
             pending = np.zeros((0, D), dtype=dtype)
             for row0, vals in tr.chunks(src, chunk_rows, start, stop):
+                sums["X"].update(vals)
                 pending = np.concatenate([pending, vals])
                 n_rows += vals.shape[0]
                 full = (pending.shape[0] // rows_per_block) * rows_per_block
@@ -384,7 +572,8 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     g = f.create_group("X", track_order=False)
     block = 1 << 20
     index_dtype = np.int32 if D < 2**31 else np.int64
-    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check)
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check,
+                      (sums["X/data"], sums["X/indices"]))
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
 
@@ -397,6 +586,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)
+    sums["X/indptr"].update(indptr)
     kw = {} if compression == "none" else {"compression": compression}
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)
     mark_csr(g, (n_rows, D))

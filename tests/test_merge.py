@@ -111,3 +111,315 @@ def test_merge_does_not_overwrite_without_overwrite(setup):
     assert run(["merge", *parts, "-o", "m.h5", "--overwrite", "-q"]).exit_code == 0
     res = run(["merge", parts[0], parts[1], "-o", parts[0], "--overwrite"])
     assert res.exit_code == 2
+
+
+# ----------------------------------------------------------------------------- shards that cannot be trusted
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import damage  # noqa: E402
+from rfsgen import load_skeleton, sample, save_features  # noqa: E402
+from rfsgen.merge import merge_files  # noqa: E402
+from rfsgen.transform import transform_file  # noqa: E402
+
+CUTS = (0, 17, 40, 41, 77, 103)  # the base shards' row ranges: 0:17, 17:40, 40:41, 41:77, 77:103
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """Feature file, rows, an unsharded output and shards at CUTS, for csr, dense and gzip."""
+    d = tmp_path_factory.mktemp("base")
+    x = np.random.default_rng(1).standard_normal((103, 8))
+    x[:, 3] = 0.0
+    np.save(d / "x.npy", x)
+    save_features(sample(load_skeleton(skeleton_path("tabular-circle")), 120, seed=3), d / "f.h5")
+    for kind, opts in {"csr": {}, "dense": {"layout": "dense"}, "gzip": {"compression": "gzip"}}.items():
+        transform_file(d / "f.h5", d / "x.npy", d / f"{kind}-all.h5", **opts)
+        for k, (a, b) in enumerate(zip(CUTS, CUTS[1:])):
+            transform_file(d / "f.h5", d / "x.npy", d / f"{kind}-{k}.h5", rows=f"{a}:{b}", chunk_rows=7, **opts)
+    return d
+
+
+def _copy_set(base, kind, into) -> list:
+    names = []
+    for k in range(len(CUTS) - 1):
+        shutil.copyfile(base / f"{kind}-{k}.h5", into / f"s{k}.h5")
+        names.append(into / f"s{k}.h5")
+    return names
+
+
+def _refused(res, into, *names):
+    """One line, non-zero exit, the damaged shard named, and nothing written."""
+    out = res.output
+    assert res.exit_code in (1, 2), out
+    assert out.startswith("rfsgen: error: ") and out.count("\n") == 1, out
+    assert "Traceback" not in out
+    for n in names:
+        assert Path(n).name in out, (n, out)
+    assert not [p for p in into.iterdir() if p.name.startswith(("m.h5", ".m.h5"))]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(["csr", "dense", "gzip"]), which=st.integers(0, len(CUTS) - 2),
+       damage_name=st.sampled_from(sorted(damage.DAMAGES)), seed=st.integers(0, 2**32 - 1),
+       virtual=st.booleans())
+def test_a_damaged_or_forged_shard_is_refused_and_nothing_is_written(base, kind, which, damage_name, seed, virtual):
+    with tempfile.TemporaryDirectory() as tmp:
+        into = Path(tmp)
+        names = _copy_set(base, kind, into)
+        damage.DAMAGES[damage_name](names[which], np.random.default_rng(seed))
+        args = ["merge", *names, "-o", into / "m.h5", "-q"] + (["--virtual"] if virtual and kind == "dense" else [])
+        res = run(args)
+        if res.exit_code == 0 and kind == "gzip" and damage_name.startswith("flip"):
+            # A compressed chunk's last padding bits are no data: the merge must then be exact.
+            assert (into / "m.h5").read_bytes() == (base / "gzip-all.h5").read_bytes()
+            return
+        _refused(res, into, names[which])
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(["csr", "dense", "gzip"]), how=st.sampled_from(["gap", "overlap", "swap", "twice"]),
+       i=st.integers(0, len(CUTS) - 4))
+def test_shard_sets_that_do_not_tile_their_rows_are_refused(base, kind, how, i):
+    with tempfile.TemporaryDirectory() as tmp:
+        into = Path(tmp)
+        names = _copy_set(base, kind, into)
+        named = []
+        if how == "gap":
+            named = [names[i], names[i + 2]]
+            del names[i + 1]
+        elif how == "overlap":
+            transform_file(base / "f.h5", base / "x.npy", into / "wide.h5", rows=f"{CUTS[i]}:{CUTS[i + 2]}",
+                           layout="dense" if kind == "dense" else "csr",
+                           compression="gzip" if kind == "gzip" else "none")
+            names.append(into / "wide.h5")
+            named = [into / "wide.h5"]
+        elif how == "swap":  # row ranges exchanged in the attributes, records resealed
+            damage.swap_ranges(names[i], names[i + 1])
+            named = [names[i]] if CUTS[i + 1] - CUTS[i] != CUTS[i + 2] - CUTS[i + 1] else []
+        else:
+            names.append(names[i])
+            named = [names[i]]
+        res = run(["merge", *names, "-o", into / "m.h5", "-q"])
+        _refused(res, into, *named)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(["csr", "dense", "gzip"]), cuts=st.sets(st.integers(1, 102), max_size=4),
+       chunk=st.sampled_from([None, 1, 5, 64]), merge_chunk=st.sampled_from([None, 3, 50]),
+       order=st.randoms(use_true_random=False))
+def test_every_valid_shard_set_merges_to_the_bytes_of_the_unsharded_run(base, kind, cuts, chunk, merge_chunk, order):
+    opts = {"csr": {}, "dense": {"layout": "dense"}, "gzip": {"compression": "gzip"}}[kind]
+    points = [0, *sorted(cuts), 103]
+    with tempfile.TemporaryDirectory() as tmp:
+        into = Path(tmp)
+        names = []
+        for k, (a, b) in enumerate(zip(points, points[1:])):
+            transform_file(base / "f.h5", base / "x.npy", into / f"s{k}.h5", rows=f"{a}:{b}", chunk_rows=chunk, **opts)
+            names.append(into / f"s{k}.h5")
+        order.shuffle(names)  # any order on the command line: shards are sorted by rows_start
+        merge_files(names, into / "m.h5", chunk_rows=merge_chunk)
+        assert (into / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
+
+
+# The examples of issue 23, item 8, one by one.
+@pytest.fixture
+def kit(base, tmp_path):
+    def make(kind="csr"):
+        return _copy_set(base, kind, tmp_path)
+    return make
+
+
+def _merge(tmp_path, names, *extra):
+    return run(["merge", *names, "-o", tmp_path / "m.h5", "-q", *extra])
+
+
+def test_rows_start_text_is_a_one_line_error(kit, tmp_path):
+    names = kit()
+    damage.set_attr(names[1], "rows_start", "abc")
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[1])
+    assert "attribute 'rows_start' is 'abc', not an integer" in res.output
+
+
+def test_mismatched_columns_are_refused(kit, tmp_path):
+    names = kit()
+    damage.set_attr(names[2], "columns", 121)  # the record still says 120
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "attribute 'columns' is 121 but its integrity record says 120" in res.output
+    names = kit()
+    damage.forge_attr(names[2], "columns", 121)  # record forged to agree: X's shape does not
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "its integrity record's shape" in res.output or "shape" in res.output
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float16"])
+@pytest.mark.parametrize("kind", ["csr", "dense"])
+def test_x_of_another_dtype_is_a_clear_error_not_a_keyerror(kit, tmp_path, dtype, kind):
+    names = kit(kind)
+    damage.retype_x(names[0], dtype)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[0])
+    assert f"has dtype {dtype}, expected <f4 (float32)" in res.output
+
+
+@pytest.mark.parametrize("virtual", [False, True])
+def test_a_narrower_shard_is_refused_also_virtually(kit, tmp_path, virtual):
+    names = kit("dense")
+    damage.narrow_x(names[3])
+    res = _merge(tmp_path, names, *(["--virtual"] if virtual else []))
+    _refused(res, tmp_path, names[3])
+    assert "'X' has shape (36, 119), but its record says (36, 120)" in res.output
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+def test_a_truncated_shard_is_refused(kit, tmp_path, kind):
+    names = kit(kind)
+    with open(names[4], "r+b") as fh:
+        fh.truncate(fh.seek(0, 2) - 3000)
+    _refused(_merge(tmp_path, names), tmp_path, names[4])
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_swapped_row_ranges_are_not_accepted(base, tmp_path, layout):
+    """Two shards of equal size whose ranges were exchanged (records resealed): their
+    rows would be merged in the wrong order; their row names give them away."""
+    names = []
+    for k, rows in enumerate(("0:50", "50:100", "100:103")):
+        names.append(tmp_path / f"s{k}.h5")
+        transform_file(base / "f.h5", base / "x.npy", names[-1], rows=rows, layout=layout)
+    damage.swap_ranges(names[0], names[1])
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[0])
+    assert "its record says its row names are the row numbers 50:100" in res.output
+
+
+@pytest.mark.parametrize("how", ["external", "soft"])
+def test_x_as_a_link_is_never_followed(kit, tmp_path, how):
+    names = kit("dense")
+    other = kit("dense")  # the same data elsewhere: following the link would "work"
+    shutil.copyfile(other[1], tmp_path / "elsewhere.h5")
+    damage.link_x(names[1], tmp_path / "elsewhere.h5", how)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[1])
+    assert f"'X' is {'an external' if how == 'external' else 'a soft'} link" in res.output
+
+
+@pytest.mark.parametrize("how", [damage.external_storage_x, damage.virtual_x])
+def test_x_stored_outside_the_shard_is_refused(kit, tmp_path, how):
+    names = kit("dense")
+    how(names[2])
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "external files" in res.output or "virtual dataset" in res.output
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+def test_nan_in_a_shard_is_not_copied(kit, tmp_path, kind):
+    names = kit(kind)
+    damage.put_nan(names[3], np.random.default_rng(0))
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[3])
+    assert "holds NaN or infinity" in res.output
+
+
+def test_virtual_merge_over_mismatched_widths_is_refused(base, tmp_path):
+    names = _copy_set(base, "dense", tmp_path)
+    save_features(sample(load_skeleton(skeleton_path("tabular-circle")), 90, seed=3), tmp_path / "g.h5")
+    transform_file(tmp_path / "g.h5", base / "x.npy", names[1], rows="17:40", layout="dense", overwrite=True)
+    res = _merge(tmp_path, names, "--virtual")
+    _refused(res, tmp_path, names[1])
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+def test_one_flipped_bit_anywhere_in_the_data_is_found(base, kit, tmp_path, kind):
+    """Random bytes of every piece of X's stored data, one bit each: the merge refuses,
+    naming the shard and (uncompressed) the dataset.  (Compressed, a flip in the
+    deflate stream's last padding bits changes no value: the merge must then give the
+    unsharded bytes.)"""
+    names = kit(kind)
+    pristine = names[3].read_bytes()
+    extents = damage.data_extents(names[3])
+    rng = np.random.default_rng(5)
+    offsets = [(name, off + int(rng.integers(size))) for name, off, size in extents for _ in range(4)]
+    for name, off in offsets:
+        names[3].write_bytes(pristine)
+        damage.flip_bit(names[3], off, int(rng.integers(8)))
+        res = _merge(tmp_path, names)
+        if kind == "gzip" and res.exit_code == 0:
+            assert (tmp_path / "m.h5").read_bytes() == (base / "gzip-all.h5").read_bytes()
+            (tmp_path / "m.h5").unlink()
+            continue
+        _refused(res, tmp_path, names[3])
+        if kind != "gzip":
+            assert f"'{name}'" in res.output, res.output
+
+
+def test_a_shard_without_a_record_is_refused_with_the_fix(kit, tmp_path):
+    names = kit()
+    damage.strip_record(names[0])
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[0])
+    assert "has no integrity record" in res.output and "re-create the shard" in res.output
+
+
+def test_a_record_edited_or_resealed_is_refused(kit, tmp_path):
+    names = kit()
+    damage.edit_record(names[2], nnz=1)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "does not match its seal" in res.output
+    names = kit()
+    damage.edit_record(names[2], reseal=True, nnz=1)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+
+
+def test_a_fifo_is_not_opened(kit, tmp_path):
+    names = kit()
+    import os
+
+    os.mkfifo(tmp_path / "fifo.h5")
+    res = _merge(tmp_path, [*names, tmp_path / "fifo.h5"])
+    _refused(res, tmp_path, "fifo.h5")
+    assert "not a regular file" in res.output
+
+
+def test_a_merged_output_carries_the_record_of_a_direct_run(base, tmp_path):
+    names = _copy_set(base, "dense", tmp_path)
+    assert _merge(tmp_path, names[::-1], "--virtual").exit_code == 0
+    with h5py.File(tmp_path / "m.h5", "r") as v, h5py.File(base / "dense-all.h5", "r") as a:
+        assert v.attrs["rfsgen_record"] == a.attrs["rfsgen_record"]
+
+
+def test_shards_of_named_rows_merge_exactly_and_their_names_are_verified(base, tmp_path):
+    """An .h5ad input's row names travel through the shards (checksummed) into the merge."""
+    from rfsgen.h5ad import mark_dense, mark_root, write_index
+
+    x = np.load(base / "x.npy")
+    with h5py.File(tmp_path / "x.h5ad", "w") as f:
+        f["X"] = x
+        mark_dense(f["X"])
+        mark_root(f)
+        write_index(f, "obs", x.shape[0], lambda a, b: [f"cell-{i}" for i in range(a, b)])
+        write_index(f, "var", x.shape[1], None)
+    transform_file(base / "f.h5", tmp_path / "x.h5ad", tmp_path / "all.h5")
+    names = []
+    for k, rows in enumerate(("0:30", "30:31", "31:103")):
+        names.append(tmp_path / f"s{k}.h5")
+        transform_file(base / "f.h5", tmp_path / "x.h5ad", names[-1], rows=rows)
+    assert damage.record(names[1])["obs_names"] == "input"
+    assert _merge(tmp_path, names[::-1]).exit_code == 0
+    assert (tmp_path / "m.h5").read_bytes() == (tmp_path / "all.h5").read_bytes()
+    (tmp_path / "m.h5").unlink()
+    with h5py.File(names[2], "r+") as f:  # one name changed, the record left as it was
+        f["obs/_index"][5] = "cell-x"
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[2])
+    assert "'obs/_index' (the row names) does not match its integrity record" in res.output

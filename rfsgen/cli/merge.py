@@ -21,10 +21,17 @@ from ._budget import max_memory_option
 def merge_cmd(shards, output, virtual, overwrite, quiet):
     """Merge transform shards (from --rows or --shard) back into one file.
 
-    Checks that the shards come from one feature file, one input, one layout
-    and dtype, and that their row ranges meet with no gap or overlap (in any
-    argument order).  The result is identical, dataset by dataset and attribute
-    by attribute, to one 'rfsgen transform' over the whole range.
+    Trusts nothing in the shards: each must be an rfsgen output with its
+    integrity record (written by 'rfsgen transform' since records exist; older
+    shards are refused: re-create them), and merge verifies the record's seal,
+    every attribute's type, every dataset's dtype, shape and storage (no links
+    or external data), one feature file, input, layout, dtype and compression,
+    and row ranges that meet with no gap or overlap.  Shards are put in order
+    of their first row, whatever the order given.  The data's checksums, NaN
+    and infinities are checked as it is copied; a shard that fails any check
+    ends the merge with one line naming it, and no output.  The result is
+    identical, byte for byte, to one 'rfsgen transform' over the whole range.
+    --virtual verifies the same, reading the shards once.
 
     \b
     Example:

@@ -1,0 +1,160 @@
+"""The output writer (rfsgen/output.py): the integrity record every output carries, its
+checksum, and that the record never depends on how the data was written."""
+
+import hashlib
+import json
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import skeleton_path
+from rfsgen import load_skeleton, sample, save_features
+from rfsgen._compiled import xxh64
+from rfsgen.output import (CHECKSUM, CHECKSUM_BLOCK, RECORD_ATTR, Checksum, NamesChecksum, canonical_json,
+                           number_names_digest, seal_of)
+from rfsgen.transform import Transformer, transform_file
+
+
+def _xxh64(data: bytes, seed: int = 0) -> int:
+    whole = len(data) // 8 * 8
+    return int(xxh64(np.frombuffer(data[:whole], dtype=np.uint64), np.frombuffer(data[whole:], dtype=np.uint8),
+                     seed, 0)[0])
+
+
+@pytest.mark.parametrize("data, seed, want", [
+    (b"", 0, 0xEF46DB3751D8E999), (b"a", 0, 0xD24EC4F1A98C6E5B), (b"abc", 0, 0x44BC2CF5AD770999),
+    (b"a" * 32, 0, 0x856E843298F99AD7), (b"b" * 64, 0, 0xECBAF4BDF26B6349),
+    (b"Nobody inspects the spammish repetition", 0, 0xFBCEA83C8A378BF1),
+    (b"The quick brown fox jumps over the lazy dog", 0, 0x0B242D361FDA71BC),
+    (bytes(range(100)), 0, 0x6AC1E58032166597), (b"abc", 12345, 0x01700E64F6F23509)])
+def test_xxh64_is_the_reference_xxh64(data, seed, want):
+    """Published XXH64 vectors (xxHash's spec; python-xxhash's documentation)."""
+    assert _xxh64(data, seed) == want
+
+
+def _reference(data: bytes) -> str:
+    """The documented checksum, spelled out: XXH64 of each 1 MiB block, SHA-256 of the hashes."""
+    sha = hashlib.sha256()
+    for a in range(0, len(data), CHECKSUM_BLOCK):
+        sha.update(_xxh64(data[a:a + CHECKSUM_BLOCK]).to_bytes(8, "little"))
+    return sha.hexdigest()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(size=st.sampled_from([0, 4, 12, CHECKSUM_BLOCK - 4, CHECKSUM_BLOCK, CHECKSUM_BLOCK + 4,
+                            2 * CHECKSUM_BLOCK + 36]),
+       cuts=st.lists(st.integers(0, 2 * CHECKSUM_BLOCK + 40), max_size=6), offset=st.sampled_from([0, 4]))
+def test_the_checksum_does_not_depend_on_how_the_bytes_are_fed(size, cuts, offset):
+    raw = np.random.default_rng(size).integers(0, 2**32, size // 4 + 1, dtype=np.uint32)
+    data = raw.view(np.uint8)[offset:offset + size]  # offset 4: pieces start unaligned for uint64
+    want = _reference(data.tobytes())
+    c = Checksum()
+    points = sorted({min(p, size) for p in cuts} | {0, size})
+    for a, b in zip(points, points[1:]):
+        c.update(data[a:b])
+    assert c.hexdigest() == want
+    assert c.size == size
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [7, 262144 + 3, 3 * 131072])
+def test_the_checksum_finds_nan_and_infinity_where_asked(dtype, n):
+    rng = np.random.default_rng(n)
+    clean = rng.standard_normal(n).astype(dtype)
+    c = Checksum(finite=dtype)
+    c.update(clean)
+    c.hexdigest()
+    assert c.first_bad is None
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, n // 2, n - 1):
+            x = clean.copy()
+            x[where] = bad
+            c = Checksum(finite=dtype)
+            for piece in np.array_split(x, 3):
+                c.update(piece)
+            digest = c.hexdigest()
+            assert c.first_bad is not None and c.first_bad <= where * x.itemsize < c.first_bad + CHECKSUM_BLOCK
+            plain = Checksum()  # the check does not change the checksum
+            plain.update(x)
+            assert plain.hexdigest() == digest and plain.first_bad is None
+
+
+def test_names_checksum_is_the_json_of_all_names_in_any_blocks():
+    names = ["a", "é", "x\ny", '"q"', "", "7"]
+    want = hashlib.sha256(json.dumps(names, separators=(",", ":")).encode()).hexdigest()
+    for cut in range(len(names) + 1):
+        c = NamesChecksum()
+        c.update(names[:cut])
+        c.update(names[cut:])
+        assert c.hexdigest() == want
+    assert number_names_digest(3, 9) == hashlib.sha256(
+        json.dumps([str(i) for i in range(3, 9)], separators=(",", ":")).encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("out")
+    x = np.random.default_rng(2).standard_normal((45, 8))
+    x[:, 5] = 0.0  # zero features: CSR drops them
+    np.save(d / "x.npy", x)
+    save_features(sample(load_skeleton(skeleton_path("tabular-circle")), 150, seed=4), d / "f.h5")
+    return d
+
+
+def _record(path) -> dict:
+    with h5py.File(path, "r") as f:
+        text = f.attrs[RECORD_ATTR]
+        return json.loads(text) | {"_text": text, "_attrs": list(f.attrs)}
+
+
+class _Remote:
+    """A stand-in for rfsgen.dask's cluster engine: chunks arrive as arrays."""
+
+    remote = True
+
+    def __init__(self, fs, dtype):
+        self.tr = Transformer(fs, dtype)
+        self.columns, self.dtype = self.tr.columns, self.tr.dtype
+
+    def chunks(self, src, chunk_rows, start=0, stop=None, buffers=1):
+        for row0, vals in self.tr.chunks(src, chunk_rows, start, stop, buffers=1):
+            yield row0, vals.copy()
+
+
+@pytest.mark.parametrize("layout, compression, dtype", [("csr", "none", "float32"), ("dense", "none", "float32"),
+                                                        ("dense", "gzip", "float64"), ("csr", "lzf", "float64")])
+def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, compression, dtype):
+    outs = []
+    for k, (chunk, engine) in enumerate(((None, None), (4, None), (13, _Remote))):
+        out = files / f"o-{layout}-{compression}-{k}.h5"
+        transform_file(files / "f.h5", files / "x.npy", out, layout=layout, compression=compression, dtype=dtype,
+                       rows="5:44", chunk_rows=chunk, engine=engine, overwrite=True)
+        outs.append(out)
+    first = outs[0].read_bytes()
+    assert all(o.read_bytes() == first for o in outs[1:])  # chunking and engine change no byte
+    rec = _record(outs[0])
+    assert set(rec["_attrs"]) == {"encoding-type", "encoding-version", "rfsgen_version", "features_file",
+                                  "features_sha256", "input", "rows_start", "rows_stop", "columns", "layout",
+                                  RECORD_ATTR}  # one attribute more than before records
+    plain = {k: v for k, v in rec.items() if not k.startswith("_")}
+    assert rec["_text"] == canonical_json(plain)
+    assert rec["seal"] == seal_of(plain)
+    with h5py.File(outs[0], "r") as f:
+        for k in ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop", "columns",
+                  "layout"):
+            v = f.attrs[k]
+            assert rec[k] == (v.item() if isinstance(v, np.generic) else v)
+        assert rec["features_sha256"] == hashlib.sha256((files / "f.h5").read_bytes()).hexdigest()
+        assert (rec["rows_start"], rec["rows_stop"], rec["shape"]) == (5, 44, [39, 150])
+        assert (rec["dtype"], rec["compression"], rec["checksum"]) == (dtype, compression, CHECKSUM)
+        x = f["X"]
+        parts = {"X": x} if layout == "dense" else {f"X/{k}": x[k] for k in ("data", "indices", "indptr")}
+        for name, ds in parts.items():
+            c = Checksum()
+            c.update(ds[()])
+            assert rec["datasets"][name] == c.hexdigest(), name
+        assert rec["nnz"] == (39 * 150 if layout == "dense" else x["data"].shape[0])
+        assert rec["obs_names"] == "numbers" and rec["obs_names_sha256"] == number_names_digest(5, 44)
