@@ -10,6 +10,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from ._signals import commit
 from .errors import OutputError, OutputExistsError, UsageError
 from .inputs import _split_spec
 
@@ -100,10 +101,10 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            _move_no_clobber(tmp, path)
+        # The commit point: the last signal check and the move run with signals held;
+        # a signal received before it (even one swallowed on its way) prevents the move,
+        # one during or after it is reported with the output kept (see _signals.commit).
+        commit(path, (lambda: os.replace(tmp, path)) if overwrite else (lambda: _move_no_clobber(tmp, path)))
     except FileExistsError:
         _remove(tmp)
         raise OutputExistsError(f"{path}: was created by another process while this one ran; "
