@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from ._signals import deferred
+from ._signals import deferred, reached
 
 with deferred():  # importing numba initialises LLVM under llvmlite's lock: no signal may unwind through it
     import numba
@@ -772,6 +772,7 @@ def _hold_signals_while_compiling(dispatcher) -> None:
 
     def compile_held(*args, **kws):
         with deferred():
+            reached("compile")
             return compile_for_args(*args, **kws)
 
     dispatcher._compile_for_args = compile_held

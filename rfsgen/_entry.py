@@ -2,11 +2,13 @@
 anything heavy is imported, run the command line, and end the process so that a
 SIGINT, SIGTERM or SIGHUP at any moment ends it with 128 + N and one line.
 
-The run's last step reports a signal received since the run ended its work (after
-the output was renamed into place: the output is complete and kept) and leaves with
+The last step reports a signal received after the command's work ended (after the
+output was renamed into place: the output is complete and kept) and leaves with
 ``os._exit``: the interpreter's shutdown would restore the default handlers, and a
-signal then would kill the process silently.  Every file is closed and every output
-complete by then; stdout and stderr are flushed first."""
+signal then would kill the process without a word.  Every file is closed and every
+output complete by then; stdout and stderr are flushed first.  The signals are
+blocked for that last check: one that arrives later stays pending, unseen, as it
+would for a process that has exited."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ def main() -> None:
         from . import _signals
 
         _signals.install()
+        _signals.reached("start")
         try:
             from .cli import main as cli_main
 
@@ -28,8 +31,8 @@ def main() -> None:
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:
-        # A signal raised before the command line's own translation took over (its import,
-        # or between its end and here), or a bug's exception.
+        # A signal raised before the command line's own translation took over (its
+        # import) or after it ended (between its end and here), or a bug's exception.
         code = _last_resort(e)
     os._exit(_finish(code))
 
@@ -53,23 +56,34 @@ def _last_resort(e: BaseException) -> int:
 def _say(signum: int) -> None:
     from ._signals import message
 
-    sys.stderr.write(f"rfsgen: error: {message(signum)}\n")
+    try:
+        sys.stderr.write(f"rfsgen: error: {message(signum)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _finish(code: int) -> int:
-    """Report a signal that arrived after the command's work ended with success;
-    flush the standard streams; the exit code."""
+    """The exit code: ``code``, or 128 + N for a signal received after the command's
+    work ended with success (reported in one line)."""
+    import signal
+
     from . import _signals
 
-    _signals.finish()
-    signum = _signals.received()
-    if signum is not None and code == 0:
-        _say(signum)
-        code = 128 + signum
+    _signals.finish()  # from here the handler only records
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             if stream is sys.stdout and code == 0:
                 code = 141  # the reader went away before the last bytes were flushed
+    _signals.reached("end")
+    signal.pthread_sigmask(signal.SIG_BLOCK, _signals.HANDLED)
+    late = signal.sigpending()  # (a function call: the handler of a signal caught just before runs here)
+    signum = _signals.received()
+    if signum is None:
+        signum = next((int(s) for s in _signals.HANDLED if s in late), None)
+    if signum is not None and code == 0:
+        _say(signum)
+        code = 128 + signum
     return code

@@ -82,7 +82,7 @@ def _handler(signum, frame):
 def install() -> None:
     """Route SIGINT, SIGTERM and SIGHUP through this module for the rest of the process
     and start a run (the CLI does this first)."""
-    global _installed, _armed, _pending, _received, _depth
+    global _installed, _armed, _pending, _received, _depth, _pause_at
     for s in HANDLED:
         signal.signal(s, _handler)
     _installed = True
@@ -90,6 +90,38 @@ def install() -> None:
     _pending = _received = None
     committed.clear()
     _armed = True
+    import os
+
+    hook = os.environ.get("RFSGEN_SIGNAL_PAUSE")
+    _pause_at = hook.split("=", 1) if hook and "=" in hook else None
+
+
+#: Tests only: ``RFSGEN_SIGNAL_PAUSE=PHASE=FILE`` makes the run stop the first time it
+#: reaches PHASE (see :func:`reached`), create FILE and wait for a signal there, so that
+#: a test can deliver one at exactly that point.  Unset, each phase costs one test.
+_pause_at: list[str] | None = None
+
+
+def reached(phase: str) -> None:
+    """A named point of a run (``start``, ``parse``, ``compile``, ``deferred``,
+    ``commit``, ``committed``, ``end``): pauses there when ``RFSGEN_SIGNAL_PAUSE`` asks."""
+    if _pause_at is not None and _pause_at[0] == phase:
+        _pause(phase)
+
+
+def _pause(phase: str) -> None:
+    global _pause_at
+    import time
+
+    path = _pause_at[1]
+    _pause_at = None  # once
+    with open(path, "w") as fh:
+        fh.write(phase)
+    end = time.monotonic() + 120
+    # The handler runs (and, where it may, raises) between these sleeps; a signal that
+    # is held (deferred) ends the wait, and the run goes on to where it is raised.
+    while _received is None and time.monotonic() < end:
+        time.sleep(0.005)
 
 
 def received() -> int | None:
@@ -139,6 +171,8 @@ class _Deferred:
         if not _installed:
             self.saved = {s: signal.signal(s, _handler) for s in HANDLED if signal.getsignal(s) is not _handler}
         _depth += 1
+        if _pause_at is not None:
+            reached("deferred")
         return self
 
     def __exit__(self, *exc):
@@ -194,6 +228,8 @@ def commit(path, move) -> None:
             raise _exception(_received)
         if not _installed:
             checkpoint()
+        reached("commit")
         move()
         if _installed:
             committed.append(str(path))
+            reached("committed")

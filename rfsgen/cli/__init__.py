@@ -142,6 +142,7 @@ class _Group(click.Group):
             args = sys.argv[1:] if args is None else list(args)
             prog_name = prog_name or "rfsgen"
             self._main_shell_completion(extra, prog_name, complete_var)
+            _signals.reached("parse")
             with self.make_context(prog_name, args, **extra) as ctx:
                 self.invoke(ctx)
         except click.exceptions.Exit as e:  # --help, --version
