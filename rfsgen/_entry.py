@@ -71,6 +71,9 @@ def _finish(code: int) -> int:
     from . import _signals
 
     _signals.finish()  # from here the handler only records
+    atomic = sys.modules.get(f"{__package__}.atomic")
+    if atomic is not None:
+        atomic.remove_own_temporaries()  # not moved into place: never a temporary file left
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
