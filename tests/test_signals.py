@@ -67,8 +67,15 @@ def make_inputs(d: Path) -> Path:
     return d
 
 
-def command(kind: str, inputs: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "rfsgen", *map(str, {
+#: The console script beside this Python (an installed rfsgen), if there is one.
+SCRIPT = Path(sys.executable).with_name("rfsgen")
+
+
+def command(kind: str, inputs: Path, out: Path, script: bool = False) -> list[str]:
+    """``python -m rfsgen KIND ...``, or the ``rfsgen`` console script (which imports the
+    same checkout: PYTHONPATH comes first)."""
+    start = [str(SCRIPT)] if script and SCRIPT.exists() else [sys.executable, "-m", "rfsgen"]
+    return [*start, *map(str, {
         "sample": ["sample", inputs / "sk.yaml", "-n", COLUMNS, "--seed", 2, "-o", out],
         "transform": ["transform", inputs / "f.h5", inputs / "rows.npy", "-o", out],
         "merge": ["merge", inputs / "s0.h5", inputs / "s1.h5", "-o", out],
@@ -115,7 +122,7 @@ def _exited(pid: int) -> bool:
 
 
 def run_signalled(kind: str, sig, inputs: Path, *, delay: float = 0.0, phase: str | None = None,
-                  after_install: bool = False, env: dict | None = None) -> dict:
+                  after_install: bool = False, env: dict | None = None, script: bool = False) -> dict:
     """One run of ``kind`` signalled with ``sig``: at ``phase`` (the run pauses there), or
     ``delay`` seconds after its start (after its handler is installed if
     ``after_install``).  Returns what :func:`judge` needs."""
@@ -128,7 +135,7 @@ def run_signalled(kind: str, sig, inputs: Path, *, delay: float = 0.0, phase: st
     if phase is not None:
         full_env["RFSGEN_SIGNAL_PAUSE"] = f"{phase}={mark}"
     with open(d / "stdout", "wb") as so, open(d / "stderr", "wb") as se:
-        p = subprocess.Popen(command(kind, inputs, out), env=full_env, stdout=so, stderr=se, cwd=d)
+        p = subprocess.Popen(command(kind, inputs, out, script), env=full_env, stdout=so, stderr=se, cwd=d)
     t0 = time.monotonic()
     try:
         if phase is not None:
@@ -194,20 +201,21 @@ def judge(r: dict) -> str | None:
     return "unexpected message"
 
 
-def trials(n: int, seed: int = 0, compile_every: int = 0) -> list[dict]:
+def trials(n: int, seed: int = 0, compile_every: int = 0, span: float = 1.5) -> list[dict]:
     """``n`` random trials: every command and signal in turn, delays spread over the
-    first 1.5 s (a quarter within the interpreter's start-up, for SIGTERM/SIGHUP)."""
+    first ``span`` seconds (a quarter within the interpreter's start-up, for
+    SIGTERM/SIGHUP); every ``compile_every``-th with an empty numba cache."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         sig = SIGNALS[i % 3]
-        kw = dict(kind=COMMANDS[(i // 3 + i) % 4], sig=sig)
+        kw = dict(kind=COMMANDS[(i // 3 + i) % 4], sig=sig, script=i % 5 == 2)
         if sig == signal.SIGINT:
-            kw.update(delay=rng.uniform(0, 1.2), after_install=True)
+            kw.update(delay=rng.uniform(0, span * 0.8), after_install=True)
         elif i % 4 == 1:
             kw.update(delay=rng.choice([0.0, 0.001, 0.005, 0.02, 0.05]))
         else:
-            kw.update(delay=(i + rng.random()) / n * 1.5)
+            kw.update(delay=(i + rng.random()) / n * span)
         if compile_every and i % compile_every == 0:
             kw.update(compile=True, delay=kw["delay"] * 4)
         out.append(kw)
@@ -266,10 +274,12 @@ def test_a_signal_during_a_real_compilation(inputs):
 
 def test_signals_at_random_moments(inputs):
     """``RFSGEN_SIGNAL_TRIALS`` runs (default 16) signalled at delays spread over the first
-    1.5 s, start-up included; every one must satisfy :func:`judge`."""
+    ``RFSGEN_SIGNAL_SPAN`` seconds (default 1.5), start-up included; every one must
+    satisfy :func:`judge`.  ``RFSGEN_SIGNAL_SEED`` varies the delays."""
     n = int(os.environ.get("RFSGEN_SIGNAL_TRIALS", "16"))
     seed = int(os.environ.get("RFSGEN_SIGNAL_SEED", "0"))
-    _run_all(inputs, trials(n, seed))
+    span = float(os.environ.get("RFSGEN_SIGNAL_SPAN", "1.5"))
+    _run_all(inputs, trials(n, seed, span=span))
 
 
 def test_a_second_signal_during_the_clean_up_changes_nothing(inputs):
@@ -311,3 +321,34 @@ def test_a_swallowed_signal_still_prevents_the_output(tmp_path, monkeypatch):
     from rfsgen.cli import _signal_of
 
     assert _signal_of(OutputError("o.h5: cannot write (Interrupted)")) == signal.SIGTERM
+
+
+def test_every_compiled_loop_is_compiled_with_signals_held():
+    """Each numba dispatcher of ``_compiled`` compiles (or loads its cache) inside
+    ``deferred()``; calls of compiled code are untouched."""
+    import numba
+
+    import rfsgen._compiled as compiled
+
+    dispatchers = [v for v in vars(compiled).values() if isinstance(v, numba.core.dispatcher.Dispatcher)]
+    assert len(dispatchers) > 20
+    for d in dispatchers:
+        assert vars(d)["_compile_for_args"].__qualname__.endswith("compile_held"), d
+
+
+def test_library_use_hands_a_held_signal_to_the_previous_handler():
+    """Without the CLI, ``deferred()`` holds a signal for its block only and then gives
+    it to the handler that was installed before (here the application's own)."""
+    from rfsgen._signals import deferred
+
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+    try:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            assert got == []
+        assert got == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
