@@ -133,9 +133,11 @@ def message(signum: int) -> str:
     """The CLI's line (after ``rfsgen: error: ``) for a run ended by ``signum``: whether
     an output completed before the signal (it is then complete and kept) or none was
     written."""
+    from .errors import one_line
+
     what = "interrupted" if signum == signal.SIGINT else f"terminated by {signal.Signals(signum).name}"
     if committed:
-        return f"{what} after {', '.join(committed)} was complete; the output was kept"
+        return one_line(f"{what} after {', '.join(committed)} was complete; the output was kept")
     return f"{what}; no output was written"
 
 
