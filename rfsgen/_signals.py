@@ -33,7 +33,9 @@ process).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 
 HANDLED = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
 
@@ -75,8 +77,70 @@ def _handler(signum, frame):
         if _pending is None:
             _pending = signum
         return
+    if _unsafe(frame):
+        _retry(signum)
+        return
     _armed = False  # raise once: never again inside the clean-up this one starts
-    raise _exception(signum)
+    raise _raising(signum)
+
+
+_last: BaseException | None = None  # the exception the handler raised last
+
+
+def _raising(signum: int) -> BaseException:
+    global _last
+    _last = _exception(signum)
+    return _last
+
+
+def _unraisable(info) -> None:
+    """``sys.unraisablehook`` while the CLI runs: the signal's exception raised where
+    Python ignores exceptions (a weakref callback, a finaliser) is not printed but
+    raised again, 2 ms later, wherever the run is then."""
+    global _armed
+    if _last is not None and info.exc_value is _last:
+        signum = _last.signum if isinstance(_last, Terminated) else int(signal.SIGINT)
+        _armed = True
+        _retry(signum)
+        return
+    sys.__unraisablehook__(info)
+
+
+def _retry(signum: int) -> None:
+    """Deliver ``signum`` to the main thread again in 2 ms (from a short-lived thread),
+    until the handler finds it out of an unsafe place (and raises) or the run ends."""
+
+    def later():
+        time.sleep(0.002)
+        if _armed:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+    threading.Thread(target=later, name="rfsgen-signal", daemon=True).start()
+
+
+#: Code whose frames must not see the signal's exception, besides every ``__del__``
+#: (Python prints "Exception ignored" and drops it): HDF5's callbacks into SafeFile
+#: (h5py turns the exception into an error of its own), registered by rfsgen.atomic.
+UNSAFE_CODE: set = set()
+
+
+def _unsafe(frame) -> bool:
+    """Whether ``frame`` or a caller is a place where an exception would be ignored or
+    leave a lock held: a ``__del__``, Python's import machinery (its lock callbacks
+    ignore exceptions; a module half imported is worse than one imported a moment
+    later), llvmlite and numba (llvmlite's lock is taken and released by plain calls,
+    and its objects are disposed of in ``__del__``), HDF5's callbacks."""
+    import os
+
+    libs = tuple(os.path.dirname(m.__file__) + os.sep for m in map(sys.modules.get, ("llvmlite", "numba"))
+                 if m is not None and getattr(m, "__file__", None))
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_name == "__del__" or code in UNSAFE_CODE or code.co_filename.startswith("<frozen importlib")
+                or code.co_filename.startswith(libs)):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install() -> None:
@@ -85,6 +149,7 @@ def install() -> None:
     global _installed, _armed, _pending, _received, _depth, _pause_at
     for s in HANDLED:
         signal.signal(s, _handler)
+    sys.unraisablehook = _unraisable
     _installed = True
     _depth = 0
     _pending = _received = None
@@ -155,7 +220,7 @@ def _raise_pending() -> None:
     if _pending is not None and _armed:
         signum, _pending = _pending, None
         _armed = False
-        raise _exception(signum)
+        raise _raising(signum)
 
 
 class _Deferred:

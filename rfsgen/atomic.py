@@ -10,7 +10,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from ._signals import commit, deferred
+from ._signals import UNSAFE_CODE, commit, deferred
 from .errors import OutputError, OutputExistsError, UsageError
 from .inputs import _split_spec
 
@@ -241,3 +241,7 @@ class SafeFile:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# HDF5 calls these from C: a signal's exception must wait until HDF5 has returned.
+UNSAFE_CODE.update(getattr(SafeFile, name).__code__ for name in ("write", "readinto", "read", "seek", "tell", "truncate"))

@@ -352,3 +352,44 @@ def test_library_use_hands_a_held_signal_to_the_previous_handler():
         assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("where", ["__del__", "weakref callback", "import"])
+def test_a_signal_where_python_ignores_exceptions_is_raised_after(tmp_path, where):
+    """Python drops (and prints) an exception raised in a finaliser or a weakref
+    callback, and an import interrupted halfway can turn into an ImportError: the
+    handler keeps the signal there (or takes it back from the unraisable hook) and
+    raises it once the run is out, without a word on stderr."""
+    script = f"""
+import os, signal, sys, time, weakref
+from rfsgen import _signals
+_signals.install()
+
+def hit():
+    os.kill(os.getpid(), signal.SIGTERM)
+    t = time.monotonic()
+    while time.monotonic() - t < 0.05:  # the handler runs here, inside {where}
+        pass
+
+class Obj:
+    def __del__(self):
+        if {where!r} == "__del__":
+            hit()
+
+o = Obj()
+r = weakref.ref(o, lambda ref: hit() if {where!r} == "weakref callback" else None)
+try:
+    if {where!r} == "import":
+        sys.path.insert(0, {str(tmp_path)!r})
+        open({str(tmp_path / "slowmod.py")!r}, "w").write("import sys; sys.modules['__main__'].hit(); X = 1")
+        import slowmod
+        assert slowmod.X == 1  # the module's import completed
+    del o
+    time.sleep(1)
+    print("not raised")
+except _signals.Terminated:
+    print("raised after")
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.stdout == "raised after\n" and res.stderr == "", res
