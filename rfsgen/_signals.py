@@ -148,7 +148,8 @@ def install() -> None:
     and start a run (the CLI does this first)."""
     global _installed, _armed, _pending, _received, _depth, _pause_at
     for s in HANDLED:
-        signal.signal(s, _handler)
+        if signal.getsignal(s) is not signal.SIG_IGN:  # ignored (nohup, a background job): stays so
+            signal.signal(s, _handler)
     sys.unraisablehook = _unraisable
     _installed = True
     _depth = 0

@@ -222,9 +222,30 @@ def trials(n: int, seed: int = 0, compile_every: int = 0, span: float = 1.5) -> 
     return out
 
 
+@pytest.fixture(scope="module", autouse=True)
+def signals_not_ignored():
+    """The runs inherit ignored signals (``nohup make test`` ignores SIGHUP), which
+    rfsgen leaves ignored: let them have the defaults while this file runs."""
+    ignored = [s for s in SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
+    for s in ignored:
+        signal.signal(s, signal.SIG_DFL)
+    yield
+    for s in ignored:
+        signal.signal(s, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     return make_inputs(tmp_path_factory.mktemp("signals"))
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path):
+    """Under ``nohup`` (SIGHUP ignored) a hang-up does not end the run."""
+    script = ("import os, signal; from rfsgen import _signals; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+              "_signals.install(); os.kill(os.getpid(), signal.SIGHUP); os.kill(os.getpid(), signal.SIGTERM)")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=TIMEOUT)
+    assert res.returncode == 1 and res.stderr.strip().endswith("Terminated: 15"), res
 
 
 def _run_all(inputs, cases, workers=2):
