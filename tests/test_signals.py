@@ -13,7 +13,9 @@ holds for every delay:
   start-up), killed by the signal itself (the shell's 128 + N), silent, nothing written;
 * or with 0 and a complete output when the signal came after the run's last check: it
   is then still pending, blocked, in the exited process (read from /proc before the
-  process is reaped), which tells it apart from a lost signal.
+  process is reaped), which tells it apart from a lost signal; or the process was
+  already exiting when the signal was sent (the kernel drops it: seen in /proc right
+  after the ``kill``).
 
 SIGINT is sent only once rfsgen's handler is installed: before that, Python's own
 SIGINT handler is in charge (the README says what it does).  The number of random
@@ -115,6 +117,16 @@ def _bit(sig) -> int:
     return 1 << (int(sig) - 1)
 
 
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is exiting or has exited (the kernel drops a signal sent then)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] in "ZXx" or bool(int(fields[6]) & 0x4)  # state; flags & PF_EXITING
+
+
 def _exited(pid: int) -> bool:
     """Whether ``pid`` (our child) has exited, without reaping it."""
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -149,8 +161,10 @@ def run_signalled(kind: str, sig, inputs: Path, *, delay: float = 0.0, phase: st
         time.sleep(max(0.0, delay - (time.monotonic() - t0)))
         finished_before = _exited(p.pid)
         installed = bool(_mask(p.pid, "SigCgt") & _bit(signal.SIGTERM))
+        exiting = finished_before
         if not finished_before:
             os.kill(p.pid, sig)
+            exiting = _exiting(p.pid)
         sent = time.monotonic()
         while not _exited(p.pid) and time.monotonic() - sent < TIMEOUT:
             time.sleep(0.005)
@@ -164,7 +178,7 @@ def run_signalled(kind: str, sig, inputs: Path, *, delay: float = 0.0, phase: st
         p.wait()
     files = sorted(f.name for f in d.iterdir() if f.name not in ("stdout", "stderr", "paused"))
     return dict(kind=kind, sig=int(sig), delay=round(delay, 4), phase=phase, rc=p.returncode, hang=hang,
-                finished_before=finished_before, installed=installed, pending=pending,
+                finished_before=finished_before, installed=installed, pending=pending, exiting=exiting,
                 stderr=(d / "stderr").read_text(errors="replace"), files=files,
                 complete=bool(out.exists() and complete(kind, out)), secs=round(time.monotonic() - t0, 3))
 
@@ -186,7 +200,7 @@ def judge(r: dict) -> str | None:
             return "killed by the signal although rfsgen's handler was installed"
         return None if not out and not r["stderr"] else "killed, and left output or words"
     if r["rc"] == 0:
-        if not r["pending"]:
+        if not r["pending"] and not r["exiting"]:  # neither held at the last check nor dropped by an exit
             return "LOST: exit 0 and the signal was delivered"
         return None if r["complete"] and not r["stderr"] else "exit 0 after the last check, but no complete output"
     if r["rc"] != 128 + n:
