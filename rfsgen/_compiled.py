@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from ._signals import deferred, reached
+
+with deferred():  # importing numba initialises LLVM under llvmlite's lock: no signal may unwind through it
+    import numba
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from ._vector import gather, product, transpose_out
@@ -856,3 +860,26 @@ def arcsin_tail_propose(u, v, k0, s, relu, log_m, limit, k_out, ok_out):  # prag
         k_out[i] = k
         ok_out[i] = math.log(v[i]) <= arcsin_tail_log_weight(k, relu) - log_m - log_p if v[i] > 0 else True
     return -1
+
+
+def _hold_signals_while_compiling(dispatcher) -> None:
+    """Compile (or load from numba's cache) with SIGINT/SIGTERM/SIGHUP held, raised when
+    the compilation is done.  An exception raised inside llvmlite's lock (its
+    ``__enter__`` acquires, then calls back) leaves the lock held, and the next
+    compilation, in a worker thread of :func:`on_rows` or in the clean-up, waits for it
+    forever.  Numba's dispatcher looks ``_compile_for_args`` up on the instance only
+    when no compiled version fits the arguments, so calls of compiled code cost nothing
+    more."""
+    compile_for_args = dispatcher._compile_for_args
+
+    def compile_held(*args, **kws):
+        with deferred():
+            reached("compile")
+            return compile_for_args(*args, **kws)
+
+    dispatcher._compile_for_args = compile_held
+
+
+for _dispatcher in [v for v in globals().values() if isinstance(v, numba.core.dispatcher.Dispatcher)]:
+    _hold_signals_while_compiling(_dispatcher)
+del _dispatcher

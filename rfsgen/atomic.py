@@ -10,6 +10,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from ._signals import UNSAFE_CODE, commit, deferred
 from .errors import OutputError, OutputExistsError, UsageError
 from .inputs import _split_spec
 
@@ -90,20 +91,27 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
     if not parent.exists():
         raise OutputError(f"{path}: directory {parent} does not exist; create it first")
     remove_stale_temporaries(parent)
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.rfsgen-{_host()}-{os.getpid()}-", suffix=".part", dir=parent)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
+        # Signals held while the temporary file is created and named: one raised between
+        # the two would leave a file that nothing removes.
+        with deferred():
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.rfsgen-{_host()}-{os.getpid()}-", suffix=".part",
+                                           dir=parent)
+            except OSError as e:
+                raise OutputError(f"{path}: cannot write in {parent} ({e.strerror})") from None
+            _temporaries.add(tmp)
+            os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
         yield tmp
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            _move_no_clobber(tmp, path)
+        # The commit point: the last signal check and the move run with signals held;
+        # a signal received before it (even one swallowed on its way) prevents the move,
+        # one during or after it is reported with the output kept (see _signals.commit).
+        commit(path, (lambda: os.replace(tmp, path)) if overwrite else (lambda: _move_no_clobber(tmp, path)))
+        _temporaries.discard(tmp)
     except FileExistsError:
         _remove(tmp)
         raise OutputExistsError(f"{path}: was created by another process while this one ran; "
@@ -144,10 +152,25 @@ def _move_no_clobber(tmp, path):
 
 
 def _remove(p):
+    if p is None:
+        return
+    _temporaries.discard(p)
     try:
         os.unlink(p)
     except OSError:
         pass
+
+
+#: This process's temporary files that were neither moved into place nor removed yet.
+_temporaries: set[str] = set()
+
+
+def remove_own_temporaries() -> None:
+    """Remove this process's temporary files that are still there: the CLI's last step.
+    A signal can land inside the machinery of a ``with`` statement (contextlib's own
+    ``__enter__``/``__exit__``) where :func:`atomic_path` gets no chance to clean up."""
+    for p in list(_temporaries):
+        _remove(p)
 
 
 class SafeFile:
@@ -218,3 +241,7 @@ class SafeFile:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# HDF5 calls these from C: a signal's exception must wait until HDF5 has returned.
+UNSAFE_CODE.update(getattr(SafeFile, name).__code__ for name in ("write", "readinto", "read", "seek", "tell", "truncate"))

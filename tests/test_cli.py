@@ -273,7 +273,12 @@ def test_ctrl_c_during_start_up_is_one_line(inputs, delay):
     import signal
     import time
 
+    from test_signals import _bit, _mask
+
     proc = _rfsgen("sample", skeleton_path("cifar-deep"), "-n", 3000, "-o", inputs / "s.h5")
+    # Counted from rfsgen's handler: before it, Python's start-up has SIGINT (README).
+    while not _mask(proc.pid, "SigCgt") & _bit(signal.SIGTERM) and proc.poll() is None:
+        time.sleep(0.001)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1].decode()

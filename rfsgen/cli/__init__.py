@@ -13,11 +13,12 @@ import sys
 
 import click
 
-from .. import __version__
+from .. import __version__, _signals
 from ..errors import RfsgenError
 
 
 def _fail(message: str, code: int):
+    _signals.finish()  # the run ends here: a later signal must not interrupt this one line
     click.echo(f"rfsgen: error: {message}", err=True)
     sys.exit(code)
 
@@ -27,6 +28,7 @@ def _stdout_closed():
     SIGPIPE would (exit 141), without Python's complaint when it flushes at exit."""
     import os
 
+    _signals.finish()
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -35,25 +37,60 @@ def _stdout_closed():
     sys.exit(141)
 
 
+def _signal_of(exc: BaseException) -> int | None:
+    """The signal that ends this run: one received since the CLI started (it wins over
+    any exception that followed it: h5py and numba wrap or replace an exception raised
+    inside them), else the one ``exc`` stands for."""
+    import signal
+
+    from .._signals import Terminated, received
+
+    got = received()
+    if got is not None:
+        return got
+    if isinstance(exc, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    if isinstance(exc, Terminated):
+        return exc.signum
+    return None
+
+
 def translate_errors(fn):
     """Map library errors, interruptions and closed pipes to one-line messages and exit codes:
     usage errors 2, runtime errors 1, Ctrl-C 130, SIGTERM 143, SIGHUP 129, closed stdout 141."""
-    from .._signals import Terminated
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except RfsgenError as e:
-            _fail(str(e), e.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted; no output was written", 130)
-        except Terminated as t:
-            _fail(f"terminated by {t.name}; no output was written", t.exit_code)
-        except BrokenPipeError:
-            _stdout_closed()
+        except SystemExit:
+            raise
+        except BaseException as e:
+            _translate(e)
 
     return wrapper
+
+
+def _translate(e: BaseException):
+    """Print the one line for ``e`` and exit with its code; re-raise what is not ours
+    (a bug: its traceback is what a report needs)."""
+    from ..errors import one_line
+
+    signum = _signal_of(e)
+    if signum is not None:
+        _fail(_signals.message(signum), 128 + signum)
+    if isinstance(e, RfsgenError):
+        _fail(str(e), e.exit_code)
+    if isinstance(e, BrokenPipeError):
+        _stdout_closed()
+    if isinstance(e, click.UsageError):
+        where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        _fail(one_line(e.format_message()) + where, 2)
+    if isinstance(e, click.ClickException):
+        _fail(one_line(e.format_message()), e.exit_code)
+    if isinstance(e, click.Abort):
+        _fail("interrupted; no output was written", 130)
+    raise e
 
 
 class _Progress:
@@ -92,19 +129,30 @@ def _emit_json(obj):
 
 
 class _Group(click.Group):
-    """Click's usage errors (unknown options, bad values) as one line, exit code 2."""
+    """The whole command line, from parsing the arguments to the last line, under one
+    translation: click's usage errors as one line with exit code 2, and a signal at any
+    moment (parsing included) as one line with 128 + N.
 
-    def main(self, args=None, prog_name=None, **kwargs):
-        from ..errors import one_line
+    Not click's ``main``: it turns KeyboardInterrupt into ``Abort`` after writing an
+    empty line to stderr, and lets SIGTERM's exception through."""
 
-        kwargs.pop("standalone_mode", None)
+    def main(self, args=None, prog_name=None, complete_var=None, **extra):
+        extra.pop("standalone_mode", None)
         try:
-            return super().main(args, prog_name, standalone_mode=False, **kwargs)
-        except click.UsageError as e:
-            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            _fail(one_line(e.format_message()) + where, 2)
-        except click.Abort:
-            _fail("interrupted; no output was written", 130)
+            args = sys.argv[1:] if args is None else list(args)
+            prog_name = prog_name or "rfsgen"
+            self._main_shell_completion(extra, prog_name, complete_var)
+            _signals.reached("parse")
+            with self.make_context(prog_name, args, **extra) as ctx:
+                self.invoke(ctx)
+        except click.exceptions.Exit as e:  # --help, --version
+            _signals.finish()
+            sys.exit(e.exit_code)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            _translate(e)
+        sys.exit(0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
