@@ -86,6 +86,13 @@ def apply(op: dict, d: Path) -> None:
             ds = f[op["name"]]
             off = ds.id.get_offset()
             n = ds.id.get_storage_size()
+            if off is None and ds.chunks is not None and ds.id.get_num_chunks():  # chunked: a bit of one chunk
+                k = int(op["pos"] * ds.id.get_num_chunks())
+                info = ds.id.get_chunk_info(k)
+                off, n = info.byte_offset, info.size
+                if ds.compression is None:  # a chunk is allocated whole; flip a bit of the data it holds
+                    n = min(n, max(1, (ds.size - k * int(np.prod(ds.chunks))) * ds.dtype.itemsize))
+                op = dict(op, pos=(op["pos"] * ds.id.get_num_chunks()) % 1.0)
         if off is None or not n:
             return
         pos = off + int(op["pos"] * n)

@@ -171,6 +171,20 @@ def _fork_child(argv, d: Path, stdin, stdout, stderr, cfg: Config) -> int:
         os._exit(99)
 
 
+#: The process group of the run in progress in this process (killed if the runner is stopped).
+CURRENT = None
+
+
+def stop_current(*_):
+    """SIGTERM handler of a fuzz worker: kill the run in progress, then exit."""
+    if CURRENT:
+        try:
+            os.killpg(CURRENT, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(1)
+
+
 def execute(case, d: Path, cfg: Config) -> dict:
     """Run the case's command in ``d``; returns rc, stderr, timings, signal delivery."""
     argv = _argv(case, cfg)
@@ -188,6 +202,8 @@ def execute(case, d: Path, cfg: Config) -> dict:
                                     env=env, preexec_fn=_limits(cfg))
         pid = proc.pid
         proc.returncode = 0  # we reap it ourselves (os.wait4, for its peak memory); keep Popen from trying
+    global CURRENT
+    CURRENT = pid
     sig = case.get("signal")
     sent_at, sent = None, False
     timed_out = False
@@ -219,6 +235,7 @@ def execute(case, d: Path, cfg: Config) -> dict:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    CURRENT = None
     err = err_path.read_bytes().decode("utf-8", "replace")
     return {"rc": rc, "stderr": err, "elapsed": round(time.monotonic() - t0, 3), "timed_out": timed_out,
             "signal_sent": sent, "sent_at": sent_at, "maxrss": usage.ru_maxrss * 1024 if usage else 0,
@@ -370,6 +387,13 @@ def check_output(case, d: Path, res: dict, cfg: Config):
     if t == "merge":
         x, dtype = _finite_h5_x(out)
         want, wdtype = _finite_h5_x(fixtures.path_of(cfg.cache, check["reference_fixture"]))
+        import h5py
+
+        with h5py.File(out, "r") as f:  # merging a contiguous subset of the shards is right: compare that range
+            a, b = int(f.attrs["rows_start"]), int(f.attrs["rows_stop"])
+        if not 0 <= a <= b <= want.shape[0]:
+            return f"merged output says rows {a}:{b}, the input has {want.shape[0]}"
+        want = want[a:b]
         if x.shape != want.shape:
             return f"merged X has shape {x.shape}, the whole transform {want.shape}"
         if dtype != wdtype:

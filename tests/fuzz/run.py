@@ -55,6 +55,10 @@ _CFG = None
 
 def _init(cfg_dict):
     global _CFG
+    import signal
+
+    signal.signal(signal.SIGTERM, harness.stop_current)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process stops the pool
     _CFG = harness.Config(**cfg_dict["args"])
     _CFG.max_memory_option = cfg_dict["max_memory_option"]
     if _CFG.mode == "fork":  # import what the CLI needs once, so that each forked run starts at once
@@ -160,7 +164,7 @@ def main(argv=None) -> int:
             p = Path(src)
             for f in sorted(p.glob("*.json")) if p.is_dir() else [p]:
                 rec = json.loads(f.read_text())
-                cases.append(rec.get("case", rec))
+                cases.append(dict(rec.get("case", rec), id=f.stem))
         kinds = [k for k in KINDS if any(c["kind"] == k for c in cases)]
     else:
         cases = [make_case(a.seed, i, kinds) for i in range(a.cases)]
@@ -176,6 +180,12 @@ def main(argv=None) -> int:
           f"({'--max-memory' if cfg.max_memory_option else 'RFSGEN_MAX_MEMORY only'}), "
           f"{a.time_limit:.0f} s per case; fixtures ready in {time.monotonic() - t0:.0f} s", flush=True)
 
+    import signal
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)  # stopping the runner stops the pool (and each worker its run)
     ctx = mp.get_context("spawn")
     results, failures = [], []
     first_of = {}
