@@ -269,6 +269,8 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
             return "lost_signal", f"exit 0 after {sig['sig']} at {sig['delay']:.3f} s"
         if rc in (128 + signum, -signum):
             if out is not None and out.exists():
+                if os.stat(out).st_ctime < res["sent_at"] - 0.05:
+                    return "passed", f"exit {rc}: the signal came after the output was complete"
                 return "lost_signal", f"exit {rc} but the output {case['output']} is in place"
             if left:
                 return "bad_exit", f"temporary file left: {left[0]}"

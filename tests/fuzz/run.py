@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", nargs="*", default=None, help="case files or directories to run instead of generating")
     ap.add_argument("--only", default=None, help="run only the generated case with this id (e.g. rows-s1-17)")
     ap.add_argument("--no-minimise", action="store_true")
+    ap.add_argument("--minimise-time", type=float, default=300.0, help="seconds spent minimising, in all")
     ap.add_argument("--keep", action="store_true", help="keep each case's directory (under the system temp dir)")
     a = ap.parse_args(argv)
 
@@ -192,8 +193,11 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     with ctx.Pool(a.jobs, initializer=_init,
                   initargs=({"args": args, "max_memory_option": cfg.max_memory_option},)) as pool:
+        log = open(out / "results.jsonl", "w")  # as it goes: a stopped run keeps its verdicts
         for n, (case, r) in enumerate(pool.imap_unordered(_work, cases, chunksize=1), 1):
             results.append(r)
+            log.write(json.dumps(r, default=str) + "\n")
+            log.flush()
             if r["class"] not in ("passed", "skipped"):
                 failures.append((case, r))
                 harness.save_case(case, r, out / "failures" / case["kind"])
@@ -203,8 +207,14 @@ def main(argv=None) -> int:
                     print(f"  NEW {r['class']:<12} {case['id']:<22} {r['detail'][:150]}", flush=True)
             if n % 100 == 0:
                 print(f"  {n}/{len(cases)} cases, {len(failures)} failures, {time.monotonic() - t0:.0f} s", flush=True)
+        log.close()
         if not a.no_minimise:
+            deadline = time.monotonic() + a.minimise_time
             for sig, (case, r) in list(first_of.items()):
+                # hangs cost the whole time limit per try, and signals depend on timing: not minimised
+                if r["class"] in ("hang", "lost_signal") or case.get("signal") or time.monotonic() > deadline:
+                    harness.save_case(case, r, out / "minimised")
+                    continue
                 small, sr = minimise(case, r, pool)
                 harness.save_case(small, sr, out / "minimised")
                 first_of[sig] = (small, sr)
