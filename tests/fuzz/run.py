@@ -191,10 +191,17 @@ def main(argv=None) -> int:
     results, failures = [], []
     first_of = {}
     t0 = time.monotonic()
-    with ctx.Pool(a.jobs, initializer=_init,
-                  initargs=({"args": args, "max_memory_option": cfg.max_memory_option},)) as pool:
+    pool = ctx.Pool(a.jobs, initializer=_init,
+                    initargs=({"args": args, "max_memory_option": cfg.max_memory_option},))
+    try:
         log = open(out / "results.jsonl", "w")  # as it goes: a stopped run keeps its verdicts
-        for n, (case, r) in enumerate(pool.imap_unordered(_work, cases, chunksize=1), 1):
+        it = pool.imap_unordered(_work, cases, chunksize=1)
+        for n in range(1, len(cases) + 1):
+            try:  # a worker that died takes its case with it: never wait for ever
+                case, r = it.next(timeout=a.time_limit * 4 + 120)
+            except mp.TimeoutError:
+                print(f"  no verdict for {a.time_limit * 4 + 120:.0f} s: a worker died; stopping", flush=True)
+                raise
             results.append(r)
             log.write(json.dumps(r, default=str) + "\n")
             log.flush()
@@ -218,6 +225,11 @@ def main(argv=None) -> int:
                 small, sr = minimise(case, r, pool)
                 harness.save_case(small, sr, out / "minimised")
                 first_of[sig] = (small, sr)
+    except BaseException:
+        pool.terminate()  # workers kill the run they hold (harness.stop_current)
+        raise
+    pool.close()  # a normal end: workers leave when the queue is empty (no signals involved)
+    pool.join()
     elapsed = time.monotonic() - t0
     tab = table(results, kinds)
     distinct = Counter(harness.signature(r) for _, r in failures)
