@@ -60,10 +60,12 @@ class Config:
         self.max_memory_option = None  # detected: whether the CLI has --max-memory
 
     def detect(self) -> None:
+        """Which commands take ``--max-memory`` (the option may not exist yet, or not everywhere)."""
         env = dict(os.environ, PYTHONPATH=_pythonpath())
-        r = subprocess.run([sys.executable, "-m", "rfsgen", "sample", "--help"], capture_output=True, text=True,
-                           env=env, timeout=120)
-        self.max_memory_option = "--max-memory" in r.stdout
+        procs = {cmd: subprocess.Popen([sys.executable, "-m", "rfsgen", cmd, "--help"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True, env=env)
+                 for cmd in ("sample", "transform", "kernel", "approx", "merge", "inspect", "skeleton")}
+        self.max_memory_option = [cmd for cmd, p in procs.items() if "--max-memory" in p.communicate(timeout=120)[0]]
 
 
 def _pythonpath() -> str:
@@ -109,7 +111,7 @@ def materialize(case, d: Path, cfg: Config) -> None:
 
 def _argv(case, cfg: Config) -> list:
     argv = list(case["argv"])
-    if cfg.max_memory_option and argv and argv[0] in ("sample", "transform", "kernel", "approx", "merge"):
+    if cfg.max_memory_option and argv and argv[0] in cfg.max_memory_option:
         argv[1:1] = ["--max-memory", str(cfg.budget)]
     return argv
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
     fixtures.ensure(cache, need)
     print(f"fuzz: {len(cases)} cases ({', '.join(kinds)}), seed {a.seed}, {a.jobs} jobs, mode {a.mode}, "
           f"cap {cap >> 20} MiB, budget {cfg.budget >> 20} MiB "
-          f"({'--max-memory' if cfg.max_memory_option else 'RFSGEN_MAX_MEMORY only'}), "
+          f"(RFSGEN_MAX_MEMORY{', --max-memory for ' + '/'.join(cfg.max_memory_option) if cfg.max_memory_option else ''}), "
           f"{a.time_limit:.0f} s per case; fixtures ready in {time.monotonic() - t0:.0f} s", flush=True)
 
     import signal
