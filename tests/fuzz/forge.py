@@ -151,6 +151,12 @@ def _dataset_op(p: Path, op: dict) -> None:
             new = old.astype(np.float64 if dt.kind == "f" else np.int64)
             idx = op.get("index", "all")
             vals = np.asarray(op["values"], dtype=np.float64 if dt.kind == "f" else object)
+            if dt.kind in "iu" and any(not np.iinfo(dt).min <= int(v) <= np.iinfo(dt).max for v in vals.ravel()):
+                dt = np.dtype("<u8") if min(int(v) for v in vals.ravel()) >= 0 and dt.kind == "u" else np.dtype("<i8")
+                if any(not np.iinfo(dt).min <= int(v) <= np.iinfo(dt).max for v in vals.ravel()):
+                    dt = np.dtype("<u8")  # only 2^63..2^64-1 gets here
+            if new.size == 0:  # nothing to overwrite: the case runs on the intact dataset
+                return
             if idx == "all":
                 new[...] = vals[0] if vals.size == 1 else vals
             else:

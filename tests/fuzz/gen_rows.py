@@ -79,6 +79,10 @@ def write_rows(p: dict, path) -> None:
             x = x.astype(np.complex128)
         else:
             x = x.astype(dtype)
+    if fmt in ("csv", "tsv", "stdin-csv", "sparse-csr", "sparse-coo", "h5ad-csr") and x.ndim > 2:
+        x = x.reshape(len(x), -1)  # text and sparse matrices are 2-D
+    if fmt in ("sparse-csr", "sparse-coo", "h5ad-csr") and x.dtype == np.float16:
+        x = x.astype(np.float32)  # scipy.sparse has no float16
     if fmt == "npy" or fmt == "stdin-npy":
         with open(path, "wb") as fh:
             np.save(fh, x)

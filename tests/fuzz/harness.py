@@ -105,7 +105,8 @@ def materialize(case, d: Path, cfg: Config) -> None:
             gen_rows.write_rows(spec["rows"], p)
         else:
             raise ValueError(f"bad file spec {spec}")
-    for op in case.get("ops", []):
+    # a truncated file cannot be opened to be damaged further: truncation comes last
+    for op in sorted(case.get("ops", []), key=lambda op: op["op"] == "truncate"):
         forge.apply(op, d)
 
 
