@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO   := demo-output
 
-.PHONY: test test-fast demo bench learn reproduce clean
+.PHONY: test test-fast demo bench learn reproduce fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ bench: $(STAMP)
 learn: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python tests/learn/learn.py --out learn-output
+
+# The long fuzz budget (tests/fuzz/): FUZZ_CASES generated cases over every kind, 2 processes;
+# failures, minimised reproducers and the counts table land in fuzz-output/.
+FUZZ_CASES ?= 10000
+FUZZ_SEED  ?= 1
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --jobs 2 --mode fork \
+		--time-limit 20 --memory-limit 3G --out fuzz-output
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output build *.egg-info .pytest_cache

@@ -1,0 +1,140 @@
+"""Valid files the fuzz cases start from: feature files, rows, transform shards.
+
+Each fixture has a name (``feat:gauss8``, ``rows:r8``, ``shard:dense-float32-1``, ...) and is
+built deterministically with the library (not the CLI: it is faster) into a cache directory,
+once.  Building runs in a fresh interpreter (``python tests/fuzz/fixtures.py CACHE NAME...``) so
+that the fuzz workers, which fork, never run compiled (threaded) code themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Skeletons written for the fuzz suite (beside the repository's skeletons/).
+SKELETONS = {
+    "gauss8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
+              "  - {name: g, base: gaussian, scale: 0.5}\n"
+              "  - {name: out, activation: {name: exp, beta: 0.5}, inputs: [g]}\n",
+    "laplace8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
+                "  - {name: g, base: laplace, scale: 0.3, per: group, group: 4}\n"
+                "  - {name: out, activation: relu, inputs: [g]}\n",
+    # Scale-invariant: a sphere node normalises each row, so rows * 2^k give the same features.
+    "sphere8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
+               "  - {name: s, base: sphere, scheme: pair}\n"
+               "  - {name: out, activation: {name: exp, beta: 0.5}, inputs: [s]}\n",
+}
+
+#: feature fixtures: name -> (skeleton, columns, seed, width)
+FEATURES = {
+    "tabular-circle": ("tabular-circle", 48, 1, None),
+    "shallow-gaussian": ("shallow-gaussian", 32, 1, None),
+    "cifar-deep": ("cifar-deep", 64, 1, None),
+    "categorical-poly": ("categorical-poly", 32, 1, None),
+    "tabular-auto5": ("tabular-auto", 16, 1, 5),
+    "gauss8": ("gauss8", 32, 1, None),
+    "laplace8": ("laplace8", 32, 1, None),
+    "sphere8": ("sphere8", 32, 1, None),
+    "circle-4k": ("tabular-circle", 4096, 2, None),
+    "cifar-deep-1k": ("cifar-deep", 1024, 2, None),
+}
+
+#: Which fixture feature file a skeleton name's rows cases use, and the skeleton's row width.
+WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
+          "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8}
+#: Skeletons whose kernel and features do not change when a row is multiplied by a positive scale.
+SCALE_INVARIANT = {"shallow-gaussian", "cifar-deep", "sphere8"}
+
+#: rows fixtures: name -> (rows, width, seed)
+ROWS = {"r8": (30, 8, 0), "r8-3000": (3000, 8, 0), "cifar200": (200, 1728, 0), "cifar1000": (1000, 1728, 0)}
+
+SHARD_LAYOUTS = ("dense", "csr")
+SHARD_DTYPES = ("float32", "float64")
+
+
+def skeleton_text(name: str) -> str:
+    if name in SKELETONS:
+        return SKELETONS[name]
+    return (ROOT / "skeletons" / f"{name}.yaml").read_text()
+
+
+def all_names() -> list:
+    names = [f"feat:{k}" for k in FEATURES] + [f"rows:{k}" for k in ROWS]
+    for lay in SHARD_LAYOUTS:
+        for dt in SHARD_DTYPES:
+            names += [f"full:{lay}-{dt}"] + [f"shard:{lay}-{dt}-{k}" for k in range(3)]
+    names += ["full:big-dense-float32"] + [f"shard:big-dense-float32-{k}" for k in range(3)]
+    return names
+
+
+def path_of(cache, name: str) -> Path:
+    return Path(cache) / (name.replace(":", "__") + (".npy" if name.startswith("rows:") else ".h5"))
+
+
+def rows_array(rows: int, width: int, seed: int):
+    import numpy as np
+
+    return np.random.default_rng(seed).standard_normal((rows, width))
+
+
+def _build(cache: Path, name: str) -> Path:
+    """Build fixture ``name`` (and what it needs) in this process; returns its path."""
+    import numpy as np
+
+    out = path_of(cache, name)
+    if out.exists():
+        return out
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    kind, key = name.split(":", 1)
+    if kind == "rows":
+        n, w, seed = ROWS[key]
+        with open(tmp, "wb") as fh:
+            np.save(fh, rows_array(n, w, seed))
+    elif kind == "feat":
+        from rfsgen import features, parse_skeleton, sampler
+
+        skel_name, cols, seed, width = FEATURES[key]
+        skel = parse_skeleton(skeleton_text(skel_name), f"{skel_name}.yaml", width=width)
+        fs = sampler.sample(skel, cols, seed)
+        fs.tool_version = "fuzz-fixture"
+        features.save(fs, str(tmp) + ".h5")
+        os.replace(str(tmp) + ".h5", tmp)
+    elif kind in ("full", "shard"):
+        from rfsgen import transform_file
+
+        big = key.startswith("big-")
+        parts = key.split("-")
+        if big:
+            parts = parts[1:]
+        layout, dtype = parts[0], parts[1]
+        feat = _build(cache, "feat:circle-4k" if big else "feat:tabular-circle")
+        rows = _build(cache, "rows:r8-3000" if big else "rows:r8")
+        shard = f"{parts[2]}/3" if kind == "shard" else None
+        transform_file(str(feat), str(rows), str(tmp) + ".h5", layout=layout, dtype=dtype, shard=shard)
+        os.replace(str(tmp) + ".h5", tmp)
+    else:
+        raise KeyError(name)
+    os.replace(tmp, out)
+    return out
+
+
+def ensure(cache, names) -> None:
+    """Make sure every fixture in ``names`` exists in ``cache`` (built in a fresh interpreter)."""
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    missing = sorted({n for n in names if not path_of(cache, n).exists()})
+    if not missing:
+        return
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, __file__, str(cache), *missing], check=True, env=env, cwd=str(ROOT))
+
+
+if __name__ == "__main__":
+    c = Path(sys.argv[1])
+    c.mkdir(parents=True, exist_ok=True)
+    for n in sys.argv[2:]:
+        _build(c, n)
