@@ -562,6 +562,10 @@ def _code_ranges(base):
     if base.name == "sphere":
         d = base.width
         return 0, (2 * d if base.param("scheme") == "pair" else d) - 1, 1, DEGREE_LIMIT
+    if base.name == "brownian":
+        from .bases import BROWNIAN_MAX_M
+
+        return 0, BROWNIAN_MAX_M * base.width - 1, 1, DEGREE_LIMIT
     return 0, 0, 1, 1  # continuous: codes are omega offsets, checked separately
 
 
