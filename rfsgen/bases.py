@@ -546,6 +546,11 @@ def _runs(sorted_values):
 BROWNIAN_MAX_M = 1 << 52
 
 
+def brownian_max_m(width: int) -> int:
+    """Largest frequency of a brownian node of ``width`` columns (codes stay below 2^62)."""
+    return min(BROWNIAN_MAX_M, (1 << 62) // width)
+
+
 def box_of(base):
     """The node's box as float64 ``(lo, hi)``, each ``(width,)`` (``domain`` unset: the unit cube)."""
     dom = dict(base.params).get("domain")
@@ -587,10 +592,11 @@ def _sample_brownian(base, rng, counts):
     rep = np.repeat(item, counts[item] * w)
     col = np.tile(np.arange(w, dtype=np.int64), rep.size // w) if w > 1 else np.zeros(rep.size, np.int64)
     m = rng.zipf(2.0, rep.size).astype(np.int64)
-    far = np.flatnonzero(m > BROWNIAN_MAX_M)
-    while far.size:  # condition on m <= BROWNIAN_MAX_M (redraw the rare far ones)
+    top = brownian_max_m(w)
+    far = np.flatnonzero(m > top)
+    while far.size:  # condition on m <= top (redraw the rare far ones)
         m[far] = rng.zipf(2.0, far.size)
-        far = far[m[far] > BROWNIAN_MAX_M]
+        far = far[m[far] > top]
     code = (m - 1) * w + col
     order = np.lexsort((code, rep))
     rep, code = rep[order], code[order]
@@ -610,7 +616,7 @@ def _values_brownian(base, xp, gi, codes):
     codes = np.asarray(codes, dtype=np.int64)
     m = (codes // w + 1).astype(np.float64)
     u = xp[:, gi, codes % w]
-    return np.sin((m * np.pi) * u) * (1.0 / math.sqrt(3.0)), None
+    return _cis((m * np.pi) * u)[1] * (1.0 / math.sqrt(3.0)), None  # sin from the C library, as circle
 
 
 def _domain(v):

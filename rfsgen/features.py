@@ -563,9 +563,9 @@ def _code_ranges(base):
         d = base.width
         return 0, (2 * d if base.param("scheme") == "pair" else d) - 1, 1, DEGREE_LIMIT
     if base.name == "brownian":
-        from .bases import BROWNIAN_MAX_M
+        from .bases import brownian_max_m
 
-        return 0, BROWNIAN_MAX_M * base.width - 1, 1, DEGREE_LIMIT
+        return 0, brownian_max_m(base.width) * base.width - 1, 1, DEGREE_LIMIT
     return 0, 0, 1, 1  # continuous: codes are omega offsets, checked separately
 
 
