@@ -320,11 +320,16 @@ class Columns:
 
 
 # ---------------------------------------------------------------------- feature file
-def datasets(cols: Columns):
-    """(name, array) of the EOF datasets to write."""
-    from .features import _narrow
+def write(f, cols: Columns) -> None:
+    """Write the EOF datasets ``(D, d)`` into the open feature file ``f`` (narrowest unsigned
+    dtype, shuffled, gzip-compressed, fletcher32-checksummed, no timestamps)."""
+    from .features import CHUNK, GZIP_LEVEL, _narrow
 
-    return [("eof_level", _narrow(cols.level)), ("eof_index", _narrow(cols.index))]
+    for name, a in (("eof_level", cols.level), ("eof_index", cols.index)):
+        a = np.ascontiguousarray(_narrow(a))
+        rows = max(1, min(a.shape[0], CHUNK // max(1, a.shape[1])))
+        f.create_dataset(name, data=a, chunks=(rows, a.shape[1]), fletcher32=True, track_times=False,
+                         compression="gzip", compression_opts=GZIP_LEVEL, shuffle=True)
 
 
 DATASETS = ("eof_level", "eof_index")
@@ -460,6 +465,9 @@ class Transformer:
         self.lev, self.off, self.stride = levels, off, stride
         self.top = int(levels.max(initial=1))
         self.clipped = 0
+        import threading
+
+        self._lock = threading.Lock()  # chunks may run on several threads
 
     @property
     def columns(self) -> int:
@@ -477,7 +485,8 @@ class Transformer:
         out = (u < 0.0) | (u > 1.0)
         n_out = int(np.count_nonzero(out))
         if n_out:
-            self.clipped += n_out
+            with self._lock:
+                self.clipped += n_out
             np.clip(u, 0.0, 1.0, out=u)
         return np.ascontiguousarray(u)
 

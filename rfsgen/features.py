@@ -65,6 +65,7 @@ class FeatureSet:
     stats: dict = field(default_factory=dict)
     command: str = ""
     tool_version: str = ""
+    eof: object = None  # rfsgen.eof.Columns for scheme 'eof' (level and index vectors), else None
 
     @property
     def columns(self) -> int:
@@ -83,7 +84,7 @@ class FeatureSet:
     @cached_property
     def walk_skeleton(self) -> Skeleton:
         """The skeleton whose input nodes the terms refer to (rewritten by baseline schemes)."""
-        if self.scheme in WALK_AS_WRITTEN:
+        if self.scheme in WALK_AS_WRITTEN or self.scheme == "eof":
             return self.skeleton
         from .schemes import apply_scheme
 
@@ -181,7 +182,7 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
         with deferred():  # HDF5 writes through SafeFile: a full disk surfaces in sink.check()
             with h5py.File(sink, "w", libver="earliest", track_order=False, userblock_size=USERBLOCK) as f:
                 _write(f, fs, progress, sink)
-            _write_header(sink)
+            _write_header(sink, FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION)
         sink.check()
 
 
@@ -202,9 +203,9 @@ def _digest_rest(fh) -> str:
         digest.update(block)
 
 
-def _write_header(sink) -> None:
+def _write_header(sink, version=FORMAT_VERSION) -> None:
     sink.seek(USERBLOCK)
-    header = MAGIC + f"format_version {FORMAT_VERSION}\nsha256 {_digest_rest(sink)}\n".encode()
+    header = MAGIC + f"format_version {version}\nsha256 {_digest_rest(sink)}\n".encode()
     sink.seek(0)
     sink.write(header.ljust(USERBLOCK, b"\0"))
 
@@ -236,7 +237,7 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     src = fs.skeleton.source.encode("utf-8")
     attrs = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION,
         "tool_version": fs.tool_version,
         "seed": int(fs.seed),
         "columns": fs.columns,
@@ -250,6 +251,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     }
     if fs.skeleton.auto:
         attrs["input_width"] = int(fs.skeleton.width)
+    if fs.eof is not None:
+        attrs["eof"] = json.dumps(fs.eof.meta, sort_keys=True)
     for k, v in attrs.items():
         f.attrs[k] = v
     datasets = [
@@ -278,6 +281,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
                 new = (done + data.nbytes) * fs.columns // total
                 progress(new - done * fs.columns // total)
             done += data.nbytes
+    if fs.eof is not None:
+        _eof().write(f, fs.eof)
     _seal(f)
 
 
@@ -300,7 +305,7 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
 ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
          "skeleton_sha256", "nodes", "command", "stats")
 #: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
-OPTIONAL_ATTRS = ("input_width",)
+OPTIONAL_ATTRS = ("input_width", "eof")  # eof: JSON of an EOF file's grid and domain (rfsgen.eof)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
@@ -386,10 +391,10 @@ def _read(p, f):
         raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
                                "pass a file made by 'rfsgen sample'")
     version = f.attrs.get("format_version")
-    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION):
+    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION, _eof().FORMAT_VERSION):
         raise FeatureFileError(
-            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1 and "
-            f"{FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
+            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1, "
+            f"{FORMAT_VERSION} and {_eof().FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
         )
     attrs = {}
     for k in ATTRS + (("attrs_sha256",) if int(version) >= 2 else ()):
@@ -422,6 +427,10 @@ def _read(p, f):
     if not isinstance(enc, str):
         raise _bad(p, "term_node's encoding attribute is not a string")
     data["term_node_encoding"] = enc
+    if ("eof" in attrs) != (int(version) == _eof().FORMAT_VERSION):
+        raise _bad(p, f"format version {int(version)} with{'' if 'eof' in attrs else 'out'} an 'eof' attribute")
+    if "eof" in attrs:
+        data.update(_eof().read(p, f, attrs))
     if int(version) >= 2:
         seal = attrs["attrs_sha256"]
         seal = seal.decode("utf-8", "replace") if isinstance(seal, bytes) else seal
@@ -467,8 +476,10 @@ def _from_arrays(p, attrs, data) -> FeatureSet:
     draws = _attr(p, attrs, "draws", int)
     seed = _attr(p, attrs, "seed", int)
     scheme = _attr(p, attrs, "scheme")
-    if scheme not in SCHEMES:
+    if scheme not in SCHEMES and scheme != "eof":
         raise _bad(p, f"unknown scheme {scheme!r}")
+    if (scheme == "eof") != ("eof" in attrs):
+        raise _bad(p, "scheme 'eof' without EOF columns, or EOF columns under another scheme")
     if _attr(p, attrs, "nodes", int) != len(skel.nodes):
         raise _bad(p, "the node count does not match the embedded skeleton")
     try:
@@ -505,7 +516,15 @@ def _from_arrays(p, attrs, data) -> FeatureSet:
         omega=omega, stats=stats, command=_attr(p, attrs, "command"), tool_version=_attr(p, attrs, "tool_version"),
     )
     _validate(p, fs, kind)
+    if "eof" in attrs:
+        fs.eof = _eof().from_file(p, fs, _plain(attrs["eof"]), data)
     return fs
+
+
+def _eof():
+    from . import eof
+
+    return eof
 
 
 def _validate(p, fs: FeatureSet, kind):
@@ -634,4 +653,5 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "tool_version": fs.tool_version,
         "command": fs.command,
         "skeleton": fs.skeleton.path,
+        **({"eof": _eof().describe(fs)} if fs.eof is not None else {}),
     }

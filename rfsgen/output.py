@@ -159,8 +159,14 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
                 f.attrs["rows_stop"] = start + n_rows
                 f.attrs["columns"] = D
                 f.attrs["layout"] = layout
+                clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
+                if clipped is not None:
+                    f.attrs["clipped_values"] = int(clipped)
         sink.check()
-    return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+    info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+    if clipped is not None:
+        info["clipped"] = int(clipped)
+    return info
 
 
 def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> None:
