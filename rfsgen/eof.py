@@ -548,3 +548,36 @@ def describe(fs) -> dict:
             # for rows spread uniformly over the box: per level vector, the fraction of its cells kept
             "expected_nonzeros_per_row": float(np.sum(kept / sizes)),
             "domain_source": meta["domain_source"], "margin": meta["margin"]}
+
+
+def box(skel, domain_from=None, margin=None, rows=None):
+    """The EOF box of ``skel``'s node: measured from ``domain_from`` (rows, widened by
+    ``margin``), else the node's stated ``domain:`` (brownian: [0, 1] by default).
+    Returns ``(spec, lo, hi, source, margin)``."""
+    spec = spec_of(skel)
+    if margin is not None and domain_from is None and rows is None:
+        raise UsageError("--margin widens a domain measured with --domain-from; give --domain-from ROWS too")
+    if domain_from is not None or (rows is not None and spec.domain is None):
+        margin = DEFAULT_MARGIN if margin is None else margin
+        lo, hi = measure_domain(spec, domain_from if domain_from is not None else rows, margin)
+        return spec, lo, hi, f"rows of {domain_from}" if domain_from is not None else "the input rows", margin
+    if spec.domain is None:
+        raise UsageError(f"{skel.path}: node '{spec.node}' states no 'domain:' and EOF needs a box; add "
+                         "'domain: [lo, hi]' to the node or pass --domain-from TRAINING_ROWS")
+    return spec, spec.domain[0], spec.domain[1], "skeleton", None
+
+
+def kernel(skel, x, y=None, *, lo, hi) -> np.ndarray:
+    """The kernel EOF converges to for ``skel`` on the box ``[lo, hi]``: the product of the
+    pinned laplace (or brownian) 1-D kernels between rows ``x`` ``(m, width)`` and ``y``
+    ``(k, width)`` (default ``x``), clipped to the box; float64 ``(m, k)``."""
+    spec = spec_of(skel)
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    u = unit_rows(spec, lo, hi, x)
+    v = u if y is None else unit_rows(spec, lo, hi, y)
+    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v)
+
+
+def limit_name(kernel_name: str) -> str:
+    return ("the laplace kernel pinned on the box's faces" if kernel_name == "laplace"
+            else "the brownian kernel on the box")
