@@ -365,3 +365,34 @@ def test_brownian_skeleton_transform_matches_its_kernel_on_average():
            for seed in range(8)]
     mean, se = np.mean(est, 0), np.std(est, 0, ddof=1) / math.sqrt(len(est))
     assert np.all(np.abs(mean - exact) <= 5 * se + 1e-3)
+
+
+def test_cli_kernel_eof_is_the_limit_kernel(tmp_path):
+    (tmp_path / "l.yaml").write_text("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: x, base: laplace, scale: 0.7}\n")
+    x = np.random.default_rng(1).uniform(-1, 3, (20, 2))
+    np.save(tmp_path / "x.npy", x)
+    res = run(["kernel", tmp_path / "l.yaml", tmp_path / "x.npy", "--eof", "--domain-from", tmp_path / "x.npy",
+               "--margin", 0.1, "-o", tmp_path / "k.npy"])
+    assert res.exit_code == 0 and "laplace kernel pinned on the box's faces" in res.stderr
+    lo, hi = x.min(0) - 0.1 * np.ptp(x, 0), x.max(0) + 0.1 * np.ptp(x, 0)
+    u = (x - lo) / (hi - lo)
+    s = 0.7 * (hi - lo)
+    want = k1_direct("laplace", s[0], u[:, 0], u[:, 0]) * k1_direct("laplace", s[1], u[:, 1], u[:, 1])
+    np.testing.assert_allclose(np.load(tmp_path / "k.npy"), want, atol=1e-13)
+    res = run(["kernel", tmp_path / "l.yaml", tmp_path / "x.npy", "--eof", "-o", tmp_path / "k2.npy"])
+    assert res.exit_code == 2 and "states no 'domain:'" in res.stderr
+    res = run(["kernel", tmp_path / "l.yaml", tmp_path / "x.npy", "--margin", 0.1, "-o", tmp_path / "k3.npy"])
+    assert res.exit_code == 2 and "are for --eof" in res.stderr
+
+
+def test_approx_eof_reports_errors_and_grid_truncation():
+    from rfsgen.approx import approx, format_table
+
+    skel = skeleton("brownian", 2, "[-1, 2]")
+    x = np.random.default_rng(3).uniform(-1, 2, (30, 3))
+    recs = approx(skel, x, [17, 500], trials=2, rows=20, schemes=("eof",))
+    assert [r["level"] for r in recs] == [3, 7]
+    # the whole grid of level 3 is the 17 features: its error is its truncation
+    assert recs[0]["mae"] == pytest.approx(recs[0]["truncation_mae"])
+    assert recs[1]["truncation_mae"] < recs[0]["truncation_mae"]
+    assert "the whole sparse grid of each level" in format_table(recs)
