@@ -148,6 +148,15 @@ def enumerate_features(levels: np.ndarray):
     return t, cells
 
 
+def features_at(levels: np.ndarray, numbers: np.ndarray):
+    """The level-vector number and cell vector of the features numbered ``numbers``
+    (sorted int64, in :func:`enumerate_features`' numbering) without enumerating the rest."""
+    off, stride, _ = strides(levels)
+    t = np.searchsorted(off, numbers, side="right") - 1
+    k = numbers - off[t]
+    return t, (k[:, None] // stride[t]) % (1 << (levels[t] - 1))
+
+
 def strides(levels: np.ndarray):
     """(off, stride, sizes) of level vectors ``(T, d)``: each vector's ``2^(|l|_1 - d)``
     features numbered row-major from ``off[t]``; int64 ``(T,)``, ``(T, d)``, ``(T,)``."""
@@ -269,8 +278,9 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
                          "ask for fewer features")
     n_vec, n_feat = grid_counts(n, d)
     keep = n_feat if columns is None else min(columns, n_feat)
-    # level and index vectors (2 x D x d int64 while built) and the level vectors
-    budget.check(8.0 * d * (3 * keep + n_vec) + 8.0 * n_feat, f"the EOF grid of level {n} in {d} dimensions "
+    # the kept features' level and cell vectors (about 3 int64 arrays of D x d while built),
+    # the level vectors, and the draw of D of the grid's numbers
+    budget.check(8.0 * d * (3 * keep + n_vec) + 16.0 * n_feat, f"the EOF grid of level {n} in {d} dimensions "
                  f"({n_feat:,} features over {n_vec:,} level vectors)", "ask for a lower --level or fewer columns (-n)")
     if domain is None:
         if spec.domain is None:
@@ -280,10 +290,11 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
         domain_source, margin = "skeleton", None
     lo, hi = (np.asarray(a, dtype=np.float64) for a in domain)
     levels = level_vectors(n, d)
-    t, cells = enumerate_features(levels)
     if keep < n_feat:
         pick = np.sort(np.random.default_rng(seed).choice(n_feat, keep, replace=False))
-        t, cells = t[pick], cells[pick]
+        t, cells = features_at(levels, pick)
+    else:
+        t, cells = enumerate_features(levels)
     lev = levels[t]
     meta = {"kernel": spec.kernel, "node": spec.node, "level": n, "level_vectors": n_vec, "grid_features": n_feat,
             "lo": lo.tolist(), "hi": hi.tolist(), "margin": margin, "domain_source": domain_source}
