@@ -198,7 +198,10 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         else:
             src = _ShardRows(order)
             provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")}
-            info = write_output(output, _Copy(src.width, first.dtype), src, start, stop, layout=first.attrs["layout"],
+            copy = _Copy(src.width, first.dtype)
+            if any("clipped_values" in s.file.attrs for s in order):  # EOF shards: their clipped values add up
+                copy.clipped = sum(int(s.file.attrs.get("clipped_values", 0)) for s in order)
+            info = write_output(output, copy, src, start, stop, layout=first.attrs["layout"],
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
                                 overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
                                 phase="merge")

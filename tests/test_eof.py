@@ -396,3 +396,21 @@ def test_approx_eof_reports_errors_and_grid_truncation():
     assert recs[0]["mae"] == pytest.approx(recs[0]["truncation_mae"])
     assert recs[1]["truncation_mae"] < recs[0]["truncation_mae"]
     assert "the whole sparse grid of each level" in format_table(recs)
+
+
+def test_shards_merge_to_the_unsharded_file(tmp_path):
+    (tmp_path / "b.yaml").write_text("rfsgen: 1\ninput: {width: 3}\nnodes:\n  - {name: x, base: brownian, domain: [-1, 1]}\n")
+    x = np.random.default_rng(2).uniform(-1.2, 1.2, (40, 3))
+    np.save(tmp_path / "x.npy", x)
+    assert run(["sample", tmp_path / "b.yaml", "--scheme", "eof", "-n", 50, "-o", tmp_path / "e.h5", "-q"]).exit_code == 0
+    res = run(["transform", tmp_path / "e.h5", tmp_path / "x.npy", "-o", tmp_path / "all.h5", "-q"])
+    assert res.exit_code == 0 and "values outside the feature file's domain were clipped" in res.stderr
+    for k in (0, 1, 2):
+        assert run(["transform", tmp_path / "e.h5", tmp_path / "x.npy", "-o", tmp_path / f"s{k}.h5", "-q",
+                    "--shard", f"{k}/3"]).exit_code == 0
+    assert run(["merge", tmp_path / "s0.h5", tmp_path / "s1.h5", tmp_path / "s2.h5", "-o", tmp_path / "m.h5",
+                "-q"]).exit_code == 0
+    with h5py.File(tmp_path / "all.h5") as a, h5py.File(tmp_path / "m.h5") as m:
+        for k in ("data", "indices", "indptr"):
+            assert a["X"][k][()].tobytes() == m["X"][k][()].tobytes()
+        assert a.attrs["clipped_values"] == m.attrs["clipped_values"] == int(np.sum(np.abs(x) > 1))
