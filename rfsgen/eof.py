@@ -430,23 +430,38 @@ def _slots(cols: Columns):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _rows(u, kernel, s, top, lev, off, stride, table, out, start, stop):  # pragma: no cover - compiled
+def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out, start, stop):  # pragma: no cover - compiled
+    """Algorithm 1 over rows [start, stop).  A level vector is stored by its active
+    coordinates (l_j > 1, increasing j; level-1 coordinates have the one cell 0): its value
+    is the product, in increasing j, of runs of level-1 factors (``seg``, per row) and the
+    active factors -- O(d^2 + |levels| |active|) per row instead of O(|levels| d)."""
     m, d = u.shape
     cell = np.empty((d, top + 1), np.int64)
     val = np.empty((d, top + 1))
+    seg = np.empty((d + 1, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k), in increasing k
     for r in range(start, stop):
         for j in range(d):
             for l in range(1, top + 1):
                 c, v = _factor(kernel, s[j], u[r, j], l)
                 cell[j, l] = c
                 val[j, l] = v
-        for t in range(lev.shape[0]):
+        for a in range(d + 1):
+            p = 1.0
+            seg[a, a] = p
+            for b in range(a + 1, d + 1):
+                p *= val[b - 1, 1]
+                seg[a, b] = p
+        for t in range(off.size):
             slot = off[t]
             v = 1.0
-            for j in range(d):
-                l = lev[t, j]
-                slot += cell[j, l] * stride[t, j]
-                v *= val[j, l]
+            prev = 0
+            for k in range(act_ptr[t], act_ptr[t + 1]):
+                j = act_j[k]
+                slot += cell[j, act_l[k]] * act_stride[k]
+                v *= seg[prev, j]
+                v *= val[j, act_l[k]]
+                prev = j + 1
+            v *= seg[prev, d]
             col = table[slot]
             if col >= 0:
                 out[r, col] = v
@@ -473,7 +488,13 @@ class Transformer:
         budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
-        self.lev, self.off, self.stride = levels, off, stride
+        self.lev, self.off = levels, off
+        active = levels > 1
+        self.act_ptr = np.concatenate(([0], np.cumsum(active.sum(axis=1)))).astype(np.int64)
+        t_idx, self.act_j = np.nonzero(active)  # row-major: by level vector, then increasing j
+        self.act_l = levels[t_idx, self.act_j].astype(np.int64)
+        self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
+        self.act_j = self.act_j.astype(np.int64)
         self.top = int(levels.max(initial=1))
         self.clipped = 0
         import threading
@@ -514,8 +535,8 @@ class Transformer:
         else:
             out[...] = 0
         if m and self.columns:
-            on_rows(_rows, m, u, self.kernel, self.s, self.top, self.lev, self.off, self.stride, self.table, out,
-                    min_rows=max(1, 65536 // max(1, self.lev.size)))
+            on_rows(_rows, m, u, self.kernel, self.s, self.top, self.act_ptr, self.act_j, self.act_l, self.act_stride,
+                    self.off, self.table, out, min_rows=max(1, 65536 // max(1, self.lev.size)))
         return out
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
