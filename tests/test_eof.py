@@ -414,3 +414,32 @@ def test_shards_merge_to_the_unsharded_file(tmp_path):
         for k in ("data", "indices", "indptr"):
             assert a["X"][k][()].tobytes() == m["X"][k][()].tobytes()
         assert a.attrs["clipped_values"] == m.attrs["clipped_values"] == int(np.sum(np.abs(x) > 1))
+
+
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(st.one_of(
+    st.tuples(st.floats(-10, 10), st.floats(-10, 10)).filter(lambda p: not p[0] < p[1]).map(list),
+    st.lists(st.floats(allow_nan=True), min_size=0, max_size=3).filter(lambda v: len(v) != 2),
+    st.tuples(st.just(0.0), st.sampled_from([float("nan"), float("inf"), "a", True, None])).map(list),
+))
+def test_bad_domains_are_one_line_skeleton_errors(domain):
+    """Generated bad domains (empty or reversed boxes, wrong lengths, non-numbers) are refused
+    by the skeleton parser with one line naming the file, line and node."""
+    from rfsgen.skeleton import SkeletonError
+
+    text = f"rfsgen: 1\ninput: {{width: 2}}\nnodes:\n  - {{name: x, base: brownian, domain: {domain!r}}}\n"
+    text = text.replace("nan", ".nan").replace("inf", ".inf").replace("None", "null").replace("True", "true")
+    with pytest.raises(SkeletonError) as e:
+        parse_skeleton(text, "d.yaml")
+    assert str(e.value).startswith("d.yaml:4: ") and "\n" not in str(e.value)
+
+
+def test_cli_level_beyond_the_limit_is_a_one_line_limit_error(tmp_path):
+    (tmp_path / "b.yaml").write_text("rfsgen: 1\ninput: {width: 40}\nnodes:\n  - {name: x, base: brownian}\n")
+    res = run(["sample", tmp_path / "b.yaml", "--scheme", "eof", "--level", 60, "-o", tmp_path / "e.h5"])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1 and "beyond the deepest level 50" in res.stderr
+    res = run(["sample", tmp_path / "b.yaml", "--scheme", "eof", "--level", 6, "-o", tmp_path / "e.h5"],
+              env={"RFSGEN_MAX_MEMORY": "1M"})
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1
+    assert "the EOF grid of level 6 in 40 dimensions (36,822,017 features" in res.stderr
+    assert not (tmp_path / "e.h5").exists()
