@@ -567,6 +567,12 @@ def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
+def summary(fs) -> dict:
+    """What :func:`rfsgen.features.describe` reports differently for an EOF set: every
+    column a distinct feature, no constant column, and the ``eof`` entry (:func:`describe`)."""
+    return {"features": fs.columns, "constant_weight": 0.0, "eof": describe(fs)}
+
+
 def describe(fs) -> dict:
     """The EOF lines of ``rfsgen inspect``."""
     meta = fs.eof.meta

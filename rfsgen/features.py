@@ -653,5 +653,5 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "tool_version": fs.tool_version,
         "command": fs.command,
         "skeleton": fs.skeleton.path,
-        **({"eof": _eof().describe(fs)} if fs.eof is not None else {}),
+        **(_eof().summary(fs) if fs.eof is not None else {}),  # EOF: its grid, and no terms to count
     }

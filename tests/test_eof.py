@@ -443,3 +443,15 @@ def test_cli_level_beyond_the_limit_is_a_one_line_limit_error(tmp_path):
     assert res.exit_code == 1 and res.stderr.count("\n") == 1
     assert "the EOF grid of level 6 in 40 dimensions (36,822,017 features" in res.stderr
     assert not (tmp_path / "e.h5").exists()
+
+
+def test_inspect_json_of_an_eof_file(tmp_path):
+    import json
+
+    fs = eof.sample(skeleton("brownian", 3), columns=30, seed=2)
+    save(fs, tmp_path / "e.h5")
+    info = json.loads(run(["inspect", "--json", tmp_path / "e.h5"]).output)
+    assert info["features"] == 30 and info["constant_weight"] == 0.0 and info["scheme"] == "eof"
+    e = info["eof"]
+    assert e["level"] == 3 and e["level_vectors"] == 10 and e["grid_features"] == 31
+    assert e["max_nonzeros_per_row"] == 10 and 9 < e["expected_nonzeros_per_row"] < 10
