@@ -455,3 +455,17 @@ def test_inspect_json_of_an_eof_file(tmp_path):
     e = info["eof"]
     assert e["level"] == 3 and e["level_vectors"] == 10 and e["grid_features"] == 31
     assert e["max_nonzeros_per_row"] == 10 and 9 < e["expected_nonzeros_per_row"] < 10
+
+
+def test_sklearn_estimator_with_eof():
+    from rfsgen.sklearn import SkeletonFeatures
+
+    x = np.random.default_rng(4).normal(size=(40, 3))
+    est = SkeletonFeatures("rfsgen: 1\ninput: {width: auto}\nnodes:\n  - {name: x, base: laplace, scale: 0.5}\n",
+                         n_components=25, random_state=3, scheme="eof", sparse_output=True)
+    z = est.fit_transform(x)
+    assert z.shape == (40, 25) and est.features_.eof.meta["domain_source"] == "the input rows"
+    lo, hi = x.min(0) - 0.05 * np.ptp(x, 0), x.max(0) + 0.05 * np.ptp(x, 0)
+    np.testing.assert_allclose(est.features_.eof.lo, lo)
+    np.testing.assert_allclose(est.features_.eof.hi, hi)
+    assert (z != est.transform(x)).nnz == 0
