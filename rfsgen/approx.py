@@ -69,13 +69,26 @@ def approx(
                  f"approx of skeleton '{skeleton.path}': the {rows} x {max(budgets)} feature matrix and the {rows} x "
                  f"{rows} kernel matrices", "use a smaller --subset or smaller budgets -n")
     results = {(s, d): [] for s in schemes for d in budgets}
+    box = None
+    if "eof" in schemes:  # EOF is compared with the kernel it converges to, on its box
+        from . import eof as _eof
+
+        box = _eof.box(skeleton, rows=x)
+        full_grids = {}
     for t in range(trials):
         pick = np.sort(np.random.default_rng([seed, t]).choice(x.shape[0], rows, replace=False))
         xt = x[pick]
-        exact = kernel(skeleton, xt)
+        exact = kernel(skeleton, xt) if set(schemes) - {"eof"} else None
         for si, scheme in enumerate(schemes):
             for bi, d in enumerate(budgets):
-                fs = sample(skeleton, d, seed=int(np.random.default_rng([seed, t, si, bi]).integers(2**62)), scheme=scheme)
+                rng_seed = int(np.random.default_rng([seed, t, si, bi]).integers(2**62))
+                if scheme == "eof":
+                    rec = _eof_record(skeleton, xt, d, rng_seed, box, full_grids)
+                    results[scheme, d].append(rec)
+                    if progress:
+                        progress(1)
+                    continue
+                fs = sample(skeleton, d, seed=rng_seed, scheme=scheme)
                 psi = transform(fs, xt, layout="dense", dtype="float64")
                 rec = measures(exact, psi @ psi.T)
                 rec["draws"] = fs.draws
@@ -85,23 +98,54 @@ def approx(
     out = []
     for (scheme, d), recs in results.items():
         row = {"scheme": scheme, "features": d, "trials": trials, "rows": rows}
-        for key in MEASURES + ("draws",):
+        for key in MEASURES + ("draws",) + (EOF_KEYS if scheme == "eof" else ()):
             vals = np.array([r[key] for r in recs], dtype=np.float64)
             row[key] = float(vals.mean())
-            if key != "draws":
+            if key not in ("draws", "level"):
                 row[f"{key}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
         row["dedup_ratio"] = row["draws"] / d
         out.append(row)
     return out
 
 
+#: Extra keys of the ``eof`` scheme's records: the level n of the sparse grid the D
+#: features come from, and the error of that whole grid's kernel (its own truncation).
+EOF_KEYS = ("level", "truncation_mae", "truncation_max_abs")
+
+
+def _eof_record(skeleton, xt, d, seed, box, full_grids) -> dict:
+    """One EOF map of D features against the kernel EOF converges to (``rfsgen.eof``)."""
+    from . import eof as _eof
+
+    spec, lo, hi, source, margin = box
+    limit = _eof.kernel(skeleton, xt, lo=lo, hi=hi)
+    fs = _eof.sample(skeleton, columns=d, seed=seed, domain=(lo, hi), margin=margin, domain_source=source)
+    psi = transform(fs, xt, layout="dense", dtype="float64")
+    rec = measures(limit, psi @ psi.T)
+    rec["draws"] = fs.columns
+    n = fs.eof.meta["level"]
+    if n not in full_grids:
+        full_grids[n] = _eof.sample(skeleton, level=n, domain=(lo, hi), margin=margin, domain_source=source)
+    full = transform(full_grids[n], xt, layout="dense", dtype="float64")
+    trunc = measures(limit, full @ full.T)
+    rec.update(level=n, truncation_mae=trunc["mae"], truncation_max_abs=trunc["max_abs"])
+    return rec
+
+
 def format_table(records: list[dict]) -> str:
-    """A readable table of approx records."""
+    """A readable table of approx records (EOF rows followed by their grid's truncation)."""
     head = f"{'scheme':<7}{'D':>8}{'draws q':>12}{'q/D':>8}  {'MAE':>17}  {'RMSE':>17}  {'max |err|':>17}  {'corr':>17}"
     lines = [head, "-" * len(head)]
     for r in records:
         cells = "  ".join(f"{r[k]:.5f} ± {r[k + '_std']:.5f}" for k in MEASURES)
         lines.append(f"{r['scheme']:<7}{r['features']:>8}{r['draws']:>12.0f}{r['dedup_ratio']:>8.2f}  {cells}")
+    eof = [r for r in records if r["scheme"] == "eof"]
+    if eof:
+        lines.append("eof: errors against the kernel EOF converges to (pinned laplace or brownian on the box); "
+                     "the whole sparse grid of each level (its own truncation):")
+        for r in eof:
+            lines.append(f"  D {r['features']}: level {r['level']:.0f}, grid MAE {r['truncation_mae']:.5f}, "
+                         f"max |err| {r['truncation_max_abs']:.5f}")
     return "\n".join(lines)
 
 

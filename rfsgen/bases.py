@@ -13,6 +13,7 @@ sphere/pair   2 j + (s < 0)          multiplicity                     add
 sphere/coord  j                      multiplicity                     add
 gaussian      row of the omega table 1                                vectors add
 laplace       row of the omega table 1                                vectors add
+brownian      (m - 1) width + j      multiplicity                     multiset
 ============  =====================  ===============================  ===========
 
 Each :class:`Base` knows its exact kernel (batched over nodes of one group), how
@@ -33,6 +34,9 @@ import numpy as np
 from .errors import DataError
 
 REQUIRED = object()
+#: Default of a parameter that is simply absent when not given (the base's params, label
+#: and so every existing file stay as they were).
+OPTIONAL = object()
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Base:
 
     @property
     def label(self) -> str:
-        defaults = {"zero": "error", "normalize_blocks": 0, "orthogonal": False}
+        defaults = {"zero": "error", "normalize_blocks": 0, "orthogonal": False, "domain": None}
         shown = [(k, v) for k, v in self.params if defaults.get(k, object()) != v]
         inner = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
         return f"{self.name}({inner})" if inner else self.name
@@ -610,6 +614,122 @@ def _runs(sorted_values):
     return np.concatenate(([0], cut)), np.concatenate((cut, [sorted_values.size]))
 
 
+# ---------------------------------------------------------------------- brownian
+# k(x, x') = prod_j k1(u_j, u'_j), k1(u, v) = min(u, v) - u v, with u = (x - lo) / (hi - lo)
+# the node's box mapped to the unit cube (DESIGN 9).  Its random features: per column j
+# an integer frequency m >= 1 with P(m) = 6 / (pi^2 m^2) (numpy's zipf(2)) and
+# psi_m(u) = sin(m pi u) / sqrt(3), so that E psi_m(u) psi_m(v) = sum_m 2 sin(m pi u)
+# sin(m pi v) / (pi^2 m^2) = k1(u, v) exactly (the Brownian bridge's Karhunen-Loeve
+# expansion).  One draw at a node of width w is w terms, code (m - 1) w + j; c draws
+# at one node are the multiset of their c w terms (equal codes add their powers).
+#: Largest frequency kept: m is drawn from zipf(2) conditioned on m <= this, so
+#: that codes fit int64 (P(m > 2^52) = 6 / (pi^2 2^52), about 1.4e-16: a bias far below
+#: any Monte-Carlo error) and m is exact in float64.
+BROWNIAN_MAX_M = 1 << 52
+
+
+def brownian_max_m(width: int) -> int:
+    """Largest frequency of a brownian node of ``width`` columns (codes stay below 2^62)."""
+    return min(BROWNIAN_MAX_M, (1 << 62) // width)
+
+
+def box_of(base):
+    """The node's box as float64 ``(lo, hi)``, each ``(width,)`` (``domain`` unset: the unit cube)."""
+    dom = dict(base.params).get("domain")
+    if dom is None:
+        return np.zeros(base.width), np.ones(base.width)
+    lo, hi = dom
+    return (np.broadcast_to(np.asarray(lo, dtype=np.float64), (base.width,)).copy(),
+            np.broadcast_to(np.asarray(hi, dtype=np.float64), (base.width,)).copy())
+
+
+def _prepare_box(base, x, nodes, row0, source):
+    lo, hi = box_of(base)
+    x -= lo
+    x /= hi - lo
+    bad = ~((x >= 0.0) & (x <= 1.0))  # NaN included
+    if bad.any():
+        r, g, c = np.argwhere(bad)[0]
+        v = x[r, g, c] * (hi[c] - lo[c]) + lo[c]
+        raise DataError(
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(g)]}', column {int(c)}: value {v:g} is outside the "
+            f"node's domain [{lo[c]:g}, {hi[c]:g}]; widen 'domain:' in the skeleton"
+        )
+    return x
+
+
+def _gram_brownian(base, xp, yp):
+    rho = None
+    for c in range(xp.shape[2]):
+        u = xp[:, :, c].T[:, :, None]
+        v = yp[:, :, c].T[:, None, :]
+        k = np.minimum(u, v) - u * v
+        rho = k if rho is None else rho * k
+    return rho, 1.0 - rho, 1.0 + rho  # rho <= 1/4: no cancellation
+
+
+def _sample_brownian(base, rng, counts):
+    w = base.width
+    item = _items(counts)
+    rep = np.repeat(item, counts[item] * w)
+    col = np.tile(np.arange(w, dtype=np.int64), rep.size // w) if w > 1 else np.zeros(rep.size, np.int64)
+    m = rng.zipf(2.0, rep.size).astype(np.int64)
+    top = brownian_max_m(w)
+    far = np.flatnonzero(m > top)
+    while far.size:  # condition on m <= top (redraw the rare far ones)
+        m[far] = rng.zipf(2.0, far.size)
+        far = far[m[far] > top]
+    code = (m - 1) * w + col
+    order = np.lexsort((code, rep))
+    rep, code = rep[order], code[order]
+    if not rep.size:
+        e = np.zeros(0, np.int64)
+        return e, e, e, None
+    new = np.empty(rep.size, dtype=bool)
+    new[0] = True
+    new[1:] = (rep[1:] != rep[:-1]) | (code[1:] != code[:-1])
+    start = np.flatnonzero(new)
+    power = np.diff(np.append(start, rep.size)).astype(np.int64)
+    return rep[start], code[start], power, None
+
+
+def _values_brownian(base, xp, gi, codes):
+    w = base.width
+    codes = np.asarray(codes, dtype=np.int64)
+    m = (codes // w + 1).astype(np.float64)
+    u = xp[:, gi, codes % w]
+    return _cis((m * np.pi) * u)[1] * (1.0 / math.sqrt(3.0)), None  # sin from the C library, as circle
+
+
+def _domain(v):
+    """``domain: [lo, hi]``: lo and hi numbers or per-column lists; stored as a tuple of two
+    floats or of two tuples (the width is checked by :func:`make_base`)."""
+    msg = f"'domain' must be [lo, hi] with numbers or per-column lists of numbers and lo < hi, got {v!r}"
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        raise ValueError(msg)
+
+    def num(a):
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+            raise ValueError(msg)
+        return float(a)
+
+    lo, hi = v
+    if isinstance(lo, (list, tuple)) or isinstance(hi, (list, tuple)):
+        lo = tuple(num(a) for a in (lo if isinstance(lo, (list, tuple)) else [lo]))
+        hi = tuple(num(a) for a in (hi if isinstance(hi, (list, tuple)) else [hi]))
+        if len(lo) == 1:
+            lo = lo * len(hi)
+        if len(hi) == 1:
+            hi = hi * len(lo)
+        if len(lo) != len(hi) or not lo or any(a >= b for a, b in zip(lo, hi)):
+            raise ValueError(msg + " (equal or reversed bounds: a constant column has no box)")
+        return (lo, hi)
+    lo, hi = num(lo), num(hi)
+    if not lo < hi:
+        raise ValueError(msg + " (equal or reversed bounds: a constant column has no box)")
+    return (lo, hi)
+
+
 # ---------------------------------------------------------------------- registry
 def _pos_float(name):
     def check(v):
@@ -686,7 +806,7 @@ _register(BaseKind(
     _prepare_vector, _gram_gaussian, _sample_gaussian_any, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
-    "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale"))}, None, True,
+    "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale")), "domain": (OPTIONAL, _domain)}, None, True,
     _prepare_vector, _gram_laplace, _sample_laplace, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
@@ -698,6 +818,14 @@ _register(BaseKind(
     uniform_codes=_sphere_codes,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
+))
+
+
+_register(BaseKind(
+    "brownian", "prod_j (min(u_j, u'_j) - u_j u'_j), u = (x - lo) / (hi - lo) on the node's domain (default [0, 1])",
+    {"domain": (OPTIONAL, _domain)}, None, False,
+    _prepare_box, _gram_brownian, _sample_brownian, _conj_identity, _values_brownian,
+    norm_bound=lambda b: 3.0 ** (-b.width / 2),
 ))
 
 
@@ -719,6 +847,8 @@ def make_base(name: str, params: Mapping | None, width: int) -> Base:
             clean[key] = check(params[key])
         elif default is REQUIRED:
             raise ValueError(f"base '{name}' needs parameter '{key}'")
+        elif default is OPTIONAL:
+            continue
         else:
             clean[key] = default
     if kind.fixed_width is not None and width != kind.fixed_width:
@@ -729,6 +859,10 @@ def make_base(name: str, params: Mapping | None, width: int) -> Base:
     block = clean.get("normalize_blocks", 0)
     if block and width % block:
         raise ValueError(f"'normalize_blocks: {block}' does not divide the node's {width} columns")
+    dom = clean.get("domain")
+    if dom is not None and isinstance(dom[0], tuple) and len(dom[0]) != width:
+        raise ValueError(f"'domain' lists {len(dom[0])} bounds per side but the node has {width} columns; "
+                         "give one per column or single numbers")
     if width < kind.min_width:
         raise ValueError(f"base '{name}' needs at least {kind.min_width} columns per node, got {width}")
     return Base(name, tuple(sorted(clean.items())), width)

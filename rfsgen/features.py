@@ -65,6 +65,7 @@ class FeatureSet:
     stats: dict = field(default_factory=dict)
     command: str = ""
     tool_version: str = ""
+    eof: object = None  # rfsgen.eof.Columns for scheme 'eof' (level and index vectors), else None
 
     @property
     def columns(self) -> int:
@@ -83,7 +84,7 @@ class FeatureSet:
     @cached_property
     def walk_skeleton(self) -> Skeleton:
         """The skeleton whose input nodes the terms refer to (rewritten by baseline schemes)."""
-        if self.scheme in WALK_AS_WRITTEN:
+        if self.scheme in WALK_AS_WRITTEN or self.scheme == "eof":
             return self.skeleton
         from .schemes import apply_scheme
 
@@ -181,7 +182,7 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
         with deferred():  # HDF5 writes through SafeFile: a full disk surfaces in sink.check()
             with h5py.File(sink, "w", libver="earliest", track_order=False, userblock_size=USERBLOCK) as f:
                 _write(f, fs, progress, sink)
-            _write_header(sink)
+            _write_header(sink, FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION)
         sink.check()
 
 
@@ -202,9 +203,9 @@ def _digest_rest(fh) -> str:
         digest.update(block)
 
 
-def _write_header(sink) -> None:
+def _write_header(sink, version=FORMAT_VERSION) -> None:
     sink.seek(USERBLOCK)
-    header = MAGIC + f"format_version {FORMAT_VERSION}\nsha256 {_digest_rest(sink)}\n".encode()
+    header = MAGIC + f"format_version {version}\nsha256 {_digest_rest(sink)}\n".encode()
     sink.seek(0)
     sink.write(header.ljust(USERBLOCK, b"\0"))
 
@@ -236,7 +237,7 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     src = fs.skeleton.source.encode("utf-8")
     attrs = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION,
         "tool_version": fs.tool_version,
         "seed": int(fs.seed),
         "columns": fs.columns,
@@ -250,6 +251,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     }
     if fs.skeleton.auto:
         attrs["input_width"] = int(fs.skeleton.width)
+    if fs.eof is not None:
+        attrs["eof"] = json.dumps(fs.eof.meta, sort_keys=True)
     for k, v in attrs.items():
         f.attrs[k] = v
     datasets = [
@@ -278,6 +281,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
                 new = (done + data.nbytes) * fs.columns // total
                 progress(new - done * fs.columns // total)
             done += data.nbytes
+    if fs.eof is not None:
+        _eof().write(f, fs.eof)
     _seal(f)
 
 
@@ -300,7 +305,7 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
 ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
          "skeleton_sha256", "nodes", "command", "stats")
 #: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
-OPTIONAL_ATTRS = ("input_width",)
+OPTIONAL_ATTRS = ("input_width", "eof")  # eof: JSON of an EOF file's grid and domain (rfsgen.eof)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
@@ -457,11 +462,12 @@ def _get_attr(p, obj, key, where="attribute"):
     return obj.attrs[key]
 
 
-def _check_dataset(p, f, name):
+def _check_dataset(p, f, name, matrix=False):
     """The dataset ``name`` of ``f``, checked without reading its data: a hard link to a
     1-D integer (omega: float) dataset, stored in this file (no external storage, no
     virtual layout), with no filter but gzip/shuffle/fletcher32 and chunks no larger than
-    the data (HDF5 decompresses whole chunks).  Returns its declared length."""
+    the data (HDF5 decompresses whole chunks).  Returns its declared length; with
+    ``matrix``, a 2-D unsigned dataset (EOF's vectors), and its declared shape."""
     import h5py
     from h5py import h5d, h5t
 
@@ -490,12 +496,16 @@ def _check_dataset(p, f, name):
     cls = ds.id.get_type().get_class()
     shape = ds.id.shape
     want = h5t.FLOAT if float_ else h5t.INTEGER
-    if len(shape) != 1 or cls != want or ds.dtype.itemsize > 8 or ds.dtype.kind not in ("f" if float_ else "iu"):
+    if matrix:
+        if len(shape) != 2 or cls != h5t.INTEGER or ds.dtype.itemsize > 8 or ds.dtype.kind != "u":
+            raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 2-D unsigned array")
+    elif len(shape) != 1 or cls != want or ds.dtype.itemsize > 8 or ds.dtype.kind not in ("f" if float_ else "iu"):
         raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 1-D "
                       + ("float" if float_ else "integer") + " array")
-    if layout == h5d.CHUNKED and dcpl.get_chunk()[0] > max(shape[0], CHUNK):
-        raise _bad(p, f"dataset '{name}' has chunks of {dcpl.get_chunk()[0]} values for {shape[0]} values")
-    return int(shape[0])
+    if layout == h5d.CHUNKED and math.prod(dcpl.get_chunk()) > max(math.prod(shape), CHUNK):
+        raise _bad(p, f"dataset '{name}' has chunks of {math.prod(dcpl.get_chunk())} values for "
+                      f"{math.prod(shape)} values")
+    return tuple(int(n) for n in shape) if matrix else int(shape[0])
 
 
 def _read_data(p, f, name, n):
@@ -505,7 +515,7 @@ def _read_data(p, f, name, n):
     except OSError:
         raise FeatureFileError(f"{p}: checksum mismatch while reading '{name}': the file is corrupted; "
                                "re-create it with 'rfsgen sample'") from None
-    if data.shape != (n,):
+    if data.shape != (n if isinstance(n, tuple) else (n,)):
         raise _bad(p, f"dataset '{name}' read {data.shape} values for a declared {n}")
     return data
 
@@ -524,10 +534,10 @@ def _load(p, f) -> FeatureSet:
         raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
                                "pass a file made by 'rfsgen sample'")
     version = _get_attr(p, f, "format_version")
-    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION):
+    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION, _eof().FORMAT_VERSION):
         raise FeatureFileError(
-            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1 and "
-            f"{FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
+            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1, "
+            f"{FORMAT_VERSION} and {_eof().FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
         )
     attrs = {}
     for k in ATTRS + (("attrs_sha256",) if int(version) >= 2 else ()):
@@ -554,6 +564,8 @@ def _load(p, f) -> FeatureSet:
                                    "re-create it with 'rfsgen sample'")
     if enc not in ("plain", "delta-within-column"):
         raise _bad(p, f"unknown term_node encoding {enc!r}")
+    if ("eof" in attrs) != (int(version) == _eof().FORMAT_VERSION):
+        raise _bad(p, f"format version {int(version)} with{'' if 'eof' in attrs else 'out'} an 'eof' attribute")
 
     # The header's counts, then every declared size against them and the budget, before
     # a byte of data is read: a gzip "bomb" (kilobytes declaring gigabytes) stops here.
@@ -567,8 +579,10 @@ def _load(p, f) -> FeatureSet:
         raise _bad(p, f"attribute 'columns' is {columns}; a feature file has at least one column")
     if not 1 <= draws <= MAX_DRAWS:
         raise _bad(p, f"attribute 'draws' is {draws}, outside 1..2^62")
-    if scheme not in SCHEMES:
-        raise _bad(p, f"unknown scheme {scheme!r} in attribute 'scheme' (one of {', '.join(SCHEMES)})")
+    if scheme not in SCHEMES and scheme != "eof":
+        raise _bad(p, f"unknown scheme {scheme!r} in attribute 'scheme' (one of {', '.join(SCHEMES)}, eof)")
+    if (scheme == "eof") != ("eof" in attrs):
+        raise _bad(p, "scheme 'eof' without EOF columns, or EOF columns under another scheme")
     stats = _stats(p, _attr(p, attrs, "stats"))
     command, tool_version = _attr(p, attrs, "command"), _attr(p, attrs, "tool_version")
     skeleton_path, skeleton_sha = _attr(p, attrs, "skeleton_path"), _attr(p, attrs, "skeleton_sha256")
@@ -651,7 +665,15 @@ def _load(p, f) -> FeatureSet:
     omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64)
     _check_omega(p, fs, walk, omega)
     fs.omega = omega
+    if "eof" in attrs:
+        fs.eof = _eof().from_file(p, fs, _attr(p, attrs, "eof"), _eof().read(p, f, columns))
     return fs
+
+
+def _eof():
+    from . import eof
+
+    return eof
 
 
 def _budget(p, columns, terms, omegas):
@@ -799,6 +821,10 @@ def _code_ranges(base):
     if base.name == "sphere":
         d = base.width
         return 0, (2 * d if base.param("scheme") == "pair" else d) - 1, 1, DEGREE_LIMIT
+    if base.name == "brownian":
+        from .bases import brownian_max_m
+
+        return 0, brownian_max_m(base.width) * base.width - 1, 1, DEGREE_LIMIT
     return 0, 0, 1, 1  # continuous: codes are omega offsets, checked separately
 
 
@@ -867,4 +893,5 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "tool_version": fs.tool_version,
         "command": fs.command,
         "skeleton": fs.skeleton.path,
+        **(_eof().summary(fs) if fs.eof is not None else {}),  # EOF: its grid, and no terms to count
     }

@@ -212,10 +212,12 @@ def _block(skeleton, plan, xp, yp):
     return np.where(delta < 0.5, 1.0 - delta, np.where(eps < 0.5, eps - 1.0, rho)).reshape(mb, n)
 
 
-def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None):
+def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None, eof=None):
     """Read inputs, evaluate the exact kernel and write it as ``.npy`` (atomically).
 
     ``output`` may be ``'-'`` for standard output.  Used by ``rfsgen kernel``.
+    ``eof``: a dict (``domain_from``, ``margin``) asking for the kernel EOF converges to
+    instead (:func:`rfsgen.eof.kernel`).
     """
     import io
     import sys
@@ -245,7 +247,14 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     y = arrays[1] if len(arrays) > 1 else None
     if progress is not None and hasattr(progress, "phase"):
         progress.phase("kernel", arrays[0].shape[0])
-    k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1], copies=1)  # + np.save's buffer
+    if eof is not None:
+        from . import eof as _eof
+
+        _, lo, hi, _, _ = _eof.box(skel, eof.get("domain_from"), eof.get("margin"))
+        k = _eof.kernel(skel, arrays[0], y, lo=lo, hi=hi)
+    else:
+        k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1],
+                   copies=1)  # + np.save's buffer
     if output == "-":
         buf = io.BytesIO()
         np.save(buf, k)

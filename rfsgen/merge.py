@@ -300,11 +300,15 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
             raise InputError(f"{path}: not an rfsgen transform output (no '{k}' attribute); {_REFUSE}")
         v = _attr(path, f, k)
         attrs[k] = _text(path, v, k) if k in _TEXT_ATTRS else _integer(path, v, k)
+    if "clipped_values" in f.attrs:  # EOF outputs: how many input values were clipped to the box
+        attrs["clipped_values"] = _integer(path, _attr(path, f, "clipped_values"), "clipped_values")
     start, stop, D = attrs["rows_start"], attrs["rows_stop"], attrs["columns"]
     if not 0 <= start <= stop:
         raise _damaged(path, f"rows {start}:{stop} are not a range of rows")
     if D < 1:
         raise _damaged(path, f"attribute 'columns' is {D}")
+    if not 0 <= attrs.get("clipped_values", 0) <= (stop - start) << 32:  # at most a row's values per row
+        raise _damaged(path, f"attribute 'clipped_values' is {attrs['clipped_values']} for {stop - start} rows")
     if attrs["layout"] not in ("csr", "dense"):
         raise _damaged(path, f"attribute 'layout' is {_show(attrs['layout'])}, not 'csr' or 'dense'")
     record = _read_record(path, f)
@@ -619,7 +623,10 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         if virtual:
             info = _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress)
         else:
-            info = write_output(output, _Copy(src.width, first.dtype), src, start, stop, layout=first.layout,
+            copy = _Copy(src.width, first.dtype)
+            if any("clipped_values" in s.attrs for s in order):  # EOF shards: their clipped values add up
+                copy.clipped = sum(s.attrs.get("clipped_values", 0) for s in order)
+            info = write_output(output, copy, src, start, stop, layout=first.layout,
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
                                 overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
                                 phase="merge")

@@ -329,12 +329,18 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
             with deferred():
                 names, names_sha = _write_annotations(f, src, start, n_rows, D, layout)
                 write_root_attrs(f, provenance, start, n_rows, D, layout)
+                clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
+                if clipped is not None:
+                    f.attrs["clipped_values"] = int(clipped)
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
                                             checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
                                             names_sha256=names_sha))
         sink.check()
-    return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+    info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
+    if clipped is not None:
+        info["clipped"] = int(clipped)
+    return info
 
 
 def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str) -> None:

@@ -1032,9 +1032,10 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
 
 
 def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", width=None, overwrite=False,
-                progress=None) -> FeatureSet:
+                progress=None, **eof) -> FeatureSet:
     """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``).
-    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`)."""
+    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`).  Scheme
+    ``eof`` takes the keywords ``level``, ``domain_from`` and ``margin`` (see :mod:`rfsgen.eof`)."""
     from . import __version__
     from .features import save
     from .skeleton import load_skeleton
@@ -1042,9 +1043,39 @@ def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs",
     skel = load_skeleton(skeleton_path)
     if width is not None:
         skel = skel.bind(width)
+    if scheme == "eof" or eof:
+        return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, **eof)
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
     fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (
         f" --width {width}" if width is not None else "")
     save(fs, output, overwrite=overwrite, inputs=[skeleton_path], progress=progress)
+    return fs
+
+
+def _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, *, level=None,
+                     domain_from=None, margin=None):
+    """``rfsgen sample --scheme eof``: an EOF feature file (:mod:`rfsgen.eof`)."""
+    from . import __version__, eof
+    from .features import save
+
+    if columns is None and level is None:
+        raise UsageError("--scheme eof needs -n D (columns) or --level N (the whole sparse grid of level N)")
+    if columns is not None and level is not None:
+        raise UsageError("give -n or --level, not both")
+    if margin is not None and domain_from is None:
+        raise UsageError("--margin widens a domain measured with --domain-from; give --domain-from ROWS too")
+    spec = eof.spec_of(skel)
+    domain, source = None, "skeleton"
+    if domain_from is not None:
+        margin = eof.DEFAULT_MARGIN if margin is None else margin
+        domain = eof.measure_domain(spec, domain_from, margin)
+        source = f"rows of {domain_from}"
+    fs = eof.sample(skel, columns=columns, level=level, seed=seed, domain=domain, margin=margin, domain_source=source)
+    fs.tool_version = __version__
+    fs.command = (f"rfsgen sample {skeleton_path} " + (f"-n {columns}" if columns is not None else f"--level {level}")
+                  + f" --seed {seed} --scheme eof" + (f" --width {width}" if width is not None else "")
+                  + (f" --domain-from {domain_from} --margin {margin:g}" if domain_from is not None else ""))
+    save(fs, output, overwrite=overwrite, inputs=[skeleton_path] + ([domain_from] if domain_from else []),
+         progress=progress)
     return fs

@@ -83,8 +83,10 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         Number of feature columns D.
     random_state : int, numpy RandomState or None
         Seed of the sampler (an int ``s`` samples exactly ``rfsgen sample --seed s``).
-    scheme : {"rfs", "strat", "rr", "orf"}
-        The sampling scheme (see ``rfsgen sample --help``).
+    scheme : {"rfs", "strat", "rr", "orf", "eof"}
+        The sampling scheme (see ``rfsgen sample --help``).  ``eof`` (a skeleton of one
+        laplace or brownian node): the node's stated ``domain:``, else the box of the
+        fitted rows widened by 5% (:mod:`rfsgen.eof`).
     dtype : {"float32", "float64"}
         Output dtype; inputs of either float dtype are read as they are.
     sparse_output : bool
@@ -137,9 +139,16 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             skel = skel.bind(X.shape[1])
         except UsageError as e:
             raise type(e)(f"X has {X.shape[1]} feature(s), which the skeleton cannot take: {e}") from None
+        self.skeleton_ = skel
+        if self.scheme == "eof":  # rows outside the box are clipped (and counted), not refused
+            from . import eof
+
+            _, lo, hi, source, margin = eof.box(skel, rows=X)
+            self.features_ = eof.sample(skel, columns=int(self.n_components), seed=_seed(self.random_state),
+                                        domain=(lo, hi), margin=margin, domain_source=source)
+            return self
         if check_domain:  # transform checks every row anyway
             _check_domain(skel, X)
-        self.skeleton_ = skel
         self.features_ = sample(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme)
         return self
 

@@ -50,6 +50,14 @@ class Transformer:
     a C-ordered ``(m, D)`` array of dtype ``dtype``.
     """
 
+    def __new__(cls, fs: FeatureSet, dtype=np.float32):
+        # An EOF feature set (DESIGN 9) has no terms: its own transformer, same interface.
+        if cls is Transformer and getattr(fs, "eof", None) is not None:
+            from .eof import Transformer as EOFTransformer
+
+            return EOFTransformer(fs, dtype)
+        return super().__new__(cls)
+
     def __init__(self, fs: FeatureSet, dtype=np.float32):
         self.fs = fs
         self.dtype = np.dtype(dtype)

@@ -40,10 +40,25 @@ def rows_for(skel, n, seed=0):
             x[:, c] = rng.choice([-1.0, 1.0], size=(n, c.size))
         elif base.name == "categorical":
             x[:, c] = rng.integers(0, base.param("categories"), size=(n, c.size))
+        elif base.name == "brownian":  # inside the node's box (faces included)
+            from rfsgen.bases import box_of
+
+            lo, hi = box_of(base)
+            u = rng.random((n, c.size))
+            u[0] = 0.0
+            x[:, c] = np.tile(lo, c.size // lo.size) + u * np.tile(hi - lo, c.size // lo.size)
     return x
 
 
 SMALL_SKELETONS = {
+    "brownian": """
+rfsgen: 1
+input: {width: 4}
+nodes:
+  - {name: b, base: brownian, domain: [-4, [4, 5]], columns: [0, 1]}
+  - {name: c, base: brownian, domain: [-4, 4], per: column, columns: "2:4"}
+  - {name: out, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [b, c]}
+""",
     "binary": """
 rfsgen: 1
 input: {width: 5}

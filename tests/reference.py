@@ -31,6 +31,14 @@ def factor(base, x_node: np.ndarray, code: int, power: int, omega=None) -> compl
             j, s = code // 2, (-1 if code % 2 else 1)
             return (math.sqrt(d / 2) * complex(v[j], s * v[(j + 1) % d])) ** power
         return complex((math.sqrt(d) * v[code]) ** power)
+    if name == "brownian":  # code (m - 1) w + j: sin(m pi u_j) / sqrt(3), u the value in the node's box
+        from rfsgen.bases import box_of
+
+        lo, hi = box_of(base)
+        w = x_node.size
+        m, j = code // w + 1, code % w
+        u = (x_node[j] - lo[j]) / (hi[j] - lo[j])
+        return complex((math.sin(m * math.pi * u) / math.sqrt(3)) ** power)
     raise AssertionError(name)
 
 

@@ -160,3 +160,89 @@ def test_circle_angle_that_overflows_is_a_data_error():
     np.testing.assert_array_equal(base.prepare(np.array([[[1e8]]]), ["c"], 0, "<t>"), [[[1e308]]])
     with pytest.raises(DataError, match=r"<t>: row 7, node 'c': the angle scale \* value = 1e\+300 \* 1e\+100 overflows"):
         base.prepare(np.array([[[1.0]], [[1e100]]]), ["c"], 6, "<t>")
+
+
+# ---------------------------------------------------------------------- brownian
+def brownian_exact(u, v):
+    """prod_j (min(u_j, v_j) - u_j v_j) on unit-cube coordinates, by the formula."""
+    return float(np.prod(np.minimum(u, v) - u * v))
+
+
+@pytest.mark.parametrize("width, domain", [(1, None), (3, None), (2, [-1.0, [2.0, 5.0]])])
+def test_brownian_scheme_is_unbiased(width, domain):
+    """Mean of psi(x) psi(x') over 2e5 draws (w sin terms each) is within 5 standard errors of k."""
+    base = make_base("brownian", {} if domain is None else {"domain": domain}, width)
+    lo, hi = (np.zeros(width), np.ones(width)) if domain is None else (np.full(width, -1.0), np.array([2.0, 5.0]))
+    rng = np.random.default_rng(7)
+    n = 200_000
+    item, code, power, omega = base.sample(rng, np.ones(n, dtype=np.int64))
+    assert omega is None and (power >= 1).all()
+    assert np.bincount(item, weights=power, minlength=n).tolist() == [width] * n  # w terms per draw
+    us = rng.random((4, 2, width))
+    us[0, 1] = us[0, 0]
+    us[1, 0, 0] = 0.0  # a face: k = 0
+    for u, v in us:
+        x, y = lo + u * (hi - lo), lo + v * (hi - lo)
+        xp = base.prepare(x.reshape(1, 1, -1), ["b"], 0, "t")
+        yp = base.prepare(y.reshape(1, 1, -1), ["b"], 0, "t")
+        exact = base.gram(xp, yp)[0][0, 0, 0]
+        assert exact == pytest.approx(brownian_exact(u, v), rel=1e-12, abs=1e-15)
+        gi = np.zeros(item.size, dtype=np.int64)
+        fx = base.values(xp, gi, code)[0][0] ** power
+        fy = base.values(yp, gi, code)[0][0] ** power
+        vals = np.ones(n)
+        np.multiply.at(vals, item, fx * fy)
+        se = vals.std() / np.sqrt(n)
+        assert abs(vals.mean() - exact) < 5 * se + 1e-12, (vals.mean(), exact, se)
+        # the literal formula on a few terms: code (m - 1) w + j is sin(m pi u_j) / sqrt(3)
+        for t in range(5):
+            m, j = code[t] // width + 1, code[t] % width
+            assert fx[t] == pytest.approx((np.sin(m * np.pi * u[j]) / np.sqrt(3)) ** power[t], abs=1e-9)
+
+
+def test_brownian_frequencies_follow_the_zeta_law_and_dedup():
+    """P(m) = 6 / (pi^2 m^2): the frequencies of m = 1, 2, 3 within 5 standard errors."""
+    base = make_base("brownian", {}, 1)
+    rng = np.random.default_rng(3)
+    n = 100_000
+    _, code, power, _ = base.sample(rng, np.ones(n, dtype=np.int64))
+    m = code + 1
+    for k in (1, 2, 3):
+        p = 6 / (np.pi**2 * k**2)
+        assert abs(np.mean(m == k) - p) < 5 * np.sqrt(p * (1 - p) / n)
+    # 3 draws at one node: a multiset of codes, equal codes merged into powers
+    item, code, power, _ = base.sample(rng, np.array([3] * 1000))
+    assert np.bincount(item, weights=power).tolist() == [3] * 1000
+    key = item * (1 << 40) + code
+    assert np.unique(key).size == key.size
+
+
+def test_brownian_kernel_is_psd_and_vanishes_on_faces():
+    base = make_base("brownian", {"domain": [2.0, 4.0]}, 2)
+    rng = np.random.default_rng(1)
+    x = 2.0 + 2.0 * rng.random((12, 1, 2))
+    x[0, 0, 1] = 4.0
+    x[1, 0, 0] = 2.0
+    xp = base.prepare(x, ["b"], 0, "t")
+    k = base.gram(xp, xp)[0][0]
+    assert np.all(k[0] == 0) and np.all(k[1] == 0)
+    np.testing.assert_allclose(k, k.T, atol=0)
+    assert np.linalg.eigvalsh(k).min() > -1e-14
+    assert (np.diag(k) <= 1 / 16).all()
+
+
+def test_brownian_domain_errors():
+    with pytest.raises(ValueError, match="lo < hi"):
+        make_base("brownian", {"domain": [1, 1]}, 1)
+    with pytest.raises(ValueError, match="lo < hi"):
+        make_base("brownian", {"domain": [0, [1, 0]]}, 2)
+    with pytest.raises(ValueError, match="2 bounds per side but the node has 3"):
+        make_base("brownian", {"domain": [[0, 0], [1, 1]]}, 3)
+    with pytest.raises(ValueError, match="'domain' must be"):
+        make_base("laplace", {"domain": "wide"}, 3)
+    from rfsgen.errors import DataError
+    base = make_base("brownian", {}, 2)
+    with pytest.raises(DataError, match=r"row 5, node 'b', column 1: value 1.5 is outside the node's domain \[0, 1\]"):
+        base.prepare(np.array([[[0.5, 1.5]]]), ["b"], 5, "t")
+    # laplace without 'domain' is the same base as before
+    assert make_base("laplace", {"scale": 2.0}, 3).params == (("scale", 2.0),)

@@ -41,19 +41,32 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
         ("skeleton", info["skeleton"]),
         ("sampler", f"scheme {info['scheme']}, seed {info['seed']}, rfsgen {info['tool_version']}"),
         ("columns", f"{info['columns']} ({info['kinds']['real']} real, {info['kinds']['cos']} cos, {info['kinds']['sin']} sin)"),
-        ("features", f"{info['features']} distinct term sets"),
-        ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
-        ("constant", f"weight {info['constant_weight']:.6f}"),
-        ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
-        # A feature set made in code and saved may carry no sampler statistics.
-        ("factors", (f"mean {info['mean_factors_per_draw']:.4f} per draw before combining"
-                     if info["mean_factors_per_draw"] is not None else "not recorded")
-         + f"; C(S) = {info['complexity']:.4g}"),
-        ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)
-         if info["output_degree_histogram"] is not None else "not recorded"),
-        ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
-         + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
-        ("command", info["command"]),
     ]
+    if "eof" in info:  # EOF columns have no terms: the grid instead
+        e = info["eof"]
+        rows += [
+            ("eof", f"{e['kernel']} node '{e['node']}', level {e['level']}: {e['level_vectors']} level vectors, "
+                    f"{e['grid_features']} features in the grid, {info['columns']} kept"),
+            ("non-zeros", f"at most {e['max_nonzeros_per_row']} per row (one per level vector used), "
+                          f"{e['expected_nonzeros_per_row']:.1f} expected for rows spread over the box"),
+            ("domain", f"{e['domain_source']}" + (f", widened by {e['margin']:g} of each column's range on each side"
+                                                  if e["margin"] is not None else "")),
+        ]
+    else:
+        rows += [
+            ("features", f"{info['features']} distinct term sets"),
+            ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
+            ("constant", f"weight {info['constant_weight']:.6f}"),
+            ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
+            # A feature set made in code and saved may carry no sampler statistics.
+            ("factors", (f"mean {info['mean_factors_per_draw']:.4f} per draw before combining"
+                         if info["mean_factors_per_draw"] is not None else "not recorded")
+             + f"; C(S) = {info['complexity']:.4g}"),
+            ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)
+             if info["output_degree_histogram"] is not None else "not recorded"),
+            ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
+             + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
+        ]
+    rows.append(("command", info["command"]))
     for k, v in rows:
         click.echo(f"{k:<12} {v}")

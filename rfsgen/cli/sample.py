@@ -5,24 +5,32 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
+from ..errors import UsageError
 from ._budget import max_memory_option
 
 
 @main.command("sample")
 @click.argument("skeleton", type=click.Path(dir_okay=False))
-@click.option("-n", "--columns", type=int, required=True, help="Number of output columns D (unique features).")
+@click.option("-n", "--columns", type=int, help="Number of output columns D (unique features); required "
+              "except for --scheme eof --level N.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generator.")
-@click.option("--scheme", type=click.Choice(["rfs", "strat", "rr", "orf"]), default="rfs", show_default=True,
+@click.option("--scheme", type=click.Choice(["rfs", "strat", "rr", "orf", "eof"]), default="rfs", show_default=True,
               help="rfs: the compositional scheme; strat: rfs with stratified degrees, child picks and "
                    "sphere codes (unbiased, lower error); rr / orf: Rahimi-Recht / orthogonal random features "
-                   "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes).")
+                   "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes); eof: entropic optimal features of a skeleton whose kernel is one "
+                   "laplace (pinned on the box's faces) or brownian node (sparse, deterministic).")
+@click.option("--level", type=int, help="eof: take the whole sparse grid of this level (instead of -n).")
+@click.option("--domain-from", "domain_from", metavar="ROWS",
+              help="eof: the node's box is each column's min..max over these training rows, widened by --margin.")
+@click.option("--margin", type=float, help="eof: with --domain-from, the widening on each side as a fraction of "
+              "the column's range (default 0.05).")
 @click.option("-o", "--output", required=True, help="Feature file to write (.h5).")
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
-def sample_cmd(skeleton, columns, seed, scheme, output, width, overwrite, quiet):
+def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, output, width, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 
     Draws features by the paper's RFSS recursion until the D-th distinct column
@@ -32,11 +40,17 @@ def sample_cmd(skeleton, columns, seed, scheme, output, width, overwrite, quiet)
     \b
     Example:
       rfsgen sample skeletons/cifar-deep.yaml -n 10000 --seed 1 -o feats.h5
+      rfsgen sample laplace.yaml --scheme eof --level 3 --domain-from train.npy -o eof.h5
     """
     from ..sampler import sample_file
 
+    eof = {k: v for k, v in (("level", level), ("domain_from", domain_from), ("margin", margin)) if v is not None}
+    if eof and scheme != "eof":
+        raise UsageError(f"--{next(iter(eof)).replace('_', '-')} is for --scheme eof")
+    if columns is None and scheme != "eof":
+        raise UsageError("missing option -n / --columns (the number of features D)")
     with _Progress(columns, "col", quiet, "sample") as bar:
         fs = sample_file(skeleton, columns, seed, output, scheme=scheme, width=width, overwrite=overwrite,
-                         progress=bar)
+                         progress=bar, **eof)
     if not quiet:
         click.echo(f"wrote {fs.columns} columns from {fs.draws} draws (dedup ratio {fs.draws / fs.columns:.2f}) to {output}", err=True)

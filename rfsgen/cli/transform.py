@@ -61,5 +61,8 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
 
     with _Progress(None, "rows", quiet, "transform") as bar:
         info = transform_file(features, input, output, progress=bar, **options)
+    if info.get("clipped"):  # EOF rows outside the feature file's box: never silent, even with --quiet
+        click.echo(f"rfsgen: warning: {info['clipped']} values outside the feature file's domain were clipped to it "
+                   "(recorded as the output's 'clipped_values' attribute)", err=True)
     if not quiet:
         click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {output}", err=True)

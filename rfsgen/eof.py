@@ -1,0 +1,626 @@
+"""Entropic optimal features (EOF; DESIGN.md section 9, seeds/002_f98ed459b9c81ecb.txt).
+
+EOF applies to a skeleton whose kernel is one product Markov kernel on a box: one
+``laplace`` node (taken *pinned* on the cube's faces) or one ``brownian`` node.  Rows
+are mapped to the unit cube, ``u = (x - lo) / (hi - lo)`` per column (clipped to
+[0, 1]; clipped values are counted), and per column the 1-D kernel is
+
+- brownian: ``k1(u, v) = min(u, v) - u v``;
+- pinned laplace (scale s in the unit cube, ``s = scale (hi - lo)``):
+  ``k1 = e(u, v) - e(u, B) E(B, B)^-1 e(B, v)``, ``e = exp(-s |u - v|)``, ``B = {0, 1}``,
+  in closed form ``2 sinh(s min) sinh(s (1 - max)) / sinh(s)``.
+
+1-D features: on the dyadic grids ``G_l = {i / 2^l}``, level l's increment has the
+orthogonal basis ``phi_{l,i}`` (i odd) supported on the parent cell
+``[a, b] = [(i-1)/2^l, (i+1)/2^l]``; by the Markov property ``k1 - k1_{l-1}`` on that
+cell is the Green's function ``G_ab`` of the same operator on [a, b] with zero ends, so
+``phi_{l,i}(u) = G_ab(u, g) / sqrt(G_ab(g, g))`` with ``g = i / 2^l``:
+
+- brownian: ``G_ab(u, v) = (min - a)(b - max) / (b - a)``: phi is the hat
+  ``dist(u, {a, b}) / sqrt(b - a)`` on the cell;
+- pinned laplace: ``G_ab(u, v) = 2 sinh(s (min - a)) sinh(s (b - max)) / sinh(s (b - a))``,
+  evaluated as ``e^{-s (max - min)} (1 - e^{-2 s (min - a)}) (1 - e^{-2 s (b - max)}) /
+  (1 - e^{-2 s (b - a)})`` (no overflow for large s); ``G_ab(g, g) = tanh(s h)``,
+  ``h = 2^-l``.
+
+d-D features are tensor products over level vectors ``l`` (entries >= 1) of the sparse
+grid ``I_n = {l : |l|_1 <= n + d - 1}`` and odd index vectors.  Evaluation is the seed's
+Algorithm 1: per row and level vector only the index ``i_j = 2 floor(u_j 2^(l_j - 1)) + 1``
+can be non-zero, so a row costs O(|I_n| d), and has at most |I_n| non-zeros.
+
+In the feature file an EOF set is an ordinary feature set with scheme ``eof``, one draw
+and no terms per column, plus the datasets ``eof_level`` and ``eof_index`` (uint,
+``(D, d)``: each column's level and odd index vectors) and the root attribute ``eof``
+(JSON: kernel, node, level n, lo, hi, margin, domain source); format version 3.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from .errors import DataError, FeatureFileError, LimitError, UsageError
+
+KERNELS = ("brownian", "laplace")
+#: Deepest 1-D level: cells 2^-l and cell numbers stay exact in float64 and int64.
+MAX_LEVEL = 50
+#: Default margin of a domain measured from rows, as a fraction of each column's range.
+DEFAULT_MARGIN = 0.05
+#: Format version of feature files holding EOF columns (other files keep theirs).
+FORMAT_VERSION = 3
+
+
+# ---------------------------------------------------------------------- 1-D mathematics
+def k1(kernel: str, s, u, v):
+    """The 1-D kernel on the unit interval, elementwise (broadcasting): float64.
+    ``s`` is the scale in unit-cube coordinates (ignored by brownian)."""
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    lo, hi = np.minimum(u, v), np.maximum(u, v)
+    if kernel == "brownian":
+        return lo * (1.0 - hi)
+    s = np.asarray(s, dtype=np.float64)
+    return np.exp(-s * (hi - lo)) * -np.expm1(-2.0 * s * lo) * -np.expm1(-2.0 * s * (1.0 - hi)) / -np.expm1(-2.0 * s)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factor(kernel, s, x, level):  # pragma: no cover - compiled
+    """(cell, value): the parent cell number c (index i = 2c + 1) of level ``level`` that
+    holds ``x`` in [0, 1], and phi_{level, 2c+1}(x)."""
+    half = 1 << (level - 1)
+    c = int(math.floor(x * half))
+    if c > half - 1:
+        c = half - 1  # x = 1: the last cell (where phi is 0)
+    h = 1.0 / (2.0 * half)  # 2^-level, exact
+    a = 2.0 * c * h
+    g = a + h
+    b = g + h
+    if kernel == 0:  # brownian: the hat of height sqrt(h / 2)
+        d = x - a if x <= g else b - x
+        return c, d / math.sqrt(2.0 * h)
+    mn = x if x < g else g
+    mx = x if x > g else g
+    num = math.exp(-s * (mx - mn)) * -math.expm1(-2.0 * s * (mn - a)) * -math.expm1(-2.0 * s * (b - mx))
+    return c, num / -math.expm1(-4.0 * s * h) / math.sqrt(math.tanh(s * h))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factors(kernel, s, u, top, cell, val):  # pragma: no cover - compiled
+    for r in range(u.shape[0]):
+        for j in range(u.shape[1]):
+            for l in range(1, top + 1):
+                c, v = _factor(kernel, s[j], u[r, j], l)
+                cell[r, j, l] = c
+                val[r, j, l] = v
+
+
+def factors(kernel: str, s, u: np.ndarray, top: int):
+    """Per row, column and level ``1..top``: the parent cell number (int64, index
+    ``i = 2 c + 1``) and the 1-D feature's value, each ``(m, d, top + 1)`` (level 0 unused).
+    ``u`` is float64 ``(m, d)`` in [0, 1]; ``s`` the per-column unit-cube scales ``(d,)``."""
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    m, d = u.shape
+    cell = np.zeros((m, d, top + 1), np.int64)
+    val = np.zeros((m, d, top + 1))
+    _factors(KERNELS.index(kernel), np.ascontiguousarray(np.broadcast_to(np.asarray(s, np.float64), (d,))), u, top, cell, val)
+    return cell, val
+
+
+# ---------------------------------------------------------------------- sparse grids
+def grid_counts(n: int, d: int) -> tuple[int, int]:
+    """(level vectors, features) of the sparse grid I_n in d dimensions (Python ints):
+    ``C(n - 1 + d, d)`` and ``sum_{k < n} C(k + d - 1, d - 1) 2^k``."""
+    return math.comb(n - 1 + d, d), sum(math.comb(k + d - 1, d - 1) << k for k in range(n))
+
+
+def level_vectors(n: int, d: int, full: bool = False) -> np.ndarray:
+    """The level vectors of I_n (``full``: of the full grid, max_j l_j <= n), int64 ``(T, d)``,
+    in lexicographic order."""
+    if full:
+        grids = np.meshgrid(*[np.arange(1, n + 1)] * d, indexing="ij")
+        return np.stack([g.ravel() for g in grids], axis=1).astype(np.int64)
+    cap = n - 1  # the sum of (l_j - 1) over the vector
+    out = np.zeros((1, 0), np.int64)
+    used = np.zeros(1, np.int64)
+    for _ in range(d):
+        k = cap - used  # room left per partial vector
+        reps = k + 1
+        base = np.repeat(np.arange(out.shape[0]), reps)
+        add = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+        out = np.concatenate([out[base], (add + 1)[:, None]], axis=1)
+        used = used[base] + add
+    return out
+
+
+def enumerate_features(levels: np.ndarray):
+    """All features of the level vectors ``levels`` ``(T, d)``: their level-vector number
+    ``t`` (int64 ``(F,)``) and cell vectors (int64 ``(F, d)``, index ``2 c + 1``), in
+    level-vector order and, within one, row-major over the cells (last column fastest):
+    feature ``off[t] + sum_j c_j stride[t, j]`` (see :func:`strides`)."""
+    off, stride, sizes = strides(levels)
+    total = int(sizes.sum())
+    t = np.repeat(np.arange(levels.shape[0]), sizes)
+    k = np.arange(total) - off[t]
+    cells = (k[:, None] // stride[t]) % (1 << (levels[t] - 1))
+    return t, cells
+
+
+def features_at(levels: np.ndarray, numbers: np.ndarray):
+    """The level-vector number and cell vector of the features numbered ``numbers``
+    (sorted int64, in :func:`enumerate_features`' numbering) without enumerating the rest."""
+    off, stride, _ = strides(levels)
+    t = np.searchsorted(off, numbers, side="right") - 1
+    k = numbers - off[t]
+    return t, (k[:, None] // stride[t]) % (1 << (levels[t] - 1))
+
+
+def strides(levels: np.ndarray):
+    """(off, stride, sizes) of level vectors ``(T, d)``: each vector's ``2^(|l|_1 - d)``
+    features numbered row-major from ``off[t]``; int64 ``(T,)``, ``(T, d)``, ``(T,)``."""
+    per = np.left_shift(1, levels - 1).astype(np.int64)
+    stride = np.ones_like(per)
+    if levels.shape[1] > 1:
+        stride[:, :-1] = np.cumprod(per[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    sizes = np.prod(per, axis=1)
+    off = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    return off, stride, sizes
+
+
+def smallest_level(d: int, columns: int) -> int:
+    """The smallest n with at least ``columns`` features in I_n."""
+    n = 1
+    while grid_counts(n, d)[1] < columns:
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------- the skeleton's node
+@dataclass(frozen=True)
+class Spec:
+    """What EOF needs from a skeleton: its one laplace/brownian node and box."""
+
+    kernel: str
+    node: str  # the node's label
+    columns: tuple  # input columns of the node, (d,)
+    scale: float  # laplace's scale in input units (brownian: 0)
+    domain: tuple | None  # the node's stated (lo, hi) arrays, or None
+
+    @property
+    def d(self) -> int:
+        return len(self.columns)
+
+
+def spec_of(skel) -> Spec:
+    """The EOF description of ``skel``, or :class:`UsageError` saying why it has none."""
+    from .bases import box_of
+    from .skeleton import InputNode
+
+    out = skel.nodes[skel.output]
+    why = None
+    if not isinstance(out, InputNode):
+        why = f"its output is node '{out.label}', an internal node"
+    elif out.base.name not in KERNELS:
+        why = f"its output node '{out.label}' has base {out.base.name}"
+    if why:
+        raise UsageError(f"{skel.path}: --scheme eof needs a skeleton whose kernel is one laplace or brownian node "
+                         f"(a product Markov kernel), but {why}; use --scheme rfs for it")
+    dom = dict(out.base.params).get("domain")
+    box = box_of(out.base) if dom is not None or out.base.name == "brownian" else None
+    scale = out.base.param("scale") if out.base.name == "laplace" else 0.0
+    return Spec(out.base.name, out.label, tuple(out.columns), scale, box)
+
+
+def measure_domain(spec: Spec, rows, margin: float = DEFAULT_MARGIN):
+    """Per-column (lo, hi) of the node's columns over ``rows`` (anything
+    :func:`rfsgen.inputs.open_input` reads), each widened by ``margin`` times the range.
+    A constant column has no box: :class:`DataError`."""
+    from .inputs import open_input
+
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
+        raise UsageError(f"--margin must be a number >= 0, got {margin!r}")
+    cols = np.array(spec.columns, dtype=np.int64)
+    lo = np.full(cols.size, np.inf)
+    hi = np.full(cols.size, -np.inf)
+    with open_input(rows) as src:
+        name = src.name
+        for _, block in src.chunks(1 << 14):
+            if block.shape[1] <= cols.max():
+                raise UsageError(f"{name}: rows have {block.shape[1]} values but node '{spec.node}' reads column "
+                                 f"{int(cols.max())}; pass the training rows the skeleton was written for")
+            x = np.asarray(block[:, cols], dtype=np.float64)
+            if not np.isfinite(x).all():
+                r, c = np.argwhere(~np.isfinite(x))[0]
+                raise DataError(f"{name}: row {int(r)}, column {int(cols[c])}: value {x[r, c]} is not finite; "
+                                "clean the training rows before measuring a domain from them")
+            lo = np.minimum(lo, x.min(axis=0, initial=np.inf))
+            hi = np.maximum(hi, x.max(axis=0, initial=-np.inf))
+    if not np.isfinite(lo).all():
+        raise DataError(f"{name}: no rows to measure a domain from; pass the training rows")
+    flat = np.flatnonzero(hi <= lo)
+    if flat.size:
+        c = int(flat[0])
+        raise DataError(f"{name}: column {int(cols[c])} is constant ({lo[c]:g}) on every row: it has no box to map "
+                        f"to [0, 1]; drop it from node '{spec.node}' or state 'domain:' for the node")
+    width = hi - lo
+    return lo - margin * width, hi + margin * width
+
+
+# ---------------------------------------------------------------------- sampling
+def sample(skel, *, columns: int | None = None, level: int | None = None, seed: int = 0, domain=None,
+           margin=None, domain_source: str = "skeleton"):
+    """An EOF :class:`~rfsgen.features.FeatureSet` for ``skel``.
+
+    ``level`` n: every feature of I_n.  ``columns`` D: the smallest level with at least D
+    features and, if it has more, a uniform subset of D drawn with ``seed`` (kept in
+    feature order).  ``domain``: (lo, hi) per column (from :func:`measure_domain`), else
+    the node's stated ``domain:`` (laplace needs one of the two)."""
+    from . import budget
+    from .features import FeatureSet
+
+    spec = spec_of(skel)
+    d = spec.d
+    if (columns is None) == (level is None):
+        raise UsageError("--scheme eof takes either -n D or --level N")
+    if level is not None:
+        if isinstance(level, bool) or not isinstance(level, int) or level < 1:
+            raise UsageError(f"--level must be an integer >= 1, got {level!r}")
+        n = level
+    else:
+        if columns < 1:
+            raise UsageError(f"-n must be at least 1, got {columns}")
+        # the number of features at level n grows at least as 2^(n-1): n <= log2(D) + 1
+        n = smallest_level(d, columns)
+    if n > MAX_LEVEL:
+        raise LimitError(f"EOF level {n} is beyond the deepest level {MAX_LEVEL} (cells of 2^-{MAX_LEVEL}); "
+                         "ask for fewer features")
+    n_vec, n_feat = grid_counts(n, d)
+    keep = n_feat if columns is None else min(columns, n_feat)
+    # the kept features' level and cell vectors (about 3 int64 arrays of D x d while built),
+    # the level vectors, and the draw of D of the grid's numbers
+    budget.check(8.0 * d * (3 * keep + n_vec) + 16.0 * n_feat, f"the EOF grid of level {n} in {d} dimensions "
+                 f"({n_feat:,} features over {n_vec:,} level vectors)", "ask for a lower --level or fewer columns (-n)")
+    if domain is None:
+        if spec.domain is None:
+            raise UsageError(f"{skel.path}: node '{spec.node}' states no 'domain:' and EOF needs a box; add "
+                             "'domain: [lo, hi]' to the node or pass --domain-from TRAINING_ROWS")
+        domain = spec.domain
+        domain_source, margin = "skeleton", None
+    lo, hi = (np.asarray(a, dtype=np.float64) for a in domain)
+    levels = level_vectors(n, d)
+    if keep < n_feat:
+        pick = np.sort(np.random.default_rng(seed).choice(n_feat, keep, replace=False))
+        t, cells = features_at(levels, pick)
+    else:
+        t, cells = enumerate_features(levels)
+    lev = levels[t]
+    meta = {"kernel": spec.kernel, "node": spec.node, "level": n, "level_vectors": n_vec, "grid_features": n_feat,
+            "lo": lo.tolist(), "hi": hi.tolist(), "margin": margin, "domain_source": domain_source}
+    D = keep
+    fs = FeatureSet(skeleton=skel, scheme="eof", seed=seed, draws=D, count=np.ones(D, np.int64),
+                    kind=np.zeros(D, np.uint8), ptr=np.zeros(D + 1, np.int64), node=np.zeros(0, np.int64),
+                    code=np.zeros(0, np.int64), power=np.zeros(0, np.int64), omega=np.zeros(0))
+    fs.eof = Columns(meta, lev.astype(np.int64), (2 * cells + 1).astype(np.int64))
+    return fs
+
+
+@dataclass(eq=False)
+class Columns:
+    """The EOF part of a feature set: ``meta`` (the ``eof`` attribute), and per column its
+    level vector and odd index vector, int64 ``(D, d)`` each."""
+
+    meta: dict
+    level: np.ndarray
+    index: np.ndarray
+
+    @property
+    def lo(self) -> np.ndarray:
+        return np.asarray(self.meta["lo"], dtype=np.float64)
+
+    @property
+    def hi(self) -> np.ndarray:
+        return np.asarray(self.meta["hi"], dtype=np.float64)
+
+    def unit_scales(self, skel) -> np.ndarray:
+        """Per column, the kernel's scale in unit-cube coordinates (laplace: scale (hi - lo))."""
+        if self.meta["kernel"] == "brownian":
+            return np.zeros(self.lo.size)
+        return spec_of(skel).scale * (self.hi - self.lo)
+
+
+# ---------------------------------------------------------------------- feature file
+def write(f, cols: Columns) -> None:
+    """Write the EOF datasets ``(D, d)`` into the open feature file ``f`` (narrowest unsigned
+    dtype, shuffled, gzip-compressed, fletcher32-checksummed, no timestamps)."""
+    from .features import CHUNK, GZIP_LEVEL, _narrow
+
+    for name, a in (("eof_level", cols.level), ("eof_index", cols.index)):
+        a = np.ascontiguousarray(_narrow(a))
+        rows = max(1, min(a.shape[0], CHUNK // max(1, a.shape[1])))
+        f.create_dataset(name, data=a, chunks=(rows, a.shape[1]), fletcher32=True, track_times=False,
+                         compression="gzip", compression_opts=GZIP_LEVEL, shuffle=True)
+
+
+DATASETS = ("eof_level", "eof_index")
+
+
+def read(p: str, f, columns: int) -> dict:
+    """The EOF datasets of an open feature file of ``columns`` columns, checked as every
+    dataset of a feature file is (:func:`rfsgen.features._check_dataset`), their declared
+    sizes against the memory budget before they are read."""
+    from . import budget
+    from .features import _bad, _check_dataset, _read_data
+
+    shapes = {k: _check_dataset(p, f, k, matrix=True) for k in DATASETS}
+    for k, shape in shapes.items():
+        if shape[0] != columns or not 1 <= shape[1] <= 1 << 20:
+            raise _bad(p, f"dataset '{k}' has shape {shape}; expected ({columns}, d) with 1 <= d <= 2^20")
+    budget.check(2 * 8 * sum(math.prod(s) for s in shapes.values()),
+                 f"feature file '{p}': loading its EOF level and index vectors ({shapes['eof_level']})",
+                 "use a feature file with fewer columns")
+    return {k: _read_data(p, f, k, shape) for k, shape in shapes.items()}
+
+
+def from_file(p: str, fs, attr, data: dict) -> Columns:
+    """Validate the EOF part of a loaded feature set (untrusted file) and return it."""
+    from .features import _bad
+
+    try:
+        meta = json.loads(attr)
+    except (TypeError, ValueError):
+        raise _bad(p, "the 'eof' attribute is not JSON") from None
+    keys = {"kernel", "node", "level", "level_vectors", "grid_features", "lo", "hi", "margin", "domain_source"}
+    if not isinstance(meta, dict) or set(meta) != keys:
+        raise _bad(p, "the 'eof' attribute lacks or has extra keys")
+    try:
+        spec = spec_of(fs.skeleton)
+    except UsageError:
+        raise _bad(p, "an EOF file whose skeleton is not one laplace or brownian node") from None
+    d = spec.d
+    level, index = data["eof_level"], data["eof_index"]
+    if meta["kernel"] != spec.kernel or meta["node"] != spec.node:
+        raise _bad(p, "the 'eof' attribute names another node or kernel than the skeleton")
+    n = meta["level"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LEVEL:
+        raise _bad(p, f"EOF level {n!r} outside 1..{MAX_LEVEL}")
+    if [meta["level_vectors"], meta["grid_features"]] != list(grid_counts(n, d)):
+        raise _bad(p, "the EOF grid counts do not match its level")
+    lo, hi = meta["lo"], meta["hi"]
+    if not (isinstance(lo, list) and isinstance(hi, list) and len(lo) == len(hi) == d
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in lo + hi)
+            and all(a < b for a, b in zip(lo, hi))):
+        raise _bad(p, f"the EOF domain is not {d} finite pairs lo < hi")
+    if level.shape[1] != d or index.shape[1] != d:
+        raise _bad(p, f"EOF level/index vectors of {level.shape[1]}/{index.shape[1]} entries for a {d}-column node")
+    if level.size and (int(level.min()) < 1 or int(level.max()) > n):
+        raise _bad(p, f"an EOF level outside 1..{n}")
+    level = level.astype(np.int64)
+    if level.size and int((level.sum(axis=1) - d).max()) > n - 1:
+        raise _bad(p, f"an EOF level vector outside the sparse grid of level {n}")
+    index = index.astype(np.uint64)
+    if index.size and (np.any(index % 2 == 0) or np.any(index >= np.left_shift(np.uint64(1), level.astype(np.uint64)))):
+        raise _bad(p, "an EOF index that is even or beyond its level's 2^l")
+    index = index.astype(np.int64)
+    if fs.node.size or fs.count.max(initial=1) != 1:
+        raise _bad(p, "an EOF file with terms or repeated columns")
+    cols = Columns(meta, level, index)
+    off, slot, _ = _slots(cols)
+    if np.unique(slot).size != slot.size:
+        raise _bad(p, "an EOF feature appears twice")
+    return cols
+
+
+# ---------------------------------------------------------------------- transform
+def _slots(cols: Columns):
+    """The used level vectors (int64 ``(T, d)``, sorted) and each column's slot in
+    their row-major numbering, int64 ``(D,)``; and the level vector of each column."""
+    levels, t = np.unique(cols.level, axis=0, return_inverse=True)
+    t = t.ravel()
+    off, stride, _ = strides(levels)
+    slot = off[t] + np.sum(((cols.index - 1) // 2) * stride[t], axis=1)
+    return levels, slot, t
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out, start, stop):  # pragma: no cover - compiled
+    """Algorithm 1 over rows [start, stop).  A level vector is stored by its active
+    coordinates (l_j > 1, increasing j; level-1 coordinates have the one cell 0): its value
+    is the product, in increasing j, of runs of level-1 factors (``seg``, per row) and the
+    active factors -- O(d^2 + |levels| |active|) per row instead of O(|levels| d)."""
+    m, d = u.shape
+    cell = np.empty((d, top + 1), np.int64)
+    val = np.empty((d, top + 1))
+    seg = np.empty((d + 1, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k), in increasing k
+    for r in range(start, stop):
+        for j in range(d):
+            for l in range(1, top + 1):
+                c, v = _factor(kernel, s[j], u[r, j], l)
+                cell[j, l] = c
+                val[j, l] = v
+        for a in range(d + 1):
+            p = 1.0
+            seg[a, a] = p
+            for b in range(a + 1, d + 1):
+                p *= val[b - 1, 1]
+                seg[a, b] = p
+        for t in range(off.size):
+            slot = off[t]
+            v = 1.0
+            prev = 0
+            for k in range(act_ptr[t], act_ptr[t + 1]):
+                j = act_j[k]
+                slot += cell[j, act_l[k]] * act_stride[k]
+                v *= seg[prev, j]
+                v *= val[j, act_l[k]]
+                prev = j + 1
+            v *= seg[prev, d]
+            col = table[slot]
+            if col >= 0:
+                out[r, col] = v
+
+
+class Transformer:
+    """Evaluates an EOF feature set on chunks of rows (the interface of
+    :class:`rfsgen.transform.Transformer`: ``columns``, ``dtype``, ``chunk``, ``chunks``).
+    ``clipped`` counts the values mapped outside the box and clipped to it."""
+
+    def __init__(self, fs, dtype=np.float32):
+        from . import budget
+
+        self.fs = fs
+        self.dtype = np.dtype(dtype)
+        cols = fs.eof
+        self.kernel = KERNELS.index(cols.meta["kernel"])
+        self.cols = np.array(spec_of(fs.skeleton).columns, dtype=np.int64)
+        self.lo, self.hi = cols.lo, cols.hi
+        self.s = np.ascontiguousarray(cols.unit_scales(fs.skeleton))
+        levels, slot, _ = _slots(cols)
+        off, stride, sizes = strides(levels)
+        n_slots = int(sizes.sum())
+        budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
+        self.table = np.full(n_slots, -1, np.int64)
+        self.table[slot] = np.arange(slot.size)
+        self.lev, self.off = levels, off
+        active = levels > 1
+        self.act_ptr = np.concatenate(([0], np.cumsum(active.sum(axis=1)))).astype(np.int64)
+        t_idx, self.act_j = np.nonzero(active)  # row-major: by level vector, then increasing j
+        self.act_l = levels[t_idx, self.act_j].astype(np.int64)
+        self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
+        self.act_j = self.act_j.astype(np.int64)
+        self.top = int(levels.max(initial=1))
+        self.clipped = 0
+        import threading
+
+        self._lock = threading.Lock()  # chunks may run on several threads
+
+    @property
+    def columns(self) -> int:
+        return self.fs.columns
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row of a chunk holds at most at once: the row read and converted
+        (float64), its unit-cube coordinates and its dense output values in two reused
+        buffers plus a copy (sparse parts or the written block)."""
+        return 8 * (2 * self.fs.skeleton.width + 2 * self.cols.size) + 3 * self.dtype.itemsize * self.columns
+
+    @property
+    def what(self) -> str:
+        return f"the transform by '{self.fs.skeleton.path}' EOF features ({self.columns} columns)"
+
+    def unit(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
+        """Rows mapped to the unit cube, float64 ``(m, d)``; values outside are clipped
+        (and counted in ``clipped``); NaN is a :class:`DataError`."""
+        u = np.asarray(x, dtype=np.float64)[:, self.cols]
+        u = (u - self.lo) / (self.hi - self.lo)
+        if np.isnan(u).any():
+            r, c = np.argwhere(np.isnan(u))[0]
+            raise DataError(f"{source}: row {row0 + int(r)}, column {int(self.cols[c])}: value is NaN; "
+                            "clean the rows before the transform")
+        out = (u < 0.0) | (u > 1.0)
+        n_out = int(np.count_nonzero(out))
+        if n_out:
+            with self._lock:
+                self.clipped += n_out
+            np.clip(u, 0.0, 1.0, out=u)
+        return np.ascontiguousarray(u)
+
+    def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:
+        """Feature values of rows ``x`` (float ``(m, width)``): ``(m, D)`` of ``self.dtype``."""
+        from ._compiled import on_rows
+
+        u = self.unit(x, row0, source)
+        m = u.shape[0]
+        if out is None:
+            out = np.zeros((m, self.columns), dtype=self.dtype)
+        elif out.shape != (m, self.columns) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
+        else:
+            out[...] = 0
+        if m and self.columns:
+            on_rows(_rows, m, u, self.kernel, self.s, self.top, self.act_ptr, self.act_j, self.act_l, self.act_stride,
+                    self.off, self.table, out, min_rows=max(1, 65536 // max(1, self.lev.size)))
+        return out
+
+    def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
+        """As :meth:`rfsgen.transform.Transformer.chunks`."""
+        bufs = [None] * buffers
+        for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
+            m = block.shape[0]
+            k = i % buffers
+            if bufs[k] is None or bufs[k].shape[0] < m:
+                bufs[k] = np.empty((m, self.columns), dtype=self.dtype)
+            yield row0, self.chunk(block, row0, src.name, out=bufs[k][:m])
+
+
+# ---------------------------------------------------------------------- kernels
+def unit_rows(spec: Spec, lo, hi, x) -> np.ndarray:
+    """Rows mapped to the unit cube and clipped, float64 ``(m, d)``."""
+    u = (np.asarray(x, dtype=np.float64)[:, list(spec.columns)] - lo) / (hi - lo)
+    return np.clip(u, 0.0, 1.0)
+
+
+def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The kernel EOF converges to (pinned laplace or brownian product) between unit-cube
+    rows ``u`` ``(m, d)`` and ``v`` ``(k, d)``: float64 ``(m, k)``."""
+    s = np.broadcast_to(np.asarray(s, np.float64), (u.shape[1],))
+    out = np.ones((u.shape[0], v.shape[0]))
+    for j in range(u.shape[1]):
+        out *= k1(kernel, s[j], u[:, j, None], v[None, :, j])
+    return out
+
+
+def summary(fs) -> dict:
+    """What :func:`rfsgen.features.describe` reports differently for an EOF set: every
+    column a distinct feature, no constant column, and the ``eof`` entry (:func:`describe`)."""
+    return {"features": fs.columns, "constant_weight": 0.0, "eof": describe(fs)}
+
+
+def describe(fs) -> dict:
+    """The EOF lines of ``rfsgen inspect``."""
+    meta = fs.eof.meta
+    levels, _, t = _slots(fs.eof)
+    _, _, sizes = strides(levels)
+    kept = np.bincount(t, minlength=levels.shape[0])
+    return {"kernel": meta["kernel"] + (" (pinned on the box's faces)" if meta["kernel"] == "laplace" else ""),
+            "node": meta["node"], "level": meta["level"], "level_vectors": meta["level_vectors"],
+            "level_vectors_used": int(levels.shape[0]), "grid_features": meta["grid_features"],
+            "max_nonzeros_per_row": int(levels.shape[0]),
+            # for rows spread uniformly over the box: per level vector, the fraction of its cells kept
+            "expected_nonzeros_per_row": float(np.sum(kept / sizes)),
+            "domain_source": meta["domain_source"], "margin": meta["margin"]}
+
+
+def box(skel, domain_from=None, margin=None, rows=None):
+    """The EOF box of ``skel``'s node: measured from ``domain_from`` (rows, widened by
+    ``margin``), else the node's stated ``domain:`` (brownian: [0, 1] by default).
+    Returns ``(spec, lo, hi, source, margin)``."""
+    spec = spec_of(skel)
+    if margin is not None and domain_from is None and rows is None:
+        raise UsageError("--margin widens a domain measured with --domain-from; give --domain-from ROWS too")
+    if domain_from is not None or (rows is not None and spec.domain is None):
+        margin = DEFAULT_MARGIN if margin is None else margin
+        lo, hi = measure_domain(spec, domain_from if domain_from is not None else rows, margin)
+        return spec, lo, hi, f"rows of {domain_from}" if domain_from is not None else "the input rows", margin
+    if spec.domain is None:
+        raise UsageError(f"{skel.path}: node '{spec.node}' states no 'domain:' and EOF needs a box; add "
+                         "'domain: [lo, hi]' to the node or pass --domain-from TRAINING_ROWS")
+    return spec, spec.domain[0], spec.domain[1], "skeleton", None
+
+
+def kernel(skel, x, y=None, *, lo, hi) -> np.ndarray:
+    """The kernel EOF converges to for ``skel`` on the box ``[lo, hi]``: the product of the
+    pinned laplace (or brownian) 1-D kernels between rows ``x`` ``(m, width)`` and ``y``
+    ``(k, width)`` (default ``x``), clipped to the box; float64 ``(m, k)``."""
+    spec = spec_of(skel)
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    u = unit_rows(spec, lo, hi, x)
+    v = u if y is None else unit_rows(spec, lo, hi, y)
+    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v)
+
+
+def limit_name(kernel_name: str) -> str:
+    return ("the laplace kernel pinned on the box's faces" if kernel_name == "laplace"
+            else "the brownian kernel on the box")
