@@ -52,4 +52,4 @@ fuzz: $(STAMP)
 		--time-limit 20 --memory-limit 3G --out fuzz-output
 
 clean:
-	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output fuzz-output build *.egg-info .pytest_cache

@@ -210,7 +210,11 @@ class SafeFile:
         return self._f.read(n)
 
     def seek(self, pos, whence=0) -> int:
-        return self._f.seek(pos, whence)
+        try:
+            return self._f.seek(pos, whence)
+        except OSError as e:  # an offset past the file-size limit: reported by check(), as a failed write
+            self.error = self.error or e
+            return pos
 
     def tell(self) -> int:
         return self._f.tell()

@@ -15,6 +15,7 @@ memory-map and are loaded whole).
 from __future__ import annotations
 
 import io as _io
+import math
 import os
 import re
 import sys
@@ -36,6 +37,9 @@ class InputSource:
     name: str
     width: int
     n_rows: int | None
+    #: True when ``n_rows`` is only a stream's header, which nothing can check against
+    #: the data before it is read: writers must not reserve space for it up front.
+    declared_only: bool = False
 
     def chunks(self, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(row0, float32 or float64 array (m, width))`` for rows ``start:stop``."""
@@ -714,6 +718,19 @@ def _check_dataset(ds, p: Path, key: str, what: str = "the dataset") -> None:
     if chunks is not None:
         budget.check(declared_bytes(chunks, itemsize), f"{name}: one HDF5 chunk of {what} (shape {tuple(chunks)})",
                      "rewrite the file with smaller chunks")
+        # HDF5 stores a chunk when any of it is written; chunks never written read as the
+        # fill value.  Rows that were never written are a writer that stopped early (or a
+        # forged header declaring 10^9 rows in a kilobyte), never data.
+        want = math.prod(-(-n // c) for n, c in zip(shape, chunks))
+        try:
+            have = ds.id.get_num_chunks()
+        except Exception as e:
+            raise InputError(f"{name}: cannot read {what}'s chunk index ({' '.join(str(e).split())[:120]}); the "
+                             "file is damaged") from None
+        if have < want:
+            raise InputError(f"{name}: only {have:,} of the {want:,} HDF5 chunks of {what} (shape {tuple(shape)}) "
+                             "were ever written, and the rest would read as the fill value; the file is "
+                             "incomplete (its writer stopped early?): write it again")
 
 
 def _open_h5(p: Path, key):
@@ -876,7 +893,9 @@ def _npy_stream(stream) -> InputSource:
             self.pos = b
             return np.frombuffer(buf, dtype=dtype).reshape((b - a,) + tuple(shape[1:]))
 
-    return ArraySource(_Rows(), "<stdin>")
+    src = ArraySource(_Rows(), "<stdin>")
+    src.declared_only = True
+    return src
 
 
 # ----------------------------------------------------------------------------- row ranges

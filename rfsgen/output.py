@@ -547,7 +547,9 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     """Write ``X``; ``sums`` maps each of its datasets to a :class:`Checksum` fed its bytes.
     Returns ``(rows, nnz)``."""
     D = tr.columns
-    known = stop is not None
+    # A stream's declared length is placed only once its rows have arrived (a forged
+    # header declaring 10^12 rows would otherwise reserve petabytes).
+    known = stop is not None and not getattr(src, "declared_only", False)
     n_rows = 0
     nnz = 0
     if layout == "dense":

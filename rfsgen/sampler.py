@@ -83,8 +83,9 @@ MAX_COLUMNS = 100_000_000
 STALL_DRAWS = 1_000_000
 #: Most draws one sample may consume: ``MAX_DRAWS + DRAWS_PER_COLUMN * D``.  Skeletons whose
 #: new columns get ever rarer (circle powers behind heavy-tailed degrees) would otherwise
-#: walk for hours; 2^28 draws take about 2 minutes for the cheapest skeletons on two cores.
-MAX_DRAWS = 1 << 28
+#: walk for hours; 2^25 draws take about 10 s for the cheapest skeletons on two cores, and a
+#: skeleton that needs more than 2^25 / D draws per column dedups too hard to be of use.
+MAX_DRAWS = 1 << 25
 DRAWS_PER_COLUMN = 64
 #: ... and the draws are fewer where one draw walks many items (stacked exp with a large
 #: beta): at most ``MAX_WALK_ITEMS`` expected walk items (:class:`Footprint`) beside the
@@ -94,7 +95,7 @@ MAX_WALK_ITEMS = 1 << 30
 #: columns (an upper confidence bound on the rate in the latter half of the draws so far;
 #: the expected rate only falls as draws go on) would need more draws than the cap to
 #: reach D: the run could not finish.
-PROJECT_AFTER = 1 << 24
+PROJECT_AFTER = 1 << 22
 #: Bytes a block's walk holds per item (int64 draw, node, multiplicity and degree, the
 #: picks and their outputs, sorting permutations), and per base term after the walk
 #: (terms, their conjugates, canonical forms, keys); measured as peak RSS over items.

@@ -100,3 +100,20 @@ def test_safe_file_records_write_errors_instead_of_raising(tmp_path, monkeypatch
         assert f.write(b"defg") == 4  # HDF5 is told it worked...
         with pytest.raises(OSError, match="No space left"):  # ...rfsgen is not
             f.check()
+
+
+def test_safe_file_records_seek_errors_too(tmp_path, monkeypatch):
+    """HDF5 seeks before it writes: an offset past the file system's size limit is
+    recorded for check(), never raised inside HDF5 (where h5py turns it into a SystemError)."""
+    import errno
+
+    from rfsgen.atomic import SafeFile
+
+    with SafeFile(tmp_path / "f") as f:
+        def too_far(pos, whence=0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(f._f, "seek", too_far)
+        assert f.seek(2**50) == 2**50
+        with pytest.raises(OSError, match="Invalid argument"):
+            f.check()

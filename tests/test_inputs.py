@@ -285,7 +285,7 @@ def test_sparse_input_errors(tmp_path):
 
 # ----------------------------------------------------------------------------- crafted inputs (issue 23, item 9)
 import crafted  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from rfsgen import budget  # noqa: E402
@@ -315,6 +315,7 @@ def test_crafted_files_declaring_huge_shapes_are_refused_before_allocating(tmp_p
     elif kind == "npz":
         spec, stdin = crafted.dense_npz(tmp_path, (rows, width)), None
     elif kind == "h5":
+        assume(rows * width * 8 < 2**62)  # HDF5 cannot describe a larger contiguous dataset
         spec, stdin = crafted.h5_dense(tmp_path, (rows, width)), None
     elif kind == "h5-chunked":
         spec, stdin = crafted.h5_dense(tmp_path, (rows, width), chunks=(min(rows, 2**20), min(width, 2**10))), None
@@ -323,7 +324,7 @@ def test_crafted_files_declaring_huge_shapes_are_refused_before_allocating(tmp_p
     else:
         spec, stdin = crafted.sparse_npz(tmp_path, kind, (rows, width)), None
     err = str(_refused(spec, stdin))
-    assert any(w in err for w in ("declares", "memory budget", "indptr has", "not a readable")), err
+    assert any(w in err for w in ("declares", "memory budget", "indptr has", "not a readable", "ever written")), err
 
 
 @_CRAFT
@@ -381,3 +382,38 @@ def test_valid_sparse_and_h5_inputs_still_read(tmp_path):
     sp.save_npz(tmp_path / "coo.npz", m)
     with budget.limited("64M"), open_input(tmp_path / "coo.npz") as src:
         np.testing.assert_array_equal(src.read(), m.toarray())
+
+
+def test_hdf5_rows_never_written_are_refused_not_read_as_fill(tmp_path):
+    """A chunked dataset with chunks never written (a writer that stopped early, or a
+    kilobyte declaring 10^9 rows) would read as the fill value: refused, naming the counts."""
+    p = tmp_path / "partial.h5"
+    with h5py.File(p, "w") as f:
+        ds = f.create_dataset("X", shape=(1000, 4), dtype="f8", chunks=(100, 4))
+        ds[:300] = 1.0  # chunks 0..2 of 10
+    with pytest.raises(InputError, match=r"partial.h5:/X: only 3 of the 10 HDF5 chunks .* incomplete"):
+        read(f"{p}:/X")
+    with h5py.File(p, "a") as f:
+        f["X"][300:] = 0.0  # written zeros are data
+    assert read(f"{p}:/X").shape == (1000, 4)
+    big = crafted.h5_dense(tmp_path, (10**9, 8), chunks=(1, 8))
+    with pytest.raises(InputError, match="only 0 of the 1,000,000,000 HDF5 chunks"):
+        read(big)
+
+
+def test_stdin_npy_declaring_more_rows_than_it_sends_reserves_nothing(tmp_path, monkeypatch):
+    """A dense output of a stream is not placed from its header: the short stream is
+    the error, not a petabyte reservation (issue 23 item 9)."""
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+
+    feats = tmp_path / "f.h5"
+    skel = tmp_path / "s.yaml"
+    skel.write_text("rfsgen: 1\ninput: {width: 3}\nnodes:\n  - {name: x, base: gaussian}\noutput: x\n")
+    assert CliRunner().invoke(main, ["sample", str(skel), "-n", "8", "-o", str(feats), "-q"]).exit_code == 0
+    res = CliRunner().invoke(main, ["transform", str(feats), "-", "-o", str(tmp_path / "o.h5"), "-q",
+                                    "--layout", "dense"], input=crafted.npy_bytes((10**12, 3)))
+    assert res.exit_code != 0
+    assert "ended early" in res.output or "memory budget" in res.output, res.output
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["f.h5", "s.yaml"]
