@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import FeatureFileError, RfsgenError
+from .errors import FeatureFileError, LimitError, RfsgenError
 from .schemes import SCHEMES, WALK_AS_WRITTEN
 from .skeleton import InputNode, Skeleton, parse_skeleton
 
@@ -609,6 +609,8 @@ def _load(p, f) -> FeatureSet:
                                "re-create it with 'rfsgen sample'")
     try:  # the guarded YAML loader of every skeleton (alias bombs, size limits)
         skel = parse_skeleton(src, skeleton_path, width=width)
+    except LimitError:  # a valid skeleton over this run's memory budget: the budget's message
+        raise
     except RfsgenError as e:
         raise FeatureFileError(f"{p}: the embedded skeleton no longer parses ({e})") from None
     if skel.auto != (width is not None):

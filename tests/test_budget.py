@@ -263,11 +263,17 @@ def test_transform_chunks_fit_the_budget_with_the_same_bytes(tmp_path, cifar_row
     np.save(tmp_path / "x.npy", cifar_rows)
     row = Transformer(fs).row_bytes
     transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / "a.h5")
-    with budget.limited(row):  # one row a chunk, just fits
+    # A quarter of the budget per chunk: a few rows a chunk (the expanded skeleton, about
+    # 300 KiB, must fit too).
+    with budget.limited("1M"):
+        assert budget.limit() // 4 // row < 8
         transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / "b.h5")
     assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
-    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "c.h5", "--max-memory", row - 1])
-    assert res.exit_code == 1 and "a chunk of 1 rows" in one_error_line(res)
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "c.h5", "--chunk-rows", 64,
+               "--max-memory", "1M"])
+    assert res.exit_code == 1 and "a chunk of 64 rows" in one_error_line(res)
+    with budget.limited("64K"), pytest.raises(LimitError, match="node 'pixels'"):  # not a damaged file
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / "d.h5")
     assert not (tmp_path / "c.h5").exists()
 
 

@@ -430,20 +430,26 @@ def test_expansion_respects_the_memory_budget():
     assert len(parse_skeleton(text, "t.yaml").nodes) == 1600 + 33 * 33 + 1
 
 
-def test_embedded_skeleton_goes_through_the_same_loader():
+def test_embedded_skeleton_goes_through_the_same_loader(tmp_path):
     """A feature file's embedded skeleton is parsed by parse_skeleton: a recursive
     alias or a bad tag there is a one-line FeatureFileError, not a hang."""
     import hashlib
 
     import numpy as np
+    import forge
 
-    from rfsgen import FeatureFileError
-    from rfsgen.features import _from_arrays
+    from rfsgen import FeatureFileError, sample
+    from rfsgen.features import load, save
 
-    for src in ("rfsgen: 1\ndescription: &a [1, *a]\n", "rfsgen: !!int six\n"):
-        attrs = {"skeleton_sha256": hashlib.sha256(src.encode()).hexdigest(), "skeleton_path": "s.yaml"}
-        with pytest.raises(FeatureFileError, match=r"f.h5: the embedded skeleton no longer parses \(s.yaml:\d+: ") as e:
-            _from_arrays("f.h5", attrs, {"skeleton": np.frombuffer(src.encode(), dtype=np.uint8)})
+    good = tmp_path / "good.h5"
+    save(sample(parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: x, base: gaussian}\n"
+                               "output: x\n", "s.yaml"), 4, seed=1), good)
+    for i, src in enumerate(("rfsgen: 1\ndescription: &a [1, *a]\n", "rfsgen: !!int six\n")):
+        bad = tmp_path / f"bad{i}.h5"
+        forge.forge(good, bad, forge.write_dataset("skeleton", np.frombuffer(src.encode(), dtype=np.uint8)),
+                    forge.set_attr("skeleton_sha256", hashlib.sha256(src.encode()).hexdigest()))
+        with pytest.raises(FeatureFileError, match=r"the embedded skeleton no longer parses \(s.yaml:\d+: ") as e:
+            load(bad)
         assert "\n" not in str(e.value)
 
 
