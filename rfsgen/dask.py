@@ -71,6 +71,14 @@ def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0
     return sp.csr_matrix((data.copy(), indices.copy(), indptr), shape=vals.shape)
 
 
+def transform_block_counted(x: np.ndarray, fs: FeatureSet, dtype: str, row0: int = 0, source: str = "<dask>"):
+    """Dense features of one block of rows and how many of its values an EOF feature
+    set clipped to its box (:mod:`rfsgen.eof`): ``(ndarray (m, D), int)``."""
+    x = np.asarray(x)
+    tr = _transformer(fs, dtype)
+    return tr.chunk(x, row0, source), tr.clipped_in(x)
+
+
 def _block_with_offset(x, fs, layout, dtype, block_info=None):
     row0 = block_info[0]["array-location"][0][0] if block_info else 0
     return transform_block(x, fs, layout, dtype, row0)
@@ -203,6 +211,9 @@ class ClusterTransformer:
         self.dtype = np.dtype(dtype)
         self.dtype_name = next(k for k, v in DTYPES.items() if np.dtype(v) == self.dtype)
         self.fs_future = self._guard(lambda: client.scatter(fs, broadcast=True, hash=False), "sending the feature set")
+        # EOF: the values clipped to the box, summed over the chunks as they arrive (the
+        # writer records them as the output's clipped_values)
+        self.clipped = 0 if fs.eof is not None else None
 
     def _guard(self, fn, what):
         from distributed.scheduler import KilledWorker
@@ -226,9 +237,14 @@ class ClusterTransformer:
         pending = deque()
         try:
             for row0, block in src.chunks(chunk_rows, start, stop):
-                fut = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
-                                                             self.dtype_name, row0, src.name, pure=False),
-                                  f"sending rows {row0}:{row0 + block.shape[0]}")
+                if self.clipped is None:
+                    fut = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
+                                                                 self.dtype_name, row0, src.name, pure=False),
+                                      f"sending rows {row0}:{row0 + block.shape[0]}")
+                else:
+                    fut = self._guard(lambda: self.client.submit(transform_block_counted, block, self.fs_future,
+                                                                 self.dtype_name, row0, src.name, pure=False),
+                                      f"sending rows {row0}:{row0 + block.shape[0]}")
                 pending.append((row0, block.shape[0], fut))
                 if len(pending) >= IN_FLIGHT:
                     yield self._collect(*pending.popleft())
@@ -240,6 +256,9 @@ class ClusterTransformer:
 
     def _collect(self, row0, m, fut):
         vals = self._guard(fut.result, f"transforming rows {row0}:{row0 + m}")
+        if self.clipped is not None:
+            vals, clipped = vals
+            self.clipped += int(clipped)
         return row0, np.ascontiguousarray(vals, dtype=self.dtype)
 
 

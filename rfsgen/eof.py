@@ -510,11 +510,19 @@ class Transformer:
     def what(self) -> str:
         return f"the transform by '{self.fs.skeleton.path}' EOF features ({self.columns} columns)"
 
+    def _mapped(self, x: np.ndarray) -> np.ndarray:
+        u = np.asarray(x, dtype=np.float64)[:, self.cols]
+        return (u - self.lo) / (self.hi - self.lo)
+
+    def clipped_in(self, x: np.ndarray) -> int:
+        """How many values of rows ``x`` lie outside the box (and are clipped by :meth:`unit`)."""
+        u = self._mapped(x)
+        return int(np.count_nonzero((u < 0.0) | (u > 1.0)))
+
     def unit(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
         """Rows mapped to the unit cube, float64 ``(m, d)``; values outside are clipped
         (and counted in ``clipped``); NaN is a :class:`DataError`."""
-        u = np.asarray(x, dtype=np.float64)[:, self.cols]
-        u = (u - self.lo) / (self.hi - self.lo)
+        u = self._mapped(x)
         if np.isnan(u).any():
             r, c = np.argwhere(np.isnan(u))[0]
             raise DataError(f"{source}: row {row0 + int(r)}, column {int(self.cols[c])}: value is NaN; "

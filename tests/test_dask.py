@@ -331,3 +331,24 @@ def test_a_scheduler_that_dies_mid_run_is_one_line_and_nothing_after(files, tmp_
     assert err.startswith(f"rfsgen: error: lost the Dask scheduler at {address}") and "nothing was written" in err
     assert time.monotonic() - t < 15
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
+
+
+def test_eof_on_a_cluster_counts_clipped_values_like_the_local_run(tmp_path, shell_cluster, monkeypatch):
+    """An EOF transform on a cluster writes the local run's bytes, clipped_values included
+    (each chunk's count comes back with its values)."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("rfsgen: 1\ninput: {width: 3}\nnodes:\n"
+                                     "  - {name: b, base: brownian, columns: [0, 2], domain: [0, 1]}\noutput: b\n")
+    x = np.random.default_rng(4).random((300, 3)) * 1.2 - 0.1  # some values outside [0, 1]
+    np.save("x.npy", x)
+    assert run(["sample", "s.yaml", "--scheme", "eof", "--level", "3", "-o", "f.h5", "-q"]).exit_code == 0
+    base = ["transform", "f.h5", "x.npy", "--chunk-rows", 37, "-q"]
+    assert run(base + ["-o", "local.h5"]).exit_code == 0
+    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
+    assert res.exit_code == 0, res.output
+    want = int(np.count_nonzero((x[:, [0, 2]] < 0) | (x[:, [0, 2]] > 1)))
+    with h5py.File("remote.h5") as f:
+        assert f.attrs["clipped_values"] == want > 0
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
