@@ -121,7 +121,13 @@ def _limits(cfg: Config):
     import resource
 
     def pre():
+        import signal
+
         os.setsid()
+        # The pool's workers ignore SIGINT (the runner stops them); a command started from
+        # a shell has it at its default, and an ignored signal is inherited across exec
+        # (rfsgen rightly keeps a signal ignored that was ignored when it started).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_AS, (cfg.memory_limit, cfg.memory_limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return pre
