@@ -67,9 +67,18 @@ def k1(kernel: str, s, u, v):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _factor(kernel, s, x, level):  # pragma: no cover - compiled
-    """(cell, value): the parent cell number c (index i = 2c + 1) of level ``level`` that
-    holds ``x`` in [0, 1], and phi_{level, 2c+1}(x)."""
+def _norms(kernel, s, level):  # pragma: no cover - compiled
+    """The two divisors of a level's 1-D features, which depend on the scale and the
+    level only (not on x): computed once per column and level, not once per value."""
+    h = 1.0 / (2.0 * (1 << (level - 1)))
+    if kernel == 0:
+        return math.sqrt(2.0 * h), 1.0
+    return -math.expm1(-4.0 * s * h), math.sqrt(math.tanh(s * h))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factor_normed(kernel, s, x, level, n1, n2):  # pragma: no cover - compiled
+    """:func:`_factor` with the level's divisors ``n1, n2`` (:func:`_norms`) given: the same bits."""
     half = 1 << (level - 1)
     c = int(math.floor(x * half))
     if c > half - 1:
@@ -80,11 +89,19 @@ def _factor(kernel, s, x, level):  # pragma: no cover - compiled
     b = g + h
     if kernel == 0:  # brownian: the hat of height sqrt(h / 2)
         d = x - a if x <= g else b - x
-        return c, d / math.sqrt(2.0 * h)
+        return c, d / n1
     mn = x if x < g else g
     mx = x if x > g else g
     num = math.exp(-s * (mx - mn)) * -math.expm1(-2.0 * s * (mn - a)) * -math.expm1(-2.0 * s * (b - mx))
-    return c, num / -math.expm1(-4.0 * s * h) / math.sqrt(math.tanh(s * h))
+    return c, num / n1 / n2
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factor(kernel, s, x, level):  # pragma: no cover - compiled
+    """(cell, value): the parent cell number c (index i = 2c + 1) of level ``level`` that
+    holds ``x`` in [0, 1], and phi_{level, 2c+1}(x)."""
+    n1, n2 = _norms(kernel, s, level)
+    return _factor_normed(kernel, s, x, level, n1, n2)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -433,10 +450,15 @@ def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out,
     cell = np.empty((d, top + 1), np.int64)
     val = np.empty((d, top + 1))
     seg = np.empty((d + 1, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k), in increasing k
+    n1 = np.empty((d, top + 1))
+    n2 = np.empty((d, top + 1))
+    for j in range(d):
+        for l in range(1, top + 1):
+            n1[j, l], n2[j, l] = _norms(kernel, s[j], l)
     for r in range(start, stop):
         for j in range(d):
             for l in range(1, top + 1):
-                c, v = _factor(kernel, s[j], u[r, j], l)
+                c, v = _factor_normed(kernel, s[j], u[r, j], l, n1[j, l], n2[j, l])
                 cell[j, l] = c
                 val[j, l] = v
         for a in range(d + 1):

@@ -59,7 +59,8 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "startup", "gaussian", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order")
+SECTIONS = ("sample", "startup", "gaussian", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
+            "eof")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -481,6 +482,64 @@ def bench_fixed_order(args, tmp, res):
 
 
 # ----------------------------------------------------------------------------- main
+def bench_eof(args, tmp, res):
+    """EOF (issue 24's goals): d = 32, D = 2048 (a uniform subset of level 3's 2,177
+    features), rows uniform in the unit cube; in memory and to a CSR file, against
+    RBFSampler-style RKS for the Laplace kernel (Cauchy frequencies; numpy: x @ W + b,
+    cos, float32, the same steps RBFSampler takes) and rfsgen's own single laplace node at
+    equal D; then sampling an EOF file of 10^6 columns."""
+    from rfsgen import parse_skeleton, sample, transform
+    from rfsgen import eof as _eof
+    from rfsgen.features import save
+    from rfsgen.transform import transform_file
+
+    d, D, n = 32, args.eof_columns, args.eof_rows
+    skel = parse_skeleton(f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n"
+                          f"  - {{name: x, base: laplace, scale: 1.0, domain: [0, 1]}}\noutput: x\n", "eof.yaml")
+    x = np.random.default_rng(0).random((n, d)).astype(np.float32)
+    fs_eof = _eof.sample(skel, columns=D, seed=1)
+    fs_lap = sample(skel, D, seed=1)
+    save(fs_eof, tmp / "eof.h5")
+    save(fs_lap, tmp / "lap.h5")
+    np.save(tmp / "x.npy", x)
+    rng = np.random.default_rng(0)
+    W = rng.standard_cauchy((d, D)).astype(np.float32)
+    b = rng.uniform(0, 2 * np.pi, D).astype(np.float32)
+    transform(fs_eof, x[:64], layout="csr")
+    transform(fs_lap, x[:64], layout="dense")
+
+    def rks():
+        z = x @ W
+        z += b
+        np.cos(z, out=z)
+        z *= np.float32(np.sqrt(2.0 / D))
+
+    def eof_file():
+        transform_file(tmp / "eof.h5", tmp / "x.npy", tmp / "eof-out.h5", layout="csr", overwrite=True)
+
+    def lap_file():
+        transform_file(tmp / "lap.h5", tmp / "x.npy", tmp / "lap-out.h5", layout="dense", overwrite=True)
+
+    times = alternate({"eof": lambda: transform(fs_eof, x, layout="csr"), "rks": rks,
+                       "laplace": lambda: transform(fs_lap, x, layout="dense"),
+                       "eof_file": eof_file, "laplace_file": lap_file}, args.repeats)
+    nnz = transform(fs_eof, x[:1000], layout="csr").nnz / 1000
+    t = time.perf_counter()
+    big = _eof.sample(parse_skeleton(skel.source, "eof.yaml"), columns=10**6, seed=1)
+    sample_s = time.perf_counter() - t
+    r = {"d": d, "columns": D, "rows": n, "runs": times, "nonzeros_per_row": nnz,
+         "level_vectors": fs_eof.eof.meta["level_vectors"], "grid_features": fs_eof.eof.meta["grid_features"],
+         "sample_1e6_s": sample_s, "sample_1e6_level": big.eof.meta["level"]}
+    for k in times:
+        r[k + "_s"] = med(times[k])
+    res["eof"] = r
+    print(f"  EOF d={d} D={D} {n} rows (level {fs_eof.eof.meta['level']}, {r['level_vectors']} level vectors, "
+          f"{nnz:.0f} non-zeros a row): in memory {r['eof_s']:.3f} s, RKS {r['rks_s']:.3f} s "
+          f"({r['rks_s'] / r['eof_s']:.2f}x), rfsgen laplace {r['laplace_s']:.3f} s ({r['laplace_s'] / r['eof_s']:.2f}x); "
+          f"to a file {r['eof_file_s']:.3f} s (csr) vs laplace {r['laplace_file_s']:.3f} s (dense); "
+          f"sampling 10^6 EOF columns {sample_s:.2f} s", flush=True)
+
+
 def table(res) -> str:
     lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
     for r in res.get("sample", []):
@@ -529,6 +588,15 @@ def table(res) -> str:
                      f"{1 / f['angles_cost']:.2f} |")
         lines.append(f"| ORF orthogonal block {f['orf_block']} x {f['orf_block']} (fixed-order Gram-Schmidt) | "
                      f"{f['orf_gram_schmidt_s']:.2f} s | LAPACK QR {f['orf_lapack_s']:.2f} s | {1 / f['orf_cost']:.2f} |")
+    if "eof" in res:
+        e = res["eof"]
+        lines.append(f"| EOF transform in memory, d = {e['d']}, D = {e['columns']}, {e['rows']} rows "
+                     f"({e['nonzeros_per_row']:.0f} non-zeros a row) | {e['eof_s']:.3f} s | RKS (numpy, Cauchy) "
+                     f"{e['rks_s']:.3f} s; rfsgen laplace {e['laplace_s']:.3f} s | {e['rks_s'] / e['eof_s']:.2f}; "
+                     f"{e['laplace_s'] / e['eof_s']:.2f} |")
+        lines.append(f"| EOF transform to a CSR file, same | {e['eof_file_s']:.3f} s | rfsgen laplace, dense file "
+                     f"{e['laplace_file_s']:.3f} s | {e['laplace_file_s'] / e['eof_file_s']:.2f} |")
+        lines.append(f"| EOF sample, 10^6 columns (level {e['sample_1e6_level']}) | {e['sample_1e6_s']:.2f} s | | |")
     for r in res.get("rss", []):
         lines.append(f"| transform peak RSS, {r['rows']} rows, D = {r['columns']} | {r['rss_mib']:.0f} MiB | | |")
     return "\n".join(lines)
@@ -545,11 +613,13 @@ def main(argv=None):
     args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
     args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 3, 10_000, 4096
     args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
+    args.eof_rows, args.eof_columns = 100_000, 2048
     if args.quick:
         args.columns, args.rows, args.repeats = 1000, 1000, 2
         args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
         args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
+        args.eof_rows, args.eof_columns = 2000, 256
     only = [s for s in args.only.split(",") if s]
     bad = [s for s in only if s not in SECTIONS]
     if bad:
