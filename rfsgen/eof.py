@@ -139,17 +139,35 @@ def level_vectors(n: int, d: int, full: bool = False) -> np.ndarray:
     if full:
         grids = np.meshgrid(*[np.arange(1, n + 1)] * d, indexing="ij")
         return np.stack([g.ravel() for g in grids], axis=1).astype(np.int64)
-    cap = n - 1  # the sum of (l_j - 1) over the vector
-    out = np.zeros((1, 0), np.int64)
-    used = np.zeros(1, np.int64)
-    for _ in range(d):
-        k = cap - used  # room left per partial vector
-        reps = k + 1
-        base = np.repeat(np.arange(out.shape[0]), reps)
-        add = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
-        out = np.concatenate([out[base], (add + 1)[:, None]], axis=1)
-        used = used[base] + add
+    out = np.empty((math.comb(n - 1 + d, d), d), np.int64)
+    if d:
+        _compositions(n - 1, out)
     return out
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _compositions(cap, out):  # pragma: no cover - compiled
+    """Every vector of d = out.shape[1] levels >= 1 whose excesses (l_j - 1) sum to at most
+    ``cap``, in lexicographic order, into ``out`` (one row each): an odometer that steps
+    the last coordinate it can raise and resets those after it to 1."""
+    d = out.shape[1]
+    cur = np.ones(d, np.int64)
+    used = 0  # sum of (cur_j - 1)
+    row = 0
+    while True:
+        out[row, :] = cur
+        row += 1
+        j = d - 1
+        while j >= 0 and used >= cap:  # no room: drop trailing coordinates back to 1
+            used -= cur[j] - 1
+            cur[j] = 1
+            j -= 1
+            if j >= 0 and used < cap:
+                break
+        if j < 0:
+            return
+        cur[j] += 1
+        used += 1
 
 
 def enumerate_features(levels: np.ndarray):
@@ -168,10 +186,25 @@ def enumerate_features(levels: np.ndarray):
 def features_at(levels: np.ndarray, numbers: np.ndarray):
     """The level-vector number and cell vector of the features numbered ``numbers``
     (sorted int64, in :func:`enumerate_features`' numbering) without enumerating the rest."""
-    off, stride, _ = strides(levels)
+    off, _, _ = strides(levels)
     t = np.searchsorted(off, numbers, side="right") - 1
-    k = numbers - off[t]
-    return t, (k[:, None] // stride[t]) % (1 << (levels[t] - 1))
+    cells = np.empty((numbers.size, levels.shape[1]), np.int64)
+    _cells_at(np.ascontiguousarray(levels, dtype=np.int64), off, t, np.ascontiguousarray(numbers, dtype=np.int64),
+              cells)
+    return t, cells
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _cells_at(levels, off, t, numbers, cells):  # pragma: no cover - compiled
+    """Row-major digits of ``numbers[i] - off[t[i]]`` in the cell counts of level vector
+    ``t[i]`` (the last column fastest): one pass, no (D, d) temporaries."""
+    d = levels.shape[1]
+    for i in range(numbers.size):
+        k = numbers[i] - off[t[i]]
+        for j in range(d - 1, -1, -1):
+            per = np.int64(1) << (levels[t[i], j] - 1)
+            cells[i, j] = k % per
+            k //= per
 
 
 def strides(levels: np.ndarray):
@@ -319,7 +352,9 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
     fs = FeatureSet(skeleton=skel, scheme="eof", seed=seed, draws=D, count=np.ones(D, np.int64),
                     kind=np.zeros(D, np.uint8), ptr=np.zeros(D + 1, np.int64), node=np.zeros(0, np.int64),
                     code=np.zeros(0, np.int64), power=np.zeros(0, np.int64), omega=np.zeros(0))
-    fs.eof = Columns(meta, lev.astype(np.int64), (2 * cells + 1).astype(np.int64))
+    cells *= 2  # cell numbers c -> odd indices 2c + 1, in place (D x d: the largest arrays here)
+    cells += 1
+    fs.eof = Columns(meta, lev.astype(np.int64, copy=False), cells.astype(np.int64, copy=False))
     return fs
 
 
