@@ -482,3 +482,21 @@ def test_eof_datasets_stored_outside_the_file_are_refused(tmp_path):
     with h5py.File(p) as f:
         with pytest.raises(FeatureFileError, match="external storage"):
             eof.read("forged.h5", f, shape[0])
+
+
+@pytest.mark.parametrize("n, d", [(1, 1), (1, 4), (2, 3), (4, 1), (4, 4), (5, 3), (3, 7)])
+def test_level_vectors_and_subset_cells_are_the_brute_force_enumeration(n, d):
+    """The compiled odometer lists I_n's level vectors in lexicographic order, and
+    features_at gives the same (level vector, cells) as enumerating every feature."""
+    import itertools
+
+    want = [v for v in itertools.product(range(1, n + 1), repeat=d) if sum(v) - d <= n - 1]
+    got = eof.level_vectors(n, d)
+    assert got.tolist() == [list(v) for v in want]
+    assert got.shape[0] == eof.grid_counts(n, d)[0]
+    t_all, cells_all = eof.enumerate_features(got)
+    assert t_all.size == eof.grid_counts(n, d)[1]
+    pick = np.sort(np.random.default_rng(n * 10 + d).choice(t_all.size, min(t_all.size, 50), replace=False))
+    t, cells = eof.features_at(got, pick)
+    np.testing.assert_array_equal(t, t_all[pick])
+    np.testing.assert_array_equal(cells, cells_all[pick])
