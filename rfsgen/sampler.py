@@ -88,9 +88,10 @@ STALL_DRAWS = 1_000_000
 MAX_DRAWS = 1 << 25
 DRAWS_PER_COLUMN = 64
 #: ... and the draws are fewer where one draw walks many items (stacked exp with a large
-#: beta): at most ``MAX_WALK_ITEMS`` expected walk items (:class:`Footprint`) beside the
-#: per-column allowance, minutes of walking.
-MAX_WALK_ITEMS = 1 << 30
+#: beta) or passes many nodes (the walk visits every node of the skeleton once per draw:
+#: 999 stacked relu layers cost 13 us a draw): at most ``MAX_WALK_ITEMS`` expected walk
+#: items plus nodes (:class:`Footprint`) beside the per-column allowance, a minute or so.
+MAX_WALK_ITEMS = 1 << 28
 #: Once this many draws are made, the sampler also stops when even a generous rate of new
 #: columns (an upper confidence bound on the rate in the latter half of the draws so far;
 #: the expected rate only falls as draws go on) would need more draws than the cap to
@@ -900,7 +901,8 @@ def sample(
     sizes = block_sizes(skeleton_for_walk, columns)
     largest = max(next(sizes) for _ in range(32))  # the schedule reaches its cap within a few blocks
     cap_draws = max_draws if max_draws is not None else \
-        int(min(MAX_DRAWS, MAX_WALK_ITEMS / max(fp.items, 1.0))) + DRAWS_PER_COLUMN * columns
+        int(min(MAX_DRAWS, MAX_WALK_ITEMS / max(fp.items + len(skeleton_for_walk.nodes), 1.0))) \
+        + DRAWS_PER_COLUMN * columns
 
     cols = _Columns(columns)
 

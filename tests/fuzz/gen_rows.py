@@ -316,9 +316,10 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
             check = {"type": "transform_any"}
         elif check.get("type") == "kernel":
             check = {"type": "kernel_any"}
-    if p["mode"] == "zeros" and skel in ("shallow-gaussian", "cifar-deep", "sphere8"):
+    # (no rows: no value to be wrong)
+    if p["mode"] == "zeros" and skel in ("shallow-gaussian", "cifar-deep", "sphere8") and p.get("shape") != "empty":
         must_fail = "an all-zero row for a sphere node"
-    if p.get("bad_cat") is not None and skel == "categorical-poly":
+    if p.get("bad_cat") is not None and skel == "categorical-poly" and p.get("shape") != "empty":
         must_fail = "a category out of range"
     if p.get("bad_cat") == 0.0:
         must_fail = None

@@ -42,8 +42,8 @@ import numpy as np
 
 from . import fixtures, forge
 
-CLASSES = ("passed", "traceback", "hang", "over_memory", "lost_signal", "wrong_result", "bad_exit", "crash")
-HEADERS = {"passed": "passed", "traceback": "tracebacks", "hang": "hangs", "over_memory": "over memory",
+CLASSES = ("passed", "startup", "traceback", "hang", "over_memory", "lost_signal", "wrong_result", "bad_exit", "crash")
+HEADERS = {"passed": "passed", "startup": "signals in Python's start-up", "traceback": "tracebacks", "hang": "hangs", "over_memory": "over memory",
            "lost_signal": "lost signals", "wrong_result": "wrong results", "bad_exit": "bad exits", "crash": "crashes"}
 MEMORY_MARKS = ("MemoryError", "Unable to allocate", "std::bad_alloc", "Cannot allocate memory", "out of memory")
 
@@ -265,9 +265,14 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
         return "over_memory", _last(err) or f"killed (rc {rc})"
     if res["maxrss"] > cfg.budget + (256 << 20):
         return "over_memory", f"peak RSS {res['maxrss'] >> 20} MiB over the budget {cfg.budget >> 20} MiB"
+    sig = case.get("signal")
+    if sig and res["signal_sent"] and "Traceback (most recent call last)" in err \
+            and not re.search(r'File "[^"]*[/\\]rfsgen[/\\]', err):
+        # No frame of rfsgen's: the signal landed in the interpreter's own start-up (site,
+        # .pth files, runpy finding the package), before rfsgen's first line (README, Signals).
+        return "startup", f"{sig['sig']} at {sig['delay']:.3f} s, in Python's start-up: {_exception(err)}"
     if "Traceback (most recent call last)" in err or "Exception ignored" in err:
         return "traceback", _exception(err)
-    sig = case.get("signal")
     out = d / case["output"] if case.get("output") else None
     left = _leftovers(d)
     if sig and res["signal_sent"]:
