@@ -611,13 +611,9 @@ class Transformer:
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """As :meth:`rfsgen.transform.Transformer.chunks`."""
-        bufs = [None] * buffers
-        for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
-            m = block.shape[0]
-            k = i % buffers
-            if bufs[k] is None or bufs[k].shape[0] < m:
-                bufs[k] = np.empty((m, self.columns), dtype=self.dtype)
-            yield row0, self.chunk(block, row0, src.name, out=bufs[k][:m])
+        from .transform import buffered_chunks
+
+        return buffered_chunks(self, src, chunk_rows, start, stop, buffers)
 
 
 # ---------------------------------------------------------------------- kernels

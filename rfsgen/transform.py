@@ -235,13 +235,19 @@ class Transformer:
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """Yield ``(row0, values)`` over an input source.  ``values`` cycles through
         ``buffers`` reused arrays: it stays valid for ``buffers - 1`` further steps."""
-        bufs = [None] * buffers
-        for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
-            m = block.shape[0]
-            k = i % buffers
-            if bufs[k] is None or bufs[k].shape[0] < m:
-                bufs[k] = np.empty((m, self.columns), dtype=self.dtype)
-            yield row0, self.chunk(block, row0, src.name, out=bufs[k][:m])
+        return buffered_chunks(self, src, chunk_rows, start, stop, buffers)
+
+
+def buffered_chunks(tr, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
+    """``tr.chunk`` over the chunks of ``src`` into ``buffers`` reused arrays (the
+    ``chunks`` of every transformer: this module's and :class:`rfsgen.eof.Transformer`)."""
+    bufs = [None] * buffers
+    for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
+        m = block.shape[0]
+        k = i % buffers
+        if bufs[k] is None or bufs[k].shape[0] < m:
+            bufs[k] = np.empty((m, tr.columns), dtype=tr.dtype)
+        yield row0, tr.chunk(block, row0, src.name, out=bufs[k][:m])
 
 
 def _unique_columns(keys: np.ndarray):
