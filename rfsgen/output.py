@@ -43,6 +43,17 @@ def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk
     return rows
 
 
+def csr_block(values: int | None) -> int:
+    """Values per HDF5 chunk of a CSR output's ``data`` and ``indices``: the smallest
+    power of two holding ``values`` (rows x columns, the most an output can store; a
+    stream's declared size counts, since the block is bounded either way), between
+    2^12 and 2^20.  HDF5 stores whole chunks, so a small output stays small; the block
+    depends only on the output's shape, never on how it is chunked, sharded or merged."""
+    if values is None:
+        return 1 << 20
+    return 1 << min(20, max(12, (max(int(values), 1) - 1).bit_length()))
+
+
 def _check_options(layout, dtype, compression):
     if layout not in LAYOUTS:
         raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -578,7 +589,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
     g = f.create_group("X", track_order=False)
-    block = 1 << 20
+    block = csr_block(None if stop is None else (stop - start) * D)
     index_dtype = np.int32 if D < 2**31 else np.int64
     pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check,
                       (sums["X/data"], sums["X/indices"]))

@@ -158,3 +158,28 @@ def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, c
             assert rec["datasets"][name] == c.hexdigest(), name
         assert rec["nnz"] == (39 * 150 if layout == "dense" else x["data"].shape[0])
         assert rec["obs_names"] == "numbers" and rec["obs_names_sha256"] == number_names_digest(5, 44)
+
+
+@pytest.mark.parametrize("values, block", [(None, 1 << 20), (0, 1 << 12), (4096, 1 << 12), (4097, 1 << 13),
+                                           (45 * 150, 1 << 13), (10**6, 1 << 20), (10**12, 1 << 20)])
+def test_csr_blocks_follow_the_output_size(values, block):
+    from rfsgen.output import csr_block
+
+    assert csr_block(values) == block
+
+
+def test_a_small_csr_output_is_small_and_its_shards_merge_to_its_bytes(files, tmp_path):
+    """45 rows x 150 columns: HDF5 chunks of 2^13 values, not 2^20 (the file is ~100 KB,
+    not ~8 MB); shards of other sizes (other blocks) merge to the same bytes."""
+    import os
+
+    from rfsgen.merge import merge_files
+
+    transform_file(files / "f.h5", files / "x.npy", tmp_path / "all.h5", layout="csr")
+    with h5py.File(tmp_path / "all.h5") as f:
+        assert f["X/data"].chunks == (1 << 13,) and f["X/indices"].chunks == (1 << 13,)
+    assert os.path.getsize(tmp_path / "all.h5") < 200_000
+    for a, b in ((0, 7), (7, 45)):
+        transform_file(files / "f.h5", files / "x.npy", tmp_path / f"s{a}.h5", layout="csr", rows=f"{a}:{b}")
+    merge_files([tmp_path / "s0.h5", tmp_path / "s7.h5"], tmp_path / "m.h5")
+    assert (tmp_path / "m.h5").read_bytes() == (tmp_path / "all.h5").read_bytes()
