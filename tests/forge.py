@@ -41,7 +41,18 @@ def reseal(path) -> None:
             except Exception:  # an attribute forged into something the seal cannot hash: leave it
                 pass
     with open(path, "r+b") as fh:
-        _write_header(fh)
+        _write_header(fh, header_version(fh))
+
+
+def header_version(fh) -> int:
+    """The format version the file's rfsgen header states (a forger keeps it: 3 for EOF files)."""
+    import re
+
+    from rfsgen.features import FORMAT_VERSION, USERBLOCK
+
+    fh.seek(0)
+    m = re.search(rb"format_version (\d+)", fh.read(USERBLOCK))
+    return int(m.group(1)) if m else FORMAT_VERSION
 
 
 def forge(src, dst, *edits, seal: bool = True):

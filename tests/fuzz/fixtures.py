@@ -23,6 +23,11 @@ SKELETONS = {
     "laplace8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
                 "  - {name: g, base: laplace, scale: 0.3, per: group, group: 4}\n"
                 "  - {name: out, activation: relu, inputs: [g]}\n",
+    # EOF (--scheme eof): one brownian / laplace node over columns 1..3 on a stated box
+    "brownian3": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
+                 "  - {name: b, base: brownian, columns: '1:4', domain: [-2, 2]}\n",
+    "laplacebox3": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
+                   "  - {name: l, base: laplace, scale: 0.7, columns: '1:4', domain: [[-2, -1, -3], [2, 1, 3]]}\n",
     # Scale-invariant: a sphere node normalises each row, so rows * 2^k give the same features.
     "sphere8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
                "  - {name: s, base: sphere, scheme: pair}\n"
@@ -43,9 +48,12 @@ FEATURES = {
     "cifar-deep-1k": ("cifar-deep", 1024, 2, None),
 }
 
+#: EOF feature fixtures (``rfsgen.eof.sample``): name -> (skeleton, level); their columns are the grid's.
+EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4)}
+
 #: Which fixture feature file a skeleton name's rows cases use, and the skeleton's row width.
 WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
-          "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8}
+          "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8, "eof-brownian3": 4, "eof-laplace3": 4}
 #: Skeletons whose kernel and features do not change when a row is multiplied by a positive scale.
 SCALE_INVARIANT = {"shallow-gaussian", "cifar-deep", "sphere8"}
 
@@ -63,7 +71,7 @@ def skeleton_text(name: str) -> str:
 
 
 def all_names() -> list:
-    names = [f"feat:{k}" for k in FEATURES] + [f"rows:{k}" for k in ROWS]
+    names = [f"feat:{k}" for k in FEATURES] + [f"feat:{k}" for k in EOF] + [f"rows:{k}" for k in ROWS]
     for lay in SHARD_LAYOUTS:
         for dt in SHARD_DTYPES:
             names += [f"full:{lay}-{dt}"] + [f"shard:{lay}-{dt}-{k}" for k in range(3)]
@@ -97,9 +105,15 @@ def _build(cache: Path, name: str) -> Path:
     elif kind == "feat":
         from rfsgen import features, parse_skeleton, sampler
 
-        skel_name, cols, seed, width = FEATURES[key]
-        skel = parse_skeleton(skeleton_text(skel_name), f"{skel_name}.yaml", width=width)
-        fs = sampler.sample(skel, cols, seed)
+        if key in EOF:
+            from rfsgen import eof
+
+            skel_name, level = EOF[key]
+            fs = eof.sample(parse_skeleton(skeleton_text(skel_name), f"{skel_name}.yaml"), level=level)
+        else:
+            skel_name, cols, seed, width = FEATURES[key]
+            skel = parse_skeleton(skeleton_text(skel_name), f"{skel_name}.yaml", width=width)
+            fs = sampler.sample(skel, cols, seed)
         fs.tool_version = "fuzz-fixture"
         features.save(fs, str(tmp) + ".h5")
         os.replace(str(tmp) + ".h5", tmp)

@@ -29,7 +29,11 @@ def _reseal(path: Path) -> None:
     with open(path, "r+b") as fh:
         head = fh.read(len(features.MAGIC))
         if head == features.MAGIC:
-            features._write_header(fh)
+            import re
+
+            fh.seek(0)
+            m = re.search(rb"format_version (\d+)", fh.read(features.USERBLOCK))
+            features._write_header(fh, int(m.group(1)) if m else features.FORMAT_VERSION)
 
 
 def _value(spec):

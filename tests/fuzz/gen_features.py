@@ -9,7 +9,17 @@ import numpy as np
 
 from . import fixtures
 
-BASE = ["tabular-circle", "gauss8", "laplace8", "categorical-poly", "sphere8", "tabular-auto5", "shallow-gaussian"]
+BASE = ["tabular-circle", "gauss8", "laplace8", "categorical-poly", "sphere8", "tabular-auto5", "shallow-gaussian",
+        "eof-brownian3", "eof-laplace3"]
+#: EOF files: their own attribute and datasets (level and index vectors, int (D, d))
+EOF_DATASETS = ["eof_level", "eof_index"]
+EOF_ATTR_VALUES = ['{}', '[]', 'null', '{"level": 99}',
+                   '{"kernel": "laplace", "node": "l", "level": 60, "level_vectors": 1, "grid_features": 1, '
+                   '"lo": [0, 0, 0], "hi": [1, 1, 1], "margin": null, "domain_source": "skeleton"}',
+                   '{"kernel": "brownian", "node": "b", "level": 3, "level_vectors": 10, "grid_features": 31, '
+                   '"lo": [2, 2, 2], "hi": [-2, -2, -2], "margin": null, "domain_source": "skeleton"}',
+                   '{"kernel": "brownian", "node": "b", "level": 3, "level_vectors": 10, "grid_features": 31, '
+                   '"lo": [-1e308, -2, -2], "hi": [1e308, 2, 2], "margin": -5, "domain_source": "rows"}']
 ATTR_KEYS = ["format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
              "skeleton_sha256", "nodes", "command", "stats", "input_width"]
 ATTR_VALUES = [{"t": "str", "v": "{}"}, {"t": "str", "v": "[]"}, {"t": "str", "v": "null"}, {"t": "str", "v": ""},
@@ -39,6 +49,8 @@ HOSTILE_SKELETONS = [
 
 
 def _op(rng, skel):
+    if skel.startswith("eof-") and rng.random() < 0.5:
+        return _eof_op(rng)
     k = rng.integers(10)
     if k == 0:
         return [{"op": "bitflip", "file": "f.h5", "pos": float(rng.random()), "bit": int(rng.integers(8)),
@@ -91,6 +103,30 @@ def _op(rng, skel):
     if k == 8:
         return [{"op": "skeleton_text", "file": "f.h5", "text": HOSTILE_SKELETONS[rng.integers(len(HOSTILE_SKELETONS))]}]
     return [{"op": "truncate", "file": "f.h5", "keep": float(rng.choice([0.0, 0.1, 0.5, 0.9, 0.999]))}]
+
+
+def _eof_op(rng):
+    """Forgeries of an EOF file's own parts (every checksum and the seal recomputed)."""
+    name = str(rng.choice(EOF_DATASETS))
+    k = rng.integers(5)
+    if k == 0:
+        return [{"op": "set_attr", "file": "f.h5", "key": "eof", "reseal": True,
+                 "value": {"t": "str", "v": EOF_ATTR_VALUES[rng.integers(len(EOF_ATTR_VALUES))]},
+                 "delete": bool(rng.random() < 0.2)}]
+    if k == 1:
+        vals = [int(rng.choice([0, 2, 60, 2**31, 2**62, 2**63 + 5]))]
+        return [{"op": "dataset", "file": "f.h5", "name": name, "how": "values", "values": vals, "reseal": True,
+                 "dtype": "<u8", "index": "all" if rng.random() < 0.3 else [int(v) for v in rng.integers(0, 100, 3)]}]
+    if k == 2:
+        return [{"op": "dataset", "file": "f.h5", "name": name, "how": str(rng.choice(["dtype", "reshape2d", "empty",
+                                                                                      "narrow"])),
+                 "dtype": str(rng.choice(["<f8", "<i8", "<u1", "|b1"])), "reseal": True}]
+    if k == 3:
+        return [{"op": "dataset", "file": "f.h5", "name": name, "how": "bomb", "reseal": True,
+                 "shape": [int(rng.choice([10**6, 10**8, 10**9])), int(rng.choice([3, 1000]))]}]
+    return [{"op": "dataset", "file": "f.h5", "name": name, "how": str(rng.choice(["external", "extlink", "virtual",
+                                                                                  "softlink"])),
+             "target": "/etc/passwd", "reseal": True}]
 
 
 def generate(rng: np.random.Generator, cid: str) -> dict:
