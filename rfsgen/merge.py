@@ -232,6 +232,8 @@ def _read_record(path, f) -> dict:
              "input": str, "rows_start": int, "rows_stop": int, "columns": int, "layout": str, "dtype": str,
              "compression": str, "shape": list, "nnz": int, "checksum": str, "datasets": dict, "obs_names": str,
              "obs_names_sha256": str, "seal": str}
+    if "clipped_values" in record:  # EOF outputs (optional)
+        kinds["clipped_values"] = int
     if set(record) != set(kinds):
         raise _damaged(path, f"its integrity record has fields {sorted(record)}, expected {sorted(kinds)}")
     for key, kind in kinds.items():
@@ -312,6 +314,9 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
     if attrs["layout"] not in ("csr", "dense"):
         raise _damaged(path, f"attribute 'layout' is {_show(attrs['layout'])}, not 'csr' or 'dense'")
     record = _read_record(path, f)
+    if record.get("clipped_values") != attrs.get("clipped_values"):
+        raise _damaged(path, f"attribute 'clipped_values' is {_show(attrs.get('clipped_values'))} but its integrity "
+                             f"record says {_show(record.get('clipped_values'))}")
     for k in SHARD_ATTRS:
         if record[k] != attrs[k]:
             raise _damaged(path, f"attribute '{k}' is {_show(attrs[k])} but its integrity record says "
@@ -579,6 +584,13 @@ class _Copy:
             yield row0, self.chunk(block)
 
 
+def _clipped(order) -> int | None:
+    """EOF shards: their counts of clipped values add up (None when no shard has one)."""
+    if not any("clipped_values" in s.attrs for s in order):
+        return None
+    return sum(s.attrs.get("clipped_values", 0) for s in order)
+
+
 def _check_memory(order, chunk_rows: int) -> None:
     """The merge's memory, from the shards' declared sizes, against the budget: a chunk
     of rows read, densified and written (twice while the writer overlaps), and for CSR
@@ -624,8 +636,7 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
             info = _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress)
         else:
             copy = _Copy(src.width, first.dtype)
-            if any("clipped_values" in s.attrs for s in order):  # EOF shards: their clipped values add up
-                copy.clipped = sum(s.attrs.get("clipped_values", 0) for s in order)
+            copy.clipped = _clipped(order)
             info = write_output(output, copy, src, start, stop, layout=first.layout,
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
                                 overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
@@ -672,8 +683,12 @@ def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progre
                 names, names_sha = _write_annotations(f, src, start, stop - start, D, "dense")
                 write_root_attrs(f, provenance, start, stop - start, D, "dense")
                 f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
+                clipped = _clipped(order)
+                if clipped is not None:
+                    f.attrs["clipped_values"] = clipped
                 write_record(f, make_record(provenance, start=start, n_rows=stop - start, columns=D, layout="dense",
                                             dtype=first.dtype, compression="none", nnz=(stop - start) * D,
-                                            checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha))
+                                            checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha,
+                                            clipped=clipped))
         sink.check()
     return {"rows": stop - start, "columns": D, "nnz": (stop - start) * D, "output": str(output)}

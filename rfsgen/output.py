@@ -283,13 +283,14 @@ def seal_of(record: dict) -> str:
 
 
 def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layout: str, dtype, compression: str,
-                nnz: int, checksums: dict, names: str, names_sha256: str) -> dict:
+                nnz: int, checksums: dict, names: str, names_sha256: str, clipped: int | None = None) -> dict:
     """The integrity record of an output (see :data:`RECORD_ATTR`), sealed.
 
     ``checksums`` maps each data dataset (``X``, or ``X/data``, ``X/indices``,
     ``X/indptr``) to its :class:`Checksum`; ``names`` says where the row names come
     from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
-    ``names_sha256`` is their :class:`NamesChecksum`.
+    ``names_sha256`` is their :class:`NamesChecksum`.  ``clipped``: an EOF output's count
+    of input values clipped to the box (the ``clipped_values`` attribute), sealed with the rest.
     """
     record = {
         "format": RECORD_FORMAT, "version": RECORD_VERSION,
@@ -299,6 +300,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
         "nnz": int(nnz), "checksum": CHECKSUM, "datasets": dict(checksums),
         "obs_names": names, "obs_names_sha256": names_sha256,
     }
+    if clipped is not None:
+        record["clipped_values"] = int(clipped)
     record["seal"] = seal_of(record)
     return record
 
@@ -346,7 +349,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
                                             checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
-                                            names_sha256=names_sha))
+                                            names_sha256=names_sha, clipped=clipped))
         sink.check()
     info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
     if clipped is not None:

@@ -423,3 +423,54 @@ def test_shards_of_named_rows_merge_exactly_and_their_names_are_verified(base, t
     res = _merge(tmp_path, names)
     _refused(res, tmp_path, names[2])
     assert "'obs/_index' (the row names) does not match its integrity record" in res.output
+
+
+def test_eof_clipped_values_are_sealed_in_the_record(tmp_path):
+    """An EOF shard's clipped_values is part of its sealed record: an edited count is refused,
+    and a count added to a non-EOF shard too."""
+    import h5py
+    import numpy as np
+
+    from rfsgen import eof, parse_skeleton
+    from rfsgen.features import save
+    from rfsgen.merge import merge_files
+    from rfsgen.transform import transform_file
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n",
+                          "b.yaml")
+    save(eof.sample(skel, level=3), tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).random((20, 2)) * 1.4 - 0.2)
+    for a, b in ((0, 9), (9, 20)):
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / f"s{a}.h5", rows=f"{a}:{b}")
+    with h5py.File(tmp_path / "s9.h5", "a") as f:
+        f.attrs["clipped_values"] = int(f.attrs["clipped_values"]) + 1
+    from rfsgen import InputError
+
+    with pytest.raises(InputError, match=r"s9.h5: attribute .clipped_values. is \d+ but its integrity record says"):
+        merge_files([tmp_path / "s0.h5", tmp_path / "s9.h5"], tmp_path / "m.h5")
+    assert not (tmp_path / "m.h5").exists()
+
+
+def test_eof_clipped_values_add_up_in_copied_and_virtual_merges(tmp_path):
+    import h5py
+    import numpy as np
+
+    from rfsgen import eof, parse_skeleton
+    from rfsgen.features import save
+    from rfsgen.merge import merge_files
+    from rfsgen.transform import transform_file
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n",
+                          "b.yaml")
+    save(eof.sample(skel, level=3), tmp_path / "f.h5")
+    x = np.random.default_rng(2).random((20, 2)) * 1.4 - 0.2
+    np.save(tmp_path / "x.npy", x)
+    want = int(np.count_nonzero((x < 0) | (x > 1)))
+    for a, b in ((0, 9), (9, 20)):
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / f"s{a}.h5", rows=f"{a}:{b}", layout="dense")
+    shards = [tmp_path / "s0.h5", tmp_path / "s9.h5"]
+    merge_files(shards, tmp_path / "m.h5")
+    merge_files(shards, tmp_path / "v.h5", virtual=True)
+    for name in ("m.h5", "v.h5"):
+        with h5py.File(tmp_path / name) as f:
+            assert f.attrs["clipped_values"] == want > 0

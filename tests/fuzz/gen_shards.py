@@ -27,7 +27,7 @@ def _op(rng, layout, shards):
                 "keys": ["rows_start", "rows_stop"] if rng.random() < 0.7 else ["rows_start"]}
     if k == 3:
         key = str(rng.choice(["rows_start", "rows_stop", "columns", "features_sha256", "layout", "input",
-                              "rfsgen_version"]))
+                              "rfsgen_version", "clipped_values"]))  # clipped_values: EOF outputs' count
         val = [{"t": "str", "v": "abc"}, {"t": "int", "v": -1}, {"t": "int", "v": 10**15}, {"t": "float", "v": 2.5},
                {"t": "int", "v": 5}, {"t": "str", "v": "dense"}, {"t": "str", "v": "csr"}, {"t": "int", "v": 47},
                {"t": "str", "v": "0" * 64}, {"t": "array", "v": [0, 10]}][rng.integers(10)]
