@@ -13,7 +13,14 @@ would for a process that has exited."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+# The console script imports this module first: hold the signals from here until
+# _signals.install() routes them (python -m rfsgen holds them from its first line).
+if hasattr(signal, "pthread_sigmask"):  # POSIX
+    signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                                              if hasattr(signal, n)})
 
 
 def main() -> None:

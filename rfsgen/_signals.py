@@ -160,6 +160,10 @@ def install() -> None:
 
     hook = os.environ.get("RFSGEN_SIGNAL_PAUSE")
     _pause_at = hook.split("=", 1) if hook and "=" in hook else None
+    # The entry point holds them until now (rfsgen/__main__.py, _entry's import): one that
+    # arrived meanwhile is delivered here, to the handler.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 
 
 #: Tests only: ``RFSGEN_SIGNAL_PAUSE=PHASE=FILE`` makes the run stop the first time it

@@ -428,3 +428,16 @@ except _signals.Terminated:
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.stdout == "raised after\n" and res.stderr == "", res
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_while_the_entry_point_is_imported_waits_for_the_handler(tmp_path, signum, code, word):
+    """The entry point holds the signals from its import until rfsgen's handlers exist:
+    one sent right after the import (as a scheduler's cancel may be) is reported as any
+    other, one line, 128 + N, and is never a KeyboardInterrupt traceback."""
+    script = ("import os, sys; sys.argv = ['rfsgen', '--help']; from rfsgen._entry import main; "
+              f"os.kill(os.getpid(), {int(signum)}); print('still here', file=sys.stderr); main()")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = r.stderr.splitlines()
+    assert r.returncode == code, r.stderr
+    assert lines[0] == "still here" and len(lines) == 2 and lines[1].startswith(f"rfsgen: error: {word}"), r.stderr

@@ -444,24 +444,30 @@ def _check_sample(path, check):
     return None
 
 
+def _reference_rows(rows: dict) -> np.ndarray:
+    """The unscaled rows of the scale-invariance oracle: the scaled rows as the case stored
+    them, scaled back by 2^-k (exact: the scaling may have rounded subnormals, this does not)."""
+    from . import gen_rows
+
+    if "scale" not in rows:
+        return gen_rows.make_array(rows)
+    return np.ldexp(gen_rows.make_array(dict(rows, mode="scaled")), -int(rows["scale"]))
+
+
 def _reference_transform(cfg, ref, d):
     """Features of the unscaled rows (the scale-invariance oracle), dense float64."""
     from rfsgen import features, transform
 
-    from . import gen_rows
-
     fs = features.load(str(fixtures.path_of(cfg.cache, ref["fixture"])))
-    x = gen_rows.make_array(ref["rows"])
+    x = _reference_rows(ref["rows"])
     return np.asarray(transform(fs, x, layout="dense", dtype="float64"), dtype=np.float64)
 
 
 def _reference_kernel(cfg, ref, d):
     from rfsgen import kernel, parse_skeleton
 
-    from . import gen_rows
-
     skel = parse_skeleton(fixtures.skeleton_text(ref["skeleton"]), "ref.yaml")
-    x = gen_rows.make_array(ref["rows"])
+    x = _reference_rows(ref["rows"])
     return kernel(skel, x)
 
 
