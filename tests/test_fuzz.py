@@ -33,25 +33,17 @@ REGRESSIONS = sorted((FUZZ / "regressions").glob("*.json"))
 #: The bounded budget: cheap kinds, fixed seed, forked runs (no interpreter start-up per case).
 BUDGET = ["--cases", "60", "--seed", "2026", "--kinds", "skeletons,rows,features,shards", "--time-limit", "10"]
 
-_I6 = ("issue 23 item 6: a signal during the interpreter's own start-up, before rfsgen's handlers exist, "
-       "is Python's to handle (README, Signals)")
-
-#: Regression cases that fail against today's code, by the issue item whose fix makes them pass.
-#: Delete a line when its fix has landed (the case then XPASSes, which strict mode reports).
+#: Regression cases that fail against today's code, by the issue item whose fix makes them pass
+#: (strict xfails: when a fix lands the case XPASSes, which fails the run until its line is
+#: deleted).  Empty: every case of issue 23 and every failure found since passes.  A signal
+#: case whose signal lands inside the interpreter's own start-up, before rfsgen's first
+#: line, is judged "startup" (README, Signals) and accepted.
 KNOWN: dict[str, str] = {}
-
-#: Cases whose outcome depends on timing (a signal's moment of arrival): never strict.
-TIMING = {"issue23-6-sigterm-transform-early": _I6, "issue23-6-sigint-sample-startup": _I6,
-          "issue23-6-sighup-kernel-1s": _I6, "issue23-6-sigterm-merge-early": _I6,
-          "found-signals-s7-389": _I6,  # sample, SIGTERM early: Terminated traceback
-          "found-signals-s7-500": _I6}  # kernel, SIGTERM at 0.37 s: traceback, then no exit
 
 
 def _marks(name):
     if name in KNOWN:
         return [pytest.mark.xfail(strict=True, reason=KNOWN[name])]
-    if name in TIMING:
-        return [pytest.mark.xfail(strict=False, reason=TIMING[name] + " (timing-dependent)")]
     return []
 
 
@@ -94,7 +86,7 @@ def test_regression(path, regressions):
 
 def test_every_known_failure_is_in_the_corpus():
     names = {p.stem for p in REGRESSIONS}
-    assert set(KNOWN) <= names and set(TIMING) <= names
+    assert set(KNOWN) <= names
 
 
 def test_bounded_budget(budget):
