@@ -64,6 +64,23 @@ SHARD_LAYOUTS = ("dense", "csr")
 SHARD_DTYPES = ("float32", "float64")
 
 
+def columns_of(feat: str) -> int:
+    """Columns of feature fixture ``feat`` (an EOF fixture: its whole grid)."""
+    if feat in EOF:
+        from rfsgen.eof import grid_counts
+
+        skel, level = EOF[feat]
+        return grid_counts(level, 3)[1]  # the EOF skeletons' nodes have 3 columns
+    return FEATURES[feat][1]
+
+
+def skeleton_of(feat: str) -> str:
+    """The skeleton name behind feature fixture ``feat`` (or ``feat`` itself)."""
+    if feat in EOF:
+        return EOF[feat][0]
+    return FEATURES[feat][0] if feat in FEATURES else feat
+
+
 def skeleton_text(name: str) -> str:
     if name in SKELETONS:
         return SKELETONS[name]
@@ -152,3 +169,15 @@ if __name__ == "__main__":
     c.mkdir(parents=True, exist_ok=True)
     for n in sys.argv[2:]:
         _build(c, n)
+
+
+def without_one_op(case):
+    """Smaller variants of a failing case with several ops (the feature-file and shard
+    generators' shrink): each with one op left out."""
+    import json
+
+    if len(case["ops"]) > 1:
+        for i in range(len(case["ops"])):
+            c = json.loads(json.dumps(case))
+            del c["ops"][i]
+            yield c

@@ -162,10 +162,4 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
 
 
 def shrink(case):
-    if len(case["ops"]) > 1:
-        for i in range(len(case["ops"])):
-            import json
-
-            c = json.loads(json.dumps(case))
-            del c["ops"][i]
-            yield c
+    return fixtures.without_one_op(case)

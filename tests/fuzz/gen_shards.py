@@ -7,9 +7,10 @@ The oracle is exact: a merge that exits 0 must equal the whole-range transform b
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
+
+from . import fixtures
 
 
 def _op(rng, layout, shards):
@@ -76,8 +77,4 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
 
 
 def shrink(case):
-    if len(case["ops"]) > 1:
-        for i in range(len(case["ops"])):
-            c = json.loads(json.dumps(case))
-            del c["ops"][i]
-            yield c
+    return fixtures.without_one_op(case)
