@@ -56,6 +56,20 @@ def make_array(p: dict) -> np.ndarray:
     return x
 
 
+def _has_bad_category(p: dict) -> bool:
+    """Whether categorical-poly rows ``p``, as stored (after their dtype), hold a value its
+    nodes refuse: a category that is not an integer in 0..k-1 (columns 0-3), a flag other
+    than -1/+1 (columns 4-5), or NaN.  The bad value may land on a column where it is
+    valid (-1 on a flag) or be truncated into range by an integer dtype (2.5 -> 2)."""
+    x = make_array(p)
+    with np.errstate(all="ignore"):
+        x = x.astype(p.get("dtype", "float64")).astype(np.float64)
+    cats = np.array(p.get("cats", [10, 10, 5, 5]), dtype=np.float64)
+    c, f = x[:, :cats.size], x[:, cats.size:]
+    bad = np.isnan(x).any() or ((c != np.floor(c)) | (c < 0) | (c >= cats)).any()
+    return bool(bad or ((f != -1) & (f != 1)).any())
+
+
 def write_rows(p: dict, path) -> None:
     """Write the rows ``p`` describes in format ``p['fmt']`` (crafted formats ignore the values)."""
     fmt = p.get("fmt", "npy")
@@ -318,10 +332,9 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
     # (no rows: no value to be wrong)
     if p["mode"] == "zeros" and skel in ("shallow-gaussian", "cifar-deep", "sphere8") and p.get("shape") != "empty":
         must_fail = "an all-zero row for a sphere node"
-    if p.get("bad_cat") is not None and skel == "categorical-poly" and p.get("shape") != "empty":
+    if p.get("bad_cat") is not None and skel == "categorical-poly" and p.get("shape") != "empty" \
+            and p.get("dtype") not in ("bool", "complex128") and _has_bad_category(p):
         must_fail = "a category out of range"
-    if p.get("bad_cat") == 0.0:
-        must_fail = None
     if must_fail:
         check["must_fail"] = must_fail
     out = "out.h5" if cmd == "transform" else "K.npy"
