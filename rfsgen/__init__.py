@@ -3,7 +3,7 @@
 The library behind the ``rfsgen`` command.  Typical use::
 
     import rfsgen
-    skel = rfsgen.load_skeleton("skeletons/cifar-deep.yaml")
+    skel = rfsgen.load_skeleton("cifar-deep")          # a shipped skeleton, or a path
     K = rfsgen.kernel(skel, X)                      # exact kernel, float64 (m, m)
     fs = rfsgen.sample(skel, 10_000, seed=1)        # FeatureSet with D = 10^4 columns
     rfsgen.save_features(fs, "features.h5")
@@ -28,6 +28,7 @@ _EXPORTS = {
     "kernel": "kernel",
     "sample": "sampler",
     "Skeleton": "skeleton", "load_skeleton": "skeleton", "parse_skeleton": "skeleton",
+    "shipped_skeletons": "skeleton",
     "Transformer": "transform", "transform": "transform", "transform_file": "transform",
 }
 

@@ -86,7 +86,8 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
     if path.is_dir():
         raise OutputError(f"{path}: is a directory; give a file name")
     if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path}: already exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"{path}: already exists; pass overwrite=True to replace it",
+                                cli=f"{path}: already exists; pass --overwrite to replace it")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise OutputError(f"{path}: directory {parent} does not exist; create it first")
@@ -114,8 +115,9 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
         _temporaries.discard(tmp)
     except FileExistsError:
         _remove(tmp)
-        raise OutputExistsError(f"{path}: was created by another process while this one ran; "
-                                "nothing was replaced (pass --overwrite to replace it)") from None
+        what = f"{path}: was created by another process while this one ran; nothing was replaced"
+        raise OutputExistsError(f"{what} (pass overwrite=True to replace it)",
+                                cli=f"{what} (pass --overwrite to replace it)") from None
     except OSError as e:
         _remove(tmp)
         raise _write_error(path, e) from None

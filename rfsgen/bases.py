@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, article
 
 REQUIRED = object()
 #: Default of a parameter that is simply absent when not given (the base's params, label
@@ -225,7 +225,7 @@ def _prepare_vector(base, x, nodes, row0, source):
     if (norms == 0).any():
         r, k = np.argwhere(norms == 0)[0]
         raise DataError(
-            f"{source}: row {row0 + int(r)}, node '{nodes[int(k) // (w // block)]}': a {block}-value block is all "
+            f"{source}: row {row0 + int(r)}, node '{nodes[int(k) // (w // block)]}': {article(block)} {block}-value block is all "
             "zeros and cannot be normalized; remove or perturb such rows"
         )
     return xb.reshape(m, g, w)

@@ -29,7 +29,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .errors import InputError, UsageError
+from .errors import InputError, UsageError, count
 from .features import FeatureSet
 from .skeleton import Skeleton
 
@@ -105,8 +105,8 @@ def transform(fs: FeatureSet, X, *, layout: str = "dense", dtype: str = "float32
         raise InputError(f"<dask.array>: rows must be 2-D (n, width), got shape {X.shape}")
     width = fs.skeleton.width
     if X.shape[1] != width:
-        raise InputError(f"<dask.array>: rows have {X.shape[1]} values but skeleton '{fs.skeleton.path}' expects "
-                         f"width {width}; pass matching rows")
+        raise InputError(f"<dask.array>: rows have {count(int(X.shape[1]), 'value')} but skeleton "
+                         f"'{fs.skeleton.path}' expects width {width}; pass matching rows")
     if X.dtype.kind not in "iuf":
         raise InputError(f"<dask.array>: has dtype {X.dtype}, not numbers; convert it")
     if X.numblocks[1] != 1:

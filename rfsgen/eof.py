@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .errors import DataError, FeatureFileError, LimitError, UsageError
+from .errors import DataError, FeatureFileError, LimitError, UsageError, article, count
 
 KERNELS = ("brownian", "laplace")
 #: Deepest 1-D level: cells 2^-l and cell numbers stay exact in float64 and int64.
@@ -278,7 +278,7 @@ def measure_domain(spec: Spec, rows, margin: float = DEFAULT_MARGIN):
         name = src.name
         for _, block in src.chunks(1 << 14):
             if block.shape[1] <= cols.max():
-                raise UsageError(f"{name}: rows have {block.shape[1]} values but node '{spec.node}' reads column "
+                raise UsageError(f"{name}: rows have {count(block.shape[1], 'value')} but node '{spec.node}' reads column "
                                  f"{int(cols.max())}; pass the training rows the skeleton was written for")
             x = np.asarray(block[:, cols], dtype=np.float64)
             if not np.isfinite(x).all():
@@ -445,7 +445,7 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
             and all(a < b for a, b in zip(lo, hi))):
         raise _bad(p, f"the EOF domain is not {d} finite pairs lo < hi")
     if level.shape[1] != d or index.shape[1] != d:
-        raise _bad(p, f"EOF level/index vectors of {level.shape[1]}/{index.shape[1]} entries for a {d}-column node")
+        raise _bad(p, f"EOF level/index vectors of {level.shape[1]}/{index.shape[1]} entries for {article(d)} {d}-column node")
     if level.size and (int(level.min()) < 1 or int(level.max()) > n):
         raise _bad(p, f"an EOF level outside 1..{n}")
     level = level.astype(np.int64)

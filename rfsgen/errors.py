@@ -22,16 +22,34 @@ def one_line(message: str) -> str:
     return _BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(message))
 
 
+def count(n, noun: str, plural: str | None = None) -> str:
+    """``"1 value"``, ``"2 values"``: ``n`` and ``noun`` in the number ``n`` asks for."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def article(word) -> str:
+    """``"a"`` or ``"an"`` for ``word`` as it is read aloud (``an AnnData``, ``an 8-column``,
+    ``an 11-value``, ``a 1-D``)."""
+    w = str(word)
+    digits = w[: len(w) - len(w.lstrip("0123456789"))]
+    if digits:  # eight..., eleven..., eighteen... (11 and 18 thousand/million too)
+        return "an" if digits[0] == "8" or (len(digits) % 3 == 2 and digits[:2] in ("11", "18")) else "a"
+    return "an" if w[:1].lower() in "aeiou" and w[:1] != "" else "a"
+
+
 class RfsgenError(Exception):
     """Base class of every error rfsgen raises on purpose (exit code 1).
 
     The message is always one line: user-supplied text inside it is escaped.
+    ``cli`` is the same message as the command line says it (its flags in place of
+    Python's keywords), printed by the CLI; by default the message itself.
     """
 
     exit_code = 1
 
-    def __init__(self, message: str = ""):
+    def __init__(self, message: str = "", cli: str | None = None):
         super().__init__(one_line(message))
+        self.cli_message = one_line(cli) if cli is not None else str(self)
 
 
 class UsageError(RfsgenError, ValueError):
@@ -66,7 +84,8 @@ class OutputError(RfsgenError):
 
 
 class OutputExistsError(UsageError):
-    """The output exists and ``overwrite`` was not given."""
+    """The output exists and ``overwrite`` was not given.  The message names the keyword
+    ``overwrite=True``; :attr:`cli_message`, which the CLI prints, the flag ``--overwrite``."""
 
 
 class LimitError(RfsgenError):

@@ -381,6 +381,26 @@ BYTES_PER_TERM = 80
 BYTES_PER_OMEGA = 24
 
 
+def is_feature_file(path) -> bool:
+    """Whether ``path`` looks like a feature file (the rfsgen header, or a version-1 HDF5
+    file whose ``format`` attribute is rfsgen's); never raises.  Used to recognise swapped
+    arguments, not to validate: :func:`load` does that."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(MAGIC))
+        if head == MAGIC:
+            return True
+        if not head.startswith(b"\x89HDF\r\n\x1a\n"):
+            return False
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            fmt = f.attrs.get("format")
+        return (fmt.decode("utf-8", "replace") if isinstance(fmt, bytes) else fmt) == FORMAT
+    except Exception:
+        return False
+
+
 def load(path) -> FeatureSet:
     """Read and validate a feature file; raises :class:`FeatureFileError` with a clear message.
 

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from . import budget
-from .errors import DataError, InputError, UsageError
+from .errors import DataError, InputError, UsageError, article, count
 
 TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
@@ -414,9 +414,9 @@ def _from_memory(spec) -> InputSource:
         except (ValueError, TypeError):
             raise InputError(f"<{what}>: cannot read rows from this {what} (ragged or not numbers); {accepted}") from None
     if not all(hasattr(spec, a) for a in ("shape", "dtype", "ndim", "__getitem__")):
-        raise InputError(f"<{what}>: cannot read rows from a {what}; {accepted}")
+        raise InputError(f"<{what}>: cannot read rows from {article(what)} {what}; {accepted}")
     if spec.ndim == 1:
-        raise InputError(f"<{what}>: a 1-D array of {spec.shape[0]} values is ambiguous: pass one row as "
+        raise InputError(f"<{what}>: a 1-D array of {count(spec.shape[0], 'value')} is ambiguous: pass one row as "
                          "x.reshape(1, -1), or one column as x.reshape(-1, 1)")
     return ArraySource(spec, "<array>" if isinstance(spec, np.ndarray) else f"<{what}>")
 
@@ -951,10 +951,25 @@ def check_finite(x: np.ndarray, row0: int, source: str):
         )
 
 
-def check_width(src: InputSource, width: int, skeleton_path: str, shape=None):
+def check_width(src: InputSource, width: int, skeleton_path: str, shape=None, *, origin: str | None = None,
+                fix: str | None = None):
+    """Raise :func:`width_error` unless ``src``'s rows have ``width`` values."""
     if src.width != width:
-        want = f"width {width}" + (f" (shape {list(shape)})" if shape else "")
-        raise InputError(
-            f"{src.name}: rows have {src.width} values but skeleton '{skeleton_path}' expects {want}; "
-            "pass matching rows or fix the skeleton's input"
-        )
+        raise width_error(src.name, src.width, width, skeleton_path, shape, origin=origin, fix=fix)
+
+
+def width_error(name: str, got, width: int, skeleton_path: str, shape=None, *, origin: str | None = None,
+                fix: str | None = None) -> InputError:
+    """The one line for rows of ``got`` values where ``width`` are expected.
+
+    ``origin`` says where ``width`` came from when the skeleton says ``width: auto`` (a
+    feature file sampled with ``--width``, the first input of a kernel), so that the
+    message does not ask to fix the skeleton's input; ``fix`` then says what to do."""
+    have = count(got, "value") if isinstance(got, int) else f"shape {got}"
+    if origin is not None:
+        fix = fix or f"pass rows of {count(width, 'value')}"
+        return InputError(f"{name}: rows have {have} but the width {width} comes from {origin}, not from skeleton "
+                          f"'{skeleton_path}' (it says 'width: auto'); {fix}")
+    want = f"width {width}" + (f" (shape {list(shape)})" if shape else "")
+    return InputError(f"{name}: rows have {have} but skeleton '{skeleton_path}' expects {want}; "
+                      "pass matching rows or fix the skeleton's input")

@@ -15,7 +15,6 @@ from typing import Callable
 import numpy as np
 
 from . import budget
-from .errors import InputError
 from .inputs import check_finite
 from .skeleton import Skeleton
 
@@ -37,11 +36,12 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     if x.ndim != 2 or x.shape[1] != skeleton.width:
-        got = x.shape[1] if x.ndim == 2 else x.shape
-        raise InputError(
-            f"{source}: rows have {got} values but skeleton '{skeleton.path}' expects width {skeleton.width}; "
-            "pass matching rows or fix the skeleton's input"
-        )
+        from .inputs import width_error
+
+        got = int(x.shape[1]) if x.ndim == 2 else x.shape
+        origin = None if not skeleton.auto else f"binding it (Skeleton.bind({skeleton.width}))"
+        raise width_error(source, got, skeleton.width, skeleton.path, origin=origin,
+                          fix=f"pass rows of {skeleton.width} values, or bind the skeleton to {got}" if origin else None)
     check_finite(x, row0, source)
     x = np.ascontiguousarray(x)
     out = []
@@ -230,13 +230,15 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     skel = load_skeleton(skeleton_path)
     arrays = []
     names = []
+    origin = None
     for spec in (input, input2):
         if spec is None:
             continue
         with open_input(spec) as src:
             if not skel.bound:
                 skel = skel.bind(src.width)
-            check_width(src, skel.width, skel.path, skel.shape)
+                origin = f"the first input '{src.name}'"  # INPUT2 must match the width INPUT bound
+            check_width(src, skel.width, skel.path, skel.shape, origin=origin)
             start, stop = resolve_rows(rows, src.n_rows, src.name)
             if stop is not None:  # (a stream's rows are counted as they come)
                 budget.check(8.0 * (stop - start) * skel.width, f"reading rows {start}:{stop} of '{src.name}' "

@@ -135,9 +135,9 @@ class Skeleton:
         if self.width == width:
             return self
         if not self.auto:
-            from .errors import InputError
+            from .errors import InputError, count
 
-            raise InputError(f"rows have {width} values but skeleton '{self.path}' expects width {self.width}; "
+            raise InputError(f"rows have {count(width, 'value')} but skeleton '{self.path}' expects width {self.width}; "
                              "pass matching rows, or write 'input: {width: auto}' in the skeleton")
         return parse_skeleton(self.source, self.path, width=width)
 
@@ -352,13 +352,67 @@ _Loader.add_constructor(None, _refuse)  # every other tag
 
 
 # ----------------------------------------------------------------------------- parsing
+def shipped_dir():
+    """The folder of the skeletons shipped with rfsgen (a :mod:`importlib.resources`
+    traversable), or None.
+
+    An installed wheel has them as package data in ``rfsgen/skeletons/`` (mapped from the
+    repository's top-level ``skeletons/``, their one copy: see pyproject.toml); a source
+    checkout (an editable install, or ``PYTHONPATH``) reads that top-level folder itself."""
+    from importlib.resources import files
+
+    installed = files("rfsgen").joinpath("skeletons")
+    if installed.is_dir():
+        return installed
+    root = Path(__file__).resolve().parent.parent
+    if (root / "skeletons").is_dir() and (root / "pyproject.toml").is_file():
+        return root / "skeletons"
+    return None
+
+
+def shipped_skeletons() -> dict:
+    """The shipped skeletons: ``{name: one-line description}`` in name order (the name is
+    the file name without ``.yaml``; the description is the file's ``description:``)."""
+    folder = shipped_dir()
+    if folder is None:
+        return {}
+    out = {}
+    for entry in sorted((e for e in folder.iterdir() if e.name.endswith(".yaml")), key=lambda e: e.name):
+        name = entry.name[: -len(".yaml")]
+        loader = _Loader(entry.read_text(encoding="utf-8"), name)
+        try:  # only the 'description:' (building each DAG would take a while for the image ones)
+            doc = loader.get_single_data()
+        finally:
+            loader.dispose()
+        out[name] = " ".join(str(doc.get("description") or "").split()) if isinstance(doc, dict) else ""
+    return out
+
+
+def _shipped_text(name: str) -> str | None:
+    """The text of the shipped skeleton ``name`` (``NAME`` or ``NAME.yaml``), or None."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    stem = name[: -len(".yaml")] if name.endswith(".yaml") else name
+    folder = shipped_dir()
+    if folder is None or not stem:
+        return None
+    entry = folder.joinpath(stem + ".yaml")
+    return entry.read_text(encoding="utf-8") if entry.is_file() else None
+
+
 def load_skeleton(path) -> Skeleton:
-    """Read and parse a skeleton file (``-`` is not accepted: skeletons are files)."""
+    """Read and parse a skeleton file, or a shipped skeleton by name (``"cifar-deep"``,
+    listed by :func:`shipped_skeletons` and ``rfsgen skeletons``).  A path that exists
+    wins over a name.  ``-`` is not accepted: skeletons are files."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SkeletonError(f"{path}: no such skeleton file; check the path (shipped ones are in skeletons/)")
+        shipped = _shipped_text(str(path)) if not p.is_symlink() else None
+        if shipped is not None:
+            name = str(path)
+            return parse_skeleton(shipped, name[: -len(".yaml")] if name.endswith(".yaml") else name)
+        raise SkeletonError(f"{path}: no such skeleton file or shipped skeleton; {_shipped_hint(str(path))}") from None
     except IsADirectoryError:
         raise SkeletonError(f"{path}: is a directory, not a skeleton file")
     except UnicodeDecodeError:
@@ -366,6 +420,18 @@ def load_skeleton(path) -> Skeleton:
     except OSError as e:
         raise SkeletonError(f"{path}: cannot read skeleton ({e.strerror})")
     return parse_skeleton(text, str(path))
+
+
+def _shipped_hint(path: str) -> str:
+    """What to write instead of a missing skeleton ``path``: the shipped names."""
+    names = list(shipped_skeletons())
+    if not names:
+        return "check the path"
+    stem = Path(path).name
+    stem = stem[: -len(".yaml")] if stem.endswith(".yaml") else stem
+    if stem in names:
+        return f"check the path, or use the shipped skeleton by its name '{stem}'"
+    return f"check the path, or give a shipped skeleton's name: {', '.join(names)} (see 'rfsgen skeletons')"
 
 
 def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None) -> Skeleton:

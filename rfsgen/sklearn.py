@@ -9,7 +9,7 @@ of rfsgen never imports scikit-learn.  Example::
     from rfsgen.sklearn import SkeletonFeatures
 
     model = make_pipeline(StandardScaler(),
-                          SkeletonFeatures("skeletons/tabular-auto.yaml", n_components=4096, random_state=0),
+                          SkeletonFeatures("tabular-auto", n_components=4096, random_state=0),
                           LogisticRegression(max_iter=1000))
     model.fit(X_train, y_train)
 
@@ -49,7 +49,8 @@ _DTYPES = ("float32", "float64")
 
 def resolve_skeleton(spec) -> Skeleton:
     """A :class:`Skeleton` from a ``Skeleton``, YAML text (a string with a newline or
-    starting with ``rfsgen:``), a path, or ``None`` (:data:`DEFAULT_SKELETON`)."""
+    starting with ``rfsgen:``), a path, a shipped skeleton's name (``"cifar-patches"``;
+    a path that exists wins), or ``None`` (:data:`DEFAULT_SKELETON`)."""
     if spec is None:
         return parse_skeleton(DEFAULT_SKELETON, "<SkeletonFeatures default>")
     if isinstance(spec, Skeleton):
@@ -58,7 +59,7 @@ def resolve_skeleton(spec) -> Skeleton:
         return parse_skeleton(spec, "<skeleton text>")
     if isinstance(spec, (str, os.PathLike)):
         return load_skeleton(spec)
-    raise UsageError(f"skeleton must be a path, YAML text or rfsgen.Skeleton, not {type(spec).__name__}")
+    raise UsageError(f"skeleton must be a path, a shipped skeleton's name, YAML text or rfsgen.Skeleton, not {type(spec).__name__}")
 
 
 def _seed(random_state) -> int:
@@ -76,7 +77,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     Parameters
     ----------
     skeleton : str, os.PathLike, Skeleton or None
-        A skeleton file, YAML text, or a parsed :class:`rfsgen.Skeleton`.
+        A skeleton file, a shipped skeleton's name (``"tabular-auto"``; see
+        ``rfsgen.shipped_skeletons()``), YAML text, or a parsed :class:`rfsgen.Skeleton`.
         ``input: {width: auto}`` skeletons take the width of ``X`` at fit time.
         None: :data:`DEFAULT_SKELETON`.
     n_components : int

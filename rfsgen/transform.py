@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import DataError, UsageError
+from .errors import DataError, FeatureFileError, UsageError
 from .features import FeatureSet
 from .kernel import prepare_inputs
 from .output import DTYPES, _check_options, _sparse_parts, default_chunk_rows, file_sha256, write_output
@@ -276,7 +276,7 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
     tr = Transformer(fs, DTYPES[dtype])
     chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
     with open_input(x) as src:
-        check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
+        check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape, **_bound_by(fs, "the feature set", src))
         D = fs.columns
         if layout == "dense" and src.n_rows is not None:
             out = np.empty((src.n_rows, D), dtype=DTYPES[dtype])
@@ -330,6 +330,33 @@ def _csr_known_rows(tr, src, chunk_rows, progress):
     return sp.csr_matrix((data[:nnz], indices[:nnz], indptr), shape=(n, D))
 
 
+def _bound_by(fs: FeatureSet, what: str, src) -> dict:
+    """For :func:`rfsgen.inputs.check_width`: where the width of a ``width: auto``
+    skeleton's feature set came from (the sampling: ``--width`` or the fitted rows),
+    and the fix, so that a mismatch does not ask to edit the skeleton."""
+    if not fs.skeleton.auto:
+        return {}
+    how = f" (sampled with --width {fs.skeleton.width})" if "--width" in (fs.command or "") else ""
+    return {"origin": what + how,
+            "fix": f"pass rows of {fs.skeleton.width} values, or sample features for these rows "
+                   f"('rfsgen sample {fs.skeleton.path} --width {src.width} ...')"}
+
+
+def _swapped(features, input) -> FeatureFileError | None:
+    """The error for ``transform ROWS FEATURES`` (the arguments swapped): ``features``
+    is a file but not a feature file, and ``input`` is one.  None otherwise."""
+    import os
+
+    from .features import is_feature_file
+
+    if not isinstance(features, (str, os.PathLike)) or not isinstance(input, (str, os.PathLike)):
+        return None
+    if not os.path.isfile(features) or not is_feature_file(input):
+        return None
+    return FeatureFileError(f"{features}: not a feature file, but the input {input} is one: the arguments look "
+                            f"swapped; give the feature file first (transform FEATURES INPUT)")
+
+
 def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
                    chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
                    engine=None) -> dict:
@@ -352,10 +379,14 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     if rows is not None and shard is not None:
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
-    fs = load(features)
+    try:
+        fs = load(features)
+    except FeatureFileError as e:
+        raise _swapped(features, input) or e from None
     tr = (engine or Transformer)(fs, DTYPES[dtype])
     with open_input(input, stdin=stdin) as src:
-        check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape)
+        check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
+                    **_bound_by(fs, f"feature file '{features}'", src))
         if shard is not None:
             start, stop = shard_rows(shard, src.n_rows, src.name)
         else:

@@ -28,7 +28,7 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
     with atomic_path(target) as tmp:
         open(tmp, "wb").write(b"done")
     assert target.read_bytes() == b"done"
-    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
+    with pytest.raises(OutputExistsError, match=r"already exists; pass overwrite=True to replace it$"):
         with atomic_path(target):
             pass
 

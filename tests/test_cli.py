@@ -379,6 +379,155 @@ def test_width_auto_skeleton_from_the_shell(runner, tmp_path):
     assert run(runner, ["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5"]).exit_code == 0
     np.save(tmp_path / "x4.npy", x[:, :4])
     res = run(runner, ["transform", tmp_path / "f.h5", tmp_path / "x4.npy", "-o", tmp_path / "o4.h5"])
-    assert res.exit_code == 2 and "expects width 5" in res.output
+    assert res.exit_code == 2 and "the width 5 comes from feature file" in res.output
     res = run(runner, ["kernel", auto, tmp_path / "x4.npy", "-o", tmp_path / "K.npy"])  # binds to the rows
     assert res.exit_code == 0 and np.load(tmp_path / "K.npy").shape == (6, 6)
+
+
+# ----------------------------------------------------------------------------- issue 27: first contact
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from conftest import SKELETONS  # noqa: E402
+
+SHIPPED = sorted(p.stem for p in SKELETONS.glob("*.yaml"))
+GEN = settings(derandomize=True, deadline=None, database=None, max_examples=10,
+               suppress_health_check=list(HealthCheck))
+
+
+def _one_line_error(res, code):
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    assert res.stderr.startswith("rfsgen: error: ") and res.stderr.count("\n") == 1, res.stderr
+    return res.stderr
+
+
+def test_rfsgen_skeletons_lists_the_shipped_ones(runner):
+    from rfsgen.skeleton import shipped_skeletons
+
+    res = run(runner, ["skeletons"])
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    assert [line.split()[0] for line in lines] == SHIPPED
+    for line, (name, description) in zip(lines, shipped_skeletons().items()):
+        assert line.endswith(f"  {description}") and description
+    res = run(runner, ["skeletons", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output) == shipped_skeletons()
+    assert "rfsgen skeletons" in run(runner, ["skeletons", "--help"]).output
+
+
+def test_issue_commands_take_a_shipped_skeletons_name(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no skeletons/ folder here
+    by_name = run(runner, ["skeleton", "cifar-deep"])
+    by_path = run(runner, ["skeleton", skeleton_path("cifar-deep")])
+    assert by_name.exit_code == 0 and by_name.output.splitlines()[1:] == by_path.output.splitlines()[1:]
+    assert by_name.output.splitlines()[0] == "skeleton   cifar-deep"
+    res = run(runner, ["sample", "tabular-auto", "-n", 64, "--width", 6, "--seed", 1, "-o", "f.h5", "-q"])
+    assert res.exit_code == 0
+    res = run(runner, ["sample", skeleton_path("tabular-auto"), "-n", 64, "--width", 6, "--seed", 1, "-o", "g.h5",
+                       "-q"])
+    from rfsgen.features import load
+
+    a, b = load("f.h5"), load("g.h5")
+    assert a.skeleton.path == "tabular-auto" and a.skeleton.source == b.skeleton.source
+    x = np.random.default_rng(0).standard_normal((5, 6))
+    np.save("x.npy", x)
+    assert run(runner, ["kernel", "tabular-auto", "x.npy", "-o", "K.npy"]).exit_code == 0
+    np.testing.assert_array_equal(np.load("K.npy"), __import__("rfsgen").kernel(a.skeleton, x))
+    assert run(runner, ["approx", "tabular-auto", "x.npy", "-n", "16", "--trials", 1, "--subset", 4,
+                        "-q", "--json"]).exit_code == 0
+
+
+@settings(GEN)
+@given(command=st.sampled_from(["skeleton", "sample", "kernel", "approx"]),
+       name=st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12))
+def test_generated_unknown_skeleton_names_are_one_line_errors_listing_the_shipped_ones(command, name, tmp_path_factory):
+    import os
+
+    where = tmp_path_factory.mktemp("names")
+    np.save(where / "x.npy", np.ones((3, 4)))
+    name = f"no-{name}"
+    args = {"skeleton": [name], "sample": [name, "-n", 4, "-o", where / "f.h5"],
+            "kernel": [name, where / "x.npy", "-o", where / "K.npy"],
+            "approx": [name, where / "x.npy", "-n", 4]}[command]
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        msg = _one_line_error(run(CliRunner(), [command, *args]), 2)
+    finally:
+        os.chdir(cwd)
+    assert f"{name}: no such skeleton file or shipped skeleton" in msg
+    assert f"shipped skeleton's name: {', '.join(SHIPPED)}" in msg and "skeletons/" not in msg
+    assert sorted(p.name for p in where.iterdir()) == ["x.npy"]
+
+
+@pytest.fixture
+def swapped(tmp_path, runner):
+    """A feature file, rows in several formats, and a transform output."""
+    import h5py
+    import scipy.sparse as sp
+
+    x = np.random.default_rng(1).standard_normal((6, 5))
+    np.save(tmp_path / "rows.npy", x)
+    np.savez(tmp_path / "rows.npz", x=x)
+    sp.save_npz(tmp_path / "sparse.npz", sp.csr_matrix(x))
+    np.savetxt(tmp_path / "rows.csv", x, delimiter=",")
+    with h5py.File(tmp_path / "rows.h5", "w") as f:
+        f["x"] = x
+    assert run(runner, ["sample", "tabular-auto", "--width", 5, "-n", 32, "-o", tmp_path / "f.h5", "-q"]).exit_code == 0
+    assert run(runner, ["transform", tmp_path / "f.h5", tmp_path / "rows.npy", "-o", tmp_path / "out.h5",
+                        "-q"]).exit_code == 0
+    return tmp_path
+
+
+SWAPPED_KINDS = ["rows.npy", "rows.npz", "sparse.npz", "rows.csv", "rows.h5", "out.h5"]
+
+
+@pytest.mark.parametrize("rows", SWAPPED_KINDS)
+def test_issue_swapped_transform_arguments_say_so(runner, swapped, rows):
+    """`rfsgen transform rows.npy feats.h5` used to say "not a readable HDF5 file ...
+    re-create it with 'rfsgen sample'"."""
+    res = run(runner, ["transform", swapped / rows, swapped / "f.h5", "-o", swapped / "o.h5"])
+    msg = _one_line_error(res, 2)
+    assert msg == (f"rfsgen: error: {swapped / rows}: not a feature file, but the input {swapped / 'f.h5'} is one: "
+                   "the arguments look swapped; give the feature file first (transform FEATURES INPUT)\n")
+    assert "re-create" not in msg and not (swapped / "o.h5").exists()
+
+
+@pytest.mark.parametrize("rows", SWAPPED_KINDS)
+def test_a_non_feature_file_with_rows_as_input_is_not_called_swapped(runner, swapped, rows):
+    res = run(runner, ["transform", swapped / rows, swapped / "rows.npy", "-o", swapped / "o.h5"])
+    msg = _one_line_error(res, 2)
+    assert "look swapped" not in msg and str(swapped / rows) in msg
+
+
+def test_issue_width_auto_feature_file_says_where_its_width_came_from(runner, swapped):
+    """A `width: auto` skeleton sampled with --width 5, then rows of another width:
+    the message used to say "expects width 5 ... fix the skeleton's input"."""
+    for width in (1, 3, 9):
+        np.save(swapped / "w.npy", np.ones((2, width)))
+        msg = _one_line_error(run(runner, ["transform", swapped / "f.h5", swapped / "w.npy", "-o", swapped / "o.h5"]), 2)
+        have = "1 value" if width == 1 else f"{width} values"
+        assert msg == (f"rfsgen: error: {swapped / 'w.npy'}: rows have {have} but the width 5 comes from feature file "
+                       f"'{swapped / 'f.h5'}' (sampled with --width 5), not from skeleton 'tabular-auto' (it says "
+                       f"'width: auto'); pass rows of 5 values, or sample features for these rows ('rfsgen sample "
+                       f"tabular-auto --width {width} ...')\n")
+    np.save(swapped / "w.npy", np.ones((2, 3)))
+    msg = _one_line_error(run(runner, ["kernel", "tabular-auto", swapped / "rows.npy", swapped / "w.npy", "-o",
+                                       swapped / "K.npy"]), 2)
+    assert "rows have 3 values but the width 5 comes from the first input" in msg and "fix the skeleton" not in msg
+
+
+def test_issue_one_value_is_singular(runner, tmp_path):
+    np.save(tmp_path / "w1.npy", np.ones((2, 1)))
+    msg = _one_line_error(run(runner, ["kernel", "tabular-circle", tmp_path / "w1.npy", "-o", tmp_path / "K.npy"]), 2)
+    assert "rows have 1 value but skeleton 'tabular-circle' expects width 8" in msg
+
+
+def test_the_cli_says_overwrite_flag_where_python_says_the_keyword(runner, swapped):
+    res = run(runner, ["transform", swapped / "f.h5", swapped / "rows.npy", "-o", swapped / "out.h5"])
+    msg = _one_line_error(res, 2)
+    assert msg.endswith("already exists; pass --overwrite to replace it\n") and "overwrite=True" not in msg
+
+
+def test_transform_help_names_h5ad_and_sparse_npz(runner):
+    out = run(runner, ["transform", "--help"]).output
+    assert ".h5ad" in out and "scipy.sparse.save_npz" in out

@@ -417,3 +417,14 @@ def test_stdin_npy_declaring_more_rows_than_it_sends_reserves_nothing(tmp_path, 
     assert res.exit_code != 0
     assert "ended early" in res.output or "memory budget" in res.output, res.output
     assert sorted(q.name for q in tmp_path.iterdir()) == ["f.h5", "s.yaml"]
+
+
+def test_issue_articles_and_singulars_in_messages():
+    """"a AnnData" and "1 values" (issue 27)."""
+    class AnnData:  # what anndata's object looks like to open_input: no dtype
+        shape = (3, 2)
+
+    with pytest.raises(InputError, match=r"^<AnnData>: cannot read rows from an AnnData; "):
+        open_input(AnnData())
+    with pytest.raises(InputError, match=r"1-D array of 1 value is ambiguous"):
+        open_input(np.arange(1.0))

@@ -496,3 +496,92 @@ def test_integer_literal_limit_at_and_just_past():
         parse_skeleton(text.format("1" * MAX_INT_CHARS), "t.yaml")
     with pytest.raises(SkeletonError, match=r"t.yaml:2: an integer of 101 characters, over the limit of 100"):
         parse_skeleton(text.format("1" * (MAX_INT_CHARS + 1)), "t.yaml")
+
+
+# ----------------------------------------------------------------------------- shipped skeletons by name (issue 27)
+from rfsgen.skeleton import shipped_dir, shipped_skeletons  # noqa: E402
+
+SHIPPED = sorted(p.stem for p in SKELETONS.glob("*.yaml"))
+
+
+def test_shipped_skeletons_are_listed_with_their_one_line_descriptions():
+    listed = shipped_skeletons()
+    assert list(listed) == SHIPPED
+    for name, description in listed.items():
+        assert description and "\n" not in description, name
+        assert description == parse_skeleton((SKELETONS / f"{name}.yaml").read_text(), name).description
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_skeleton_loads_by_name_from_anywhere(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no skeletons/ here
+    text = (SKELETONS / f"{name}.yaml").read_text()
+    for spec in (name, f"{name}.yaml"):
+        s = load_skeleton(spec)
+        assert s.source == text and s.path == name  # the name, not where it is installed, goes into files
+
+
+def test_a_path_that_exists_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tabular-auto").write_text(HEAD + "nodes:\n  - {name: x, base: circle, per: column}\n"
+                                           "  - {name: o, activation: relu, inputs: [x]}\n")
+    s = load_skeleton("tabular-auto")
+    assert s.width == 4 and not s.auto and s.path == "tabular-auto"
+
+
+def test_issue_missing_skeleton_path_names_the_shipped_skeleton_not_a_repository_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SkeletonError) as info:
+        load_skeleton("skeletons/cifar-deep.yaml")
+    msg = str(info.value)
+    assert msg == ("skeletons/cifar-deep.yaml: no such skeleton file or shipped skeleton; check the path, or use "
+                   "the shipped skeleton by its name 'cifar-deep'")
+
+
+@settings(FUZZ, max_examples=40)
+@given(strat.st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_./", min_size=1, max_size=30))
+def test_generated_unknown_names_are_one_line_errors_listing_the_shipped_names(name):
+    import os
+
+    if os.path.lexists(name) or name.removesuffix(".yaml") in SHIPPED:
+        return
+    with pytest.raises(SkeletonError) as info:
+        load_skeleton(name)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{name}: no such skeleton file or shipped skeleton; check the path")
+    stem = os.path.basename(name).removesuffix(".yaml")
+    if stem in SHIPPED:
+        assert msg.endswith(f"its name '{stem}'")
+    else:
+        assert msg.endswith(f"shipped skeleton's name: {', '.join(SHIPPED)} (see 'rfsgen skeletons')")
+
+
+def test_the_wheel_maps_skeletons_into_the_package():
+    """One copy in git (skeletons/), installed as rfsgen/skeletons/ package data."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "rfsgen.skeletons" in tool["packages"] and tool["package-dir"]["rfsgen.skeletons"] == "skeletons"
+    assert tool["package-data"]["rfsgen.skeletons"] == ["*.yaml"]
+    assert not (ROOT / "rfsgen" / "skeletons").exists()  # no second copy in the source tree
+    assert shipped_dir() == SKELETONS
+
+
+def test_an_installed_layout_finds_its_skeletons_with_importlib_resources(tmp_path):
+    """What a wheel installs (rfsgen/ with skeletons/ inside, no repository around it)."""
+    import shutil
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "rfsgen", site / "rfsgen", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SKELETONS, site / "rfsgen" / "skeletons")
+    code = ("import rfsgen, sys; from rfsgen.skeleton import shipped_dir, shipped_skeletons; "
+            "print(rfsgen.__file__); print(shipped_dir()); print(','.join(shipped_skeletons())); "
+            "print(rfsgen.load_skeleton('cifar-deep').width)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": ""},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    where, folder, names, width = res.stdout.split("\n")[:4]
+    assert where.startswith(str(site)) and folder == str(site / "rfsgen" / "skeletons")
+    assert names.split(",") == SHIPPED and width == "1728"

@@ -62,7 +62,7 @@ def test_skeleton_given_as_text_path_or_object():
     outs = [SkeletonFeatures(s, n_components=40, random_state=2).fit_transform(x)
             for s in (AUTO, text, rfsgen.load_skeleton(AUTO))]
     assert outs[0].tobytes() == outs[1].tobytes() == outs[2].tobytes()
-    with pytest.raises(ValueError, match="path, YAML text or rfsgen.Skeleton"):
+    with pytest.raises(ValueError, match="path, a shipped skeleton's name, YAML text or rfsgen.Skeleton"):
         SkeletonFeatures(3).fit(x)
 
 
@@ -202,3 +202,25 @@ print(bad)
 """
     res = subprocess.run([sys.executable, "-c", code, AUTO], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_issue_skeleton_features_take_a_shipped_skeletons_name(tmp_path, monkeypatch):
+    """`SkeletonFeatures("cifar-patches")`: the name, not a repository path (issue 27)."""
+    from rfsgen.sklearn import resolve_skeleton
+
+    monkeypatch.chdir(tmp_path)
+    s = resolve_skeleton("cifar-patches")
+    assert s.shape == (24, 24, 3) and s.path == "cifar-patches"
+    x = _rows(width=3)
+    by_name = SkeletonFeatures("tabular-auto", n_components=40, random_state=2).fit_transform(x)
+    by_path = SkeletonFeatures(AUTO, n_components=40, random_state=2).fit_transform(x)
+    assert by_name.tobytes() == by_path.tobytes()
+    with pytest.raises(SkeletonError, match=r"^tabular-autoo: no such skeleton file or shipped skeleton; .* "
+                                            r"categorical-poly, cifar-deep, .*tabular-auto"):
+        SkeletonFeatures("tabular-autoo").fit(x)
+
+
+def test_the_module_example_uses_a_shipped_name():
+    import rfsgen.sklearn as mod
+
+    assert 'SkeletonFeatures("tabular-auto"' in mod.__doc__ and "skeletons/" not in mod.__doc__

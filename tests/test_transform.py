@@ -890,3 +890,35 @@ def test_nul_row_names_and_crafted_inputs_through_transform_cli(tmp_path):
                              env={"RFSGEN_MAX_MEMORY": "1G"})
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "memory budget" in res.output, res.output
     assert not (tmp_path / "o2.h5").exists()
+
+
+def test_issue_python_api_names_the_overwrite_keyword(tmp_path, cifar_rows):
+    """The Python error named the CLI flag --overwrite (issue 27); the CLI still does."""
+    from rfsgen import OutputExistsError, transform_file
+    from rfsgen.features import save
+
+    save(sample(load_skeleton(skeleton_path("cifar-deep")), 20, seed=1), tmp_path / "f.h5")
+    np.save(tmp_path / "rows.npy", cifar_rows[:3])
+    (tmp_path / "o.h5").write_bytes(b"keep")
+    with pytest.raises(OutputExistsError) as info:
+        transform_file(tmp_path / "f.h5", tmp_path / "rows.npy", tmp_path / "o.h5")
+    assert str(info.value) == f"{tmp_path / 'o.h5'}: already exists; pass overwrite=True to replace it"
+    assert (tmp_path / "o.h5").read_bytes() == b"keep"
+
+
+def test_issue_swapped_arguments_in_python(tmp_path, cifar_rows):
+    from rfsgen import FeatureFileError, transform_file
+    from rfsgen.features import save
+
+    save(sample(load_skeleton(skeleton_path("cifar-deep")), 20, seed=1), tmp_path / "f.h5")
+    np.save(tmp_path / "rows.npy", cifar_rows[:3])
+    with pytest.raises(FeatureFileError, match="the arguments look swapped"):
+        transform_file(tmp_path / "rows.npy", tmp_path / "f.h5", tmp_path / "o.h5")
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_width_auto_feature_set_in_memory_names_where_its_width_came_from():
+    fs = sample(load_skeleton(skeleton_path("tabular-auto")).bind(4), 16, seed=0)
+    with pytest.raises(Exception, match=r"^<array>: rows have 3 values but the width 4 comes from the feature set, "
+                                        r"not from skeleton .*tabular-auto.yaml' \(it says 'width: auto'\)"):
+        transform(fs, np.ones((2, 3)))

@@ -80,7 +80,7 @@ def _translate(e: BaseException):
     if signum is not None:
         _fail(_signals.message(signum), 128 + signum)
     if isinstance(e, RfsgenError):
-        _fail(str(e), e.exit_code)
+        _fail(getattr(e, "cli_message", str(e)), e.exit_code)  # the message in the CLI's words (--overwrite)
     if isinstance(e, BrokenPipeError):
         _stdout_closed()
     if isinstance(e, click.UsageError):
@@ -162,10 +162,13 @@ def main():
 
     \b
     Describe a kernel as a YAML computation skeleton, then:
-      rfsgen skeleton skeletons/cifar-deep.yaml           # validate and describe
-      rfsgen kernel skeletons/cifar-deep.yaml rows.npy -o K.npy
-      rfsgen sample skeletons/cifar-deep.yaml -n 10000 --seed 1 -o feats.h5
+      rfsgen skeletons                                    # the shipped skeletons
+      rfsgen skeleton cifar-deep                          # validate and describe
+      rfsgen kernel cifar-deep rows.npy -o K.npy
+      rfsgen sample cifar-deep -n 10000 --seed 1 -o feats.h5
       rfsgen transform feats.h5 rows.npy -o out.h5
+
+    SKELETON is a YAML file or a shipped skeleton's name (a file that exists wins).
     """
 
 

@@ -33,10 +33,11 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
     per budget and scheme, and compares Psi Psi^T with the exact kernel over all
     entries: mean absolute error, RMS error, max absolute error, correlation
     (mean and standard deviation over trials), and the draws q per map.
+    SKELETON is a YAML file or a shipped skeleton's name (see 'rfsgen skeletons').
 
     \b
     Example:
-      rfsgen approx skeletons/shallow-gaussian.yaml rows.npy -n 2^8..2^12 \\
+      rfsgen approx shallow-gaussian rows.npy -n 2^8..2^12 \\
           --scheme rfs --scheme rr --trials 5 --subset 64 --plot fig3.png
     """
     from contextlib import ExitStack

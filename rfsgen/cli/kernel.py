@@ -27,11 +27,12 @@ def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, ma
 
     Writes the float64 matrix K[i, j] = k(INPUT[i], INPUT2[j]) as .npy
     (INPUT2 defaults to INPUT).  INPUT may be .npy, .npz[:key], .h5[:/path],
-    .csv/.tsv or '-' for standard input.
+    .csv/.tsv or '-' for standard input.  SKELETON is a YAML file or a shipped
+    skeleton's name (see 'rfsgen skeletons').
 
     \b
     Example:
-      rfsgen kernel skeletons/shallow-gaussian.yaml rows.npy -o K.npy
+      rfsgen kernel shallow-gaussian rows.npy -o K.npy
       rfsgen kernel laplace.yaml rows.npy --eof --domain-from train.npy -o K.npy
     """
     from ..errors import UsageError

@@ -33,13 +33,16 @@ from ._budget import max_memory_option
 def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, output, width, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 
+    SKELETON is a YAML file or a shipped skeleton's name (see 'rfsgen skeletons').
+
     Draws features by the paper's RFSS recursion until the D-th distinct column
     appears; identical columns are merged with weight count/q.  The same
     skeleton, seed and D give a byte-identical file.
 
     \b
     Example:
-      rfsgen sample skeletons/cifar-deep.yaml -n 10000 --seed 1 -o feats.h5
+      rfsgen sample cifar-deep -n 10000 --seed 1 -o feats.h5
+      rfsgen sample tabular-auto --width 64 -n 4096 -o tab.h5
       rfsgen sample laplace.yaml --scheme eof --level 3 --domain-from train.npy -o eof.h5
     """
     from ..sampler import sample_file

@@ -13,14 +13,15 @@ from . import main, translate_errors, _emit_json
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
 @translate_errors
 def skeleton_cmd(skeleton, as_json, width):
-    """Validate SKELETON and describe the kernel it defines.
+    """Validate SKELETON (a YAML file or a shipped skeleton's name) and describe the kernel it defines.
 
     Prints node counts per layer, fan-in, depth, input width, the complexity
     C(S) (expected factors per feature) and each layer's activation or base.
 
     \b
     Example:
-      rfsgen skeleton skeletons/cifar-deep.yaml
+      rfsgen skeleton cifar-deep
+      rfsgen skeleton my-kernel.yaml --json
     """
     from ..skeleton import load_skeleton
 
@@ -57,3 +58,29 @@ def skeleton_cmd(skeleton, as_json, width):
             if layer["truncation"]:
                 what += f", series truncated (dropped mass {layer['truncation']:.2g})"
         click.echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")
+
+
+@main.command("skeletons")
+@click.option("--json", "as_json", is_flag=True, help="Print {name: description} as JSON.")
+@translate_errors
+def skeletons_cmd(as_json):
+    """List the skeletons shipped with rfsgen, with their one-line descriptions.
+
+    Every command that takes a SKELETON file also takes one of these names
+    (a file of that name in the current directory wins).
+
+    \b
+    Example:
+      rfsgen skeletons
+      rfsgen skeleton tabular-auto --width 8
+      rfsgen sample cifar-deep -n 4096 --seed 1 -o feats.h5
+    """
+    from ..skeleton import shipped_skeletons
+
+    shipped = shipped_skeletons()
+    if as_json:
+        _emit_json(shipped)
+        return
+    width = max((len(n) for n in shipped), default=0)
+    for name, description in shipped.items():
+        click.echo(f"{name:<{width}}  {description}".rstrip())

@@ -35,14 +35,18 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
                   overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
-    INPUT may be .npy (memory-mapped), .npz[:key], .h5[:/path], .csv/.tsv or
-    '-' for standard input.  Memory is bounded by the chunk; the output is
-    identical whatever --chunk-rows is.
+    INPUT may be .npy (memory-mapped), .npz[:key] (a scipy.sparse.save_npz
+    matrix too), .h5[:/path] (a dataset or an anndata CSR group), .h5ad[:/path]
+    (its X by default, or e.g. :/layers/counts), .csv/.tsv or '-' for standard
+    input.  Memory is bounded by the chunk; the output is identical whatever
+    --chunk-rows is.  FEATURES comes first: the file 'rfsgen sample' wrote.
 
     \b
     Example:
       rfsgen transform feats.h5 rows.npy -o out.h5 --rows 0:50000
       rfsgen transform feats.h5 rows.npy -o part-3.h5 --shard 3/8
+      rfsgen transform feats.h5 cells.h5ad -o cell-features.h5
+      rfsgen transform feats.h5 sparse.npz -o out.h5
       cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
       rfsgen transform feats.h5 rows.npy -o out.h5 --dask-scheduler tcp://10.0.0.5:8786
     """
