@@ -578,11 +578,12 @@ _NAMED: dict[str, Callable[[float], float]] = {
 }
 
 
-def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float, float]:
+def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float, tuple]:
     """HermiteE coefficients of the scalar function ``fn`` under the standard normal weight.
 
-    Returns ``(b, second_moment, outer)`` where ``outer`` is the part of the second moment
-    in the two outermost panels on each side, and ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for
+    Returns ``(b, second_moment, (outer, total))`` where ``outer`` is the part of the second
+    moment in the two outermost panels on each side and ``total`` the second moment, both
+    computed without underflow (for :func:`project`'s checks), and ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for
     ``i = 0 .. degree`` and ``second_moment = E[fn(Z)**2]`` (so ``sum b_i^2`` tends to
     it).  Integrals use composite Gauss-Legendre panels on [-40, 40] with a break
     at 0, because plain Gauss-HermiteE nodes converge slowly for activations with
@@ -602,8 +603,8 @@ def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, flo
     root_phi = _libm(math.exp, -z * z / 4) / (2 * math.pi) ** 0.25
     f = _libm(fn, z)
     g = w * f * root_phi
-    mass = (w * f * f) * (root_phi * root_phi)
-    second = float(np.sum(mass))
+    second = float(np.sum((w * f * f) * (root_phi * root_phi)))  # as ever: the named tables' bits
+    mass = w * np.square(f * root_phi)  # for the checks: root_phi^2 alone underflows at |z| near 40
     b = np.empty(degree + 1)
     h_prev = np.zeros_like(z)
     h = root_phi.copy()
@@ -612,7 +613,7 @@ def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, flo
         h_next = (z * h - math.sqrt(i) * h_prev) / math.sqrt(i + 1)
         h_prev, h = h, h_next
     outer = float(np.sum(mass[: 2 * nodes.size]) + np.sum(mass[-2 * nodes.size:]))  # two panels each side
-    return b, second, outer
+    return b, second, (outer, float(np.sum(mass)))
 
 
 def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float]:
@@ -685,11 +686,15 @@ def project(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]
         b, second, outer = _hermite(checked, MAX_QUADRATURE_DEGREE)
     if not math.isfinite(second) or second > 1e300:
         raise ProjectionError(f"{what} is not square-integrable under the standard normal (E[f(Z)^2] overflows)")
-    if second <= 0.0:
+    outer, total = outer
+    if total <= 0.0:
         raise ProjectionError(f"{what} is identically zero (E[f(Z)^2] = 0); its kernel would be 0/0")
-    if outer > OUTER_SHARE * second:
+    if not outer <= OUTER_SHARE * total:
         raise ProjectionError(f"{what} is not square-integrable under the standard normal: f(x)^2 exp(-x^2/2) "
-                              f"does not decay by |x| = 40 ({outer / second:.2g} of E[f(Z)^2] lies there)")
+                              f"does not decay by |x| = 40 ({outer / total:.2g} of E[f(Z)^2] lies there)")
+    if not second > 1e-300:
+        raise ProjectionError(f"{what} is too small (E[f(Z)^2] = {total:.2g} underflows); scale it up (the kernel "
+                              "does not depend on the scale)")
     return _cut(b * b / second)
 
 

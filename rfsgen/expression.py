@@ -158,13 +158,18 @@ def _build(node, text, depth) -> Expr:
         return Expr(_OPS[type(node.op)], (_build(node.operand, text, depth + 1),))
     if t is ast.Compare and len(node.ops) == 1 and type(node.ops[0]) in COMPARE:
         return Expr(_OPS[type(node.ops[0])], (_build(node.left, text, depth + 1), _build(node.comparators[0], text, depth + 1)))
-    if t is ast.Call and type(node.func) is ast.Name and node.func.id in FUNCTIONS and not node.keywords:
-        want = FUNCTIONS[node.func.id][1]
-        if len(node.args) != want or any(type(a) is ast.Starred for a in node.args):
-            _reject(node, text, f"{node.func.id} takes {want} argument{'s' if want > 1 else ''}")
-        return Expr(("call", node.func.id), tuple(_build(a, text, depth + 1) for a in node.args))
     if t is ast.Call:
-        _reject(node.func if type(node.func) is ast.Name else node, text, "unknown function")
+        f = node.func
+        if type(f) is not ast.Name:
+            _reject(node, text, "only calls of the listed functions are allowed")
+        if f.id not in FUNCTIONS:
+            _reject(f, text, "unknown function")
+        if node.keywords:
+            _reject(node, text, "keyword arguments are not allowed")
+        want = FUNCTIONS[f.id][1]
+        if len(node.args) != want or any(type(a) is ast.Starred for a in node.args):
+            _reject(node, text, f"{f.id} takes {want} argument{'s' if want > 1 else ''}")
+        return Expr(("call", f.id), tuple(_build(a, text, depth + 1) for a in node.args))
     if t in (ast.BinOp, ast.UnaryOp, ast.Compare):
         _reject(node, text, "operator not allowed")
     _reject(node, text)
