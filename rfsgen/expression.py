@@ -14,10 +14,12 @@ import ast
 import math
 import operator
 
-#: Limits checked before and after parsing: characters, AST nodes, nesting depth.
+#: Limits checked before and after parsing: characters, bracket nesting, AST nodes,
+#: depth of the operation tree (a sum of n terms is n - 1 deep).
 MAX_CHARS = 1000
+MAX_BRACKETS = 20
 MAX_NODES = 200
-MAX_DEPTH = 20
+MAX_DEPTH = 50
 
 
 def _where(c, a, b):
@@ -124,8 +126,8 @@ def compile_expression(text) -> Expr:
         level += ch in "([{"
         level -= ch in ")]}"
         depth = max(depth, level)
-    if depth > MAX_DEPTH:
-        raise ExpressionError(f"expression '{_short(text)}' nests {depth} brackets deep, over the limit of {MAX_DEPTH}")
+    if depth > MAX_BRACKETS:
+        raise ExpressionError(f"expression '{_short(text)}' nests {depth} brackets deep, over the limit of {MAX_BRACKETS}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as ex:
