@@ -578,10 +578,12 @@ _NAMED: dict[str, Callable[[float], float]] = {
 }
 
 
-def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float]:
+def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float, tuple]:
     """HermiteE coefficients of the scalar function ``fn`` under the standard normal weight.
 
-    Returns ``(b, second_moment)`` where ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for
+    Returns ``(b, second_moment, (outer, total))`` where ``outer`` is the part of the second
+    moment in the two outermost panels on each side and ``total`` the second moment, both
+    computed without underflow (for :func:`project`'s checks), and ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for
     ``i = 0 .. degree`` and ``second_moment = E[fn(Z)**2]`` (so ``sum b_i^2`` tends to
     it).  Integrals use composite Gauss-Legendre panels on [-40, 40] with a break
     at 0, because plain Gauss-HermiteE nodes converge slowly for activations with
@@ -601,7 +603,8 @@ def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.
     root_phi = _libm(math.exp, -z * z / 4) / (2 * math.pi) ** 0.25
     f = _libm(fn, z)
     g = w * f * root_phi
-    second = float(np.sum((w * f * f) * (root_phi * root_phi)))
+    second = float(np.sum((w * f * f) * (root_phi * root_phi)))  # as ever: the named tables' bits
+    mass = w * np.square(f * root_phi)  # for the checks: root_phi^2 alone underflows at |z| near 40
     b = np.empty(degree + 1)
     h_prev = np.zeros_like(z)
     h = root_phi.copy()
@@ -609,6 +612,15 @@ def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.
         b[i] = np.sum(g * h)
         h_next = (z * h - math.sqrt(i) * h_prev) / math.sqrt(i + 1)
         h_prev, h = h, h_next
+    outer = float(np.sum(mass[: 2 * nodes.size]) + np.sum(mass[-2 * nodes.size:]))  # two panels each side
+    return b, second, (outer, float(np.sum(mass)))
+
+
+def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float]:
+    """HermiteE coefficients of the scalar function ``fn`` under the standard normal weight:
+    ``(b, second_moment)`` with ``b[i] = E[fn(Z) He_i(Z)] / sqrt(i!)`` for ``i = 0 .. degree``
+    and ``second_moment = E[fn(Z)**2]`` (see :func:`_hermite`)."""
+    b, second, _ = _hermite(fn, degree)
     return b, second
 
 
@@ -628,6 +640,175 @@ def quadrature_activation(name: str, params=()) -> Activation:
     """The conjugate activation of a named elementwise function, by HermiteE projection."""
     a, truncation = _named_series(name)
     return _series_activation(name, params, a, truncation=truncation)
+
+
+# --------------------------------------------------------------------------- user functions
+#: The outermost Gauss-Legendre panels (|z| near 40) may carry at most this share of
+#: E[f(Z)^2]: more means f(z)^2 exp(-z^2/2) does not decay (not square-integrable).
+OUTER_SHARE = 1e-12
+
+
+class ProjectionError(ValueError):
+    """A function whose HermiteE projection does not exist (not finite, not square-
+    integrable under the Gaussian, identically zero); one line, for the parser to place."""
+
+
+class _Checked:
+    """``fn`` (float -> float) that raises :class:`ProjectionError` where it fails or is not finite."""
+
+    def __init__(self, fn, what):
+        self.fn, self.what = fn, what
+
+    def __call__(self, z):
+        try:
+            v = float(self.fn(z))
+        except (ArithmeticError, ValueError, TypeError) as ex:
+            raise ProjectionError(f"{self.what} cannot be evaluated at x = {z:.4g} ({type(ex).__name__}: {ex}); "
+                                  "it must be finite for every real x and square-integrable under the standard normal") from None
+        if not math.isfinite(v):
+            raise ProjectionError(f"{self.what} is {v} at x = {z:.4g}; it must be finite for every real x "
+                                  "and square-integrable under the standard normal")
+        return v
+
+
+def project(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]:
+    """The conjugate series of the scalar function ``fn`` (float -> float) by HermiteE
+    projection: ``(a, truncation)`` with ``a`` float64 (the normalised squared Hermite
+    coefficients ``b_i^2 / E[f(Z)^2]``, cut where the dropped mass falls below
+    :data:`TOLERANCE` or at :data:`MAX_QUADRATURE_DEGREE`) and ``truncation`` the dropped
+    mass.  Raises :class:`ProjectionError` (naming ``what``) when ``fn`` raises or is not
+    finite at a quadrature node (|x| <= 40), is not square-integrable under the Gaussian,
+    or is zero."""
+    checked = _Checked(fn, what)
+    for z in (0.0, -1.0, 1.0):  # kinks sit at panel edges, which the quadrature nodes skip (1/x)
+        checked(z)
+    with np.errstate(over="ignore", invalid="ignore"):
+        b, second, outer = _hermite(checked, MAX_QUADRATURE_DEGREE)
+    if not math.isfinite(second) or second > 1e300:
+        raise ProjectionError(f"{what} is not square-integrable under the standard normal (E[f(Z)^2] overflows)")
+    outer, total = outer
+    if total <= 0.0:
+        raise ProjectionError(f"{what} is identically zero (E[f(Z)^2] = 0); its kernel would be 0/0")
+    if not outer <= OUTER_SHARE * total:
+        raise ProjectionError(f"{what} is not square-integrable under the standard normal: f(x)^2 exp(-x^2/2) "
+                              f"does not decay by |x| = 40 ({outer / total:.2g} of E[f(Z)^2] lies there)")
+    if not second > 1e-300:
+        raise ProjectionError(f"{what} is too small (E[f(Z)^2] = {total:.2g} underflows); scale it up (the kernel "
+                              "does not depend on the scale)")
+    return _cut(b * b / second)
+
+
+def _cut(a: np.ndarray) -> tuple[np.ndarray, float]:
+    """Truncate the series ``a`` where its dropped mass falls below TOLERANCE (as _named_series)."""
+    tails = np.maximum(1.0 - np.cumsum(a), 0.0)
+    ok = np.flatnonzero(tails <= TOLERANCE)
+    k = int(ok[0]) if ok.size else a.size - 1
+    a = a[: k + 1]
+    return a, float(max(0.0, 1.0 - math.fsum(a)))
+
+
+_SERIES: dict = {}  # key -> (a, truncation): projections take 0.1-1 s; a skeleton repeats them
+
+
+def _projected_series(key, fn, what):
+    if key not in _SERIES:
+        if len(_SERIES) >= 256:
+            _SERIES.clear()
+        _SERIES[key] = project(fn, what)
+    return _SERIES[key]
+
+
+def projected_activation(name: str, params: tuple, fn: Callable[[float], float], what: str, key=None) -> Activation:
+    """The conjugate activation of the scalar function ``fn`` by HermiteE projection
+    (the series cached per ``key``, default ``(name, params)``); see :func:`project`."""
+    a, truncation = _projected_series(key or (name, params), fn, what)
+    return _series_activation(name, params, a, truncation=truncation)
+
+
+def _elu_scalar(alpha, z):
+    return z if z > 0 else alpha * math.expm1(z)
+
+
+def _elu(params) -> Activation:
+    alpha = dict(params)["alpha"]
+    return projected_activation("elu", params, functools.partial(_elu_scalar, alpha), f"elu(alpha={alpha:g})")
+
+
+# ---- leaky_relu = (1+s)/2 x + (1-s)/2 |x|: its dual mixes rho and abs's arc-cosine dual
+def _leaky_weights(slope):
+    """``(w1, w2)``: the dual is ``w1 rho + w2 abs_dual(rho)`` with
+    ``abs_dual(rho) = (2/pi)(sqrt(1 - rho^2) + rho arcsin rho)``; ``w1 + w2 = 1``."""
+    norm = (1.0 + slope * slope) / 2.0  # E[f(Z)^2]
+    return ((1.0 + slope) / 2.0) ** 2 / norm, ((1.0 - slope) / 2.0) ** 2 / norm
+
+
+def _leaky_dual(slope, rho):
+    w1, w2 = _leaky_weights(slope)
+    return w1 * rho + w2 * (2.0 / math.pi) * (np.sqrt(np.maximum(0.0, 1 - rho * rho)) + rho * np.arcsin(rho))
+
+
+def _leaky_gap(slope, rho, delta):
+    # 1 - abs_dual = 2 (1 - relu_dual) - delta, since relu_dual = rho/2 + abs_dual/2
+    w1, w2 = _leaky_weights(slope)
+    delta = np.clip(delta, 0.0, 2.0)
+    return w1 * delta + w2 * (2.0 * _relu_gap(rho, delta) - delta)
+
+
+def _leaky_relu(params) -> Activation:
+    slope = dict(params)["slope"]
+    w1, w2 = _leaky_weights(slope)
+    c = _arcsin_c(ARCSIN_TABLE_TERMS)
+    a = np.zeros(2 * ARCSIN_TABLE_TERMS + 1)
+    k = np.arange(ARCSIN_TABLE_TERMS)
+    a[0] = w2 * 2.0 / math.pi
+    a[1] = w1
+    a[2 * k + 2] = w2 * 2.0 * c / ((2 * k + 2) * math.pi)
+    tail = None
+    if w2 > 0:  # the same heavy tail as relu's, scaled by 2 w2
+        tail = ArcsinTail(k0=ARCSIN_TABLE_TERMS, offset=2, relu=True, mass=max(0.0, 1.0 - math.fsum(a)))
+    # sigma_hat'(1) = w1 + w2 abs_dual'(1) = 1, as abs_dual' = (2/pi) arcsin
+    return Activation("leaky_relu", params, a, functools.partial(_leaky_dual, slope), 1.0, tail=tail,
+                      gap_fn=functools.partial(_leaky_gap, slope))
+
+
+# ---- arc-cosine kernels of degree n (Cho and Saul 2009): the duals of step(x) x^n
+#: Highest arc-cosine degree (the closed forms below).
+MAX_ARCCOS_DEGREE = 3
+
+
+def arccos_j(n: int, theta: np.ndarray) -> np.ndarray:
+    """Cho and Saul's ``J_n(theta)`` for n = 0..3 (float64, elementwise; theta in [0, pi])."""
+    s, c, r = np.sin(theta), np.cos(theta), math.pi - theta
+    if n == 0:
+        return r
+    if n == 1:
+        return s + r * c
+    if n == 2:
+        return 3 * s * c + r * (1 + 2 * c * c)
+    return 15 * s - 11 * s ** 3 + r * (9 * s * s * c + 15 * c ** 3)
+
+
+def arccos_dual(n: int, rho: np.ndarray) -> np.ndarray:
+    """The normalised arc-cosine dual ``J_n(arccos rho) / J_n(0)`` (``J_n(0) = pi (2n-1)!!``),
+    float64 elementwise; n = 0 is step's dual and n = 1 relu's."""
+    theta = np.arccos(np.clip(np.asarray(rho, dtype=np.float64), -1.0, 1.0))
+    return arccos_j(n, theta) / float(arccos_j(n, np.zeros(1))[0])
+
+
+def _step_power_scalar(n, z):
+    return z ** n if z > 0 else 0.0
+
+
+def _arccos(params) -> Activation:
+    import dataclasses
+
+    n = dict(params)["degree"]
+    if n <= 1:  # step and relu, with their exact tails and closed forms
+        base = _step(()) if n == 0 else _relu(())
+        return dataclasses.replace(base, name="arccos", params=params, coefficients=np.array(base.coefficients))
+    # n >= 2: a_i ~ i^-(n + 3/2); the series is cut like the other projected activations
+    # and the sampler and kernel share it (its closed form is arccos_dual).
+    return projected_activation("arccos", params, functools.partial(_step_power_scalar, n), f"arccos(degree={n})")
 
 
 # --------------------------------------------------------------------------- registry
@@ -710,6 +891,51 @@ def _coef_list(v):
     return tuple(out)
 
 
+#: Largest |slope| of leaky_relu and alpha of elu.
+MAX_PARAM = 1e6
+
+
+def _finite_float(name):
+    return functools.partial(_check_finite_float, name)
+
+
+def _check_finite_float(name, v):
+    if not _finite(v):
+        raise ValueError(f"'{name}' must be a finite number, got {_short(v)}")
+    if abs(v) > MAX_PARAM:
+        raise ValueError(f"'{name}' {_short(v)} is over the limit of {MAX_PARAM:g} in size")
+    return float(v)
+
+
+def _arccos_degree(v):
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ARCCOS_DEGREE:
+        raise ValueError(f"'degree' of arccos must be an integer from 0 to {MAX_ARCCOS_DEGREE}, got {_short(v)}")
+    return int(v)
+
+
+def _expression(v):
+    """Check an ``expr`` (compiling it, so that errors come at parse time); keep the text."""
+    from .expression import compile_expression
+
+    # Both are ValueErrors, so the parser adds file, line and node: a bad expression, or
+    # one without a projection (not finite, not square-integrable, zero), fails at parse time.
+    _projected_series(("function", (("expr", v),)), compile_expression(v), f"expression '{v}'")
+    return v
+
+
+def _function(params) -> Activation:
+    from .expression import compile_expression
+
+    text = dict(params)["expr"]
+    return projected_activation("function", params, compile_expression(text), f"expression '{text}'")
+
+
+def _python(params) -> Activation:
+    p = dict(params)
+    # the series is cached per function object (projected_activation's cache keys on fn too)
+    return projected_activation(p["name"], (), p["fn"], f"function '{p['name']}'", key=("python",) + params)
+
+
 REGISTRY: dict[str, ActivationKind] = {}
 
 
@@ -727,6 +953,14 @@ _register(ActivationKind("polynomial", "((rho + c)/(1 + c))^degree",
                          _polynomial))
 _register(ActivationKind("coefficients", "sum_i a_i rho^i with the given a_i, normalized",
                          {"values": (REQUIRED, _coef_list)}, _coefficients))
+_register(ActivationKind("leaky_relu", "dual of max(x, 0) + slope min(x, 0) (relu's arc-cosine series and rho)",
+                         {"slope": (0.01, _finite_float("slope"))}, _leaky_relu))
+_register(ActivationKind("elu", "dual of x (x > 0), alpha (e^x - 1) (x <= 0) by HermiteE projection",
+                         {"alpha": (1.0, _nonneg_float("alpha", MAX_PARAM))}, _elu))
+_register(ActivationKind("arccos", "arc-cosine kernel of degree n (Cho and Saul): dual of step(x) x^n, normalized",
+                         {"degree": (REQUIRED, _arccos_degree)}, _arccos))
+_register(ActivationKind("function", "dual of an expression in x by HermiteE projection",
+                         {"expr": (REQUIRED, _expression)}, _function))
 for _name in ("tanh", "erf", "sigmoid", "gelu", "silu", "softplus", "sin", "cos", "abs"):
     _register(ActivationKind(
         _name, f"dual of {_name} by HermiteE projection", {},
@@ -734,12 +968,34 @@ for _name in ("tanh", "erf", "sigmoid", "gelu", "silu", "softplus", "sin", "cos"
     ))
 
 
-def make_activation(name: str, params: Mapping | None = None) -> "ActivationRef":
-    """An activation from its registry name and parameters, built when first used.
+def make_activation(spec, params: Mapping | None = None, **keywords) -> "ActivationRef":
+    """An activation from its registry name ``spec`` and parameters, built when first used.
 
     Raises :class:`ValueError` with a precise message (the skeleton parser adds
     file and line) for unknown names or parameters and for invalid values.
+
+    ``make_activation(fn, name="mine")`` instead takes a Python function ``fn``
+    (float -> float, called once per quadrature node) and gives the activation of its
+    dual by HermiteE projection, as for ``tanh``; pass it to a skeleton with
+    ``parse_skeleton(text, activations={"mine": act})`` / ``load_skeleton(path,
+    activations=...)`` and write ``activation: mine``.  It pickles when ``fn`` does
+    (a module-level function, not a lambda).  A function that fails or is not finite
+    for some x, is not square-integrable under the standard normal, or is zero raises
+    :class:`ValueError` (a ProjectionError) at once.
     """
+    name = spec
+    if callable(spec):
+        label = keywords.pop("name", None) or getattr(spec, "__name__", "function")
+        if params or keywords:
+            raise TypeError("make_activation(fn, name=...) takes no other parameters")
+        if not isinstance(label, str) or not label.isidentifier() or label in REGISTRY:
+            raise ValueError(f"name {label!r} of a Python activation must be an identifier that is not a "
+                             f"registered activation ({allowed_names()})")
+        ref = _cached_ref("python", (("fn", spec), ("name", label)))
+        ref.built  # project now: a function without a projection fails here, not in the sampler
+        return ref
+    if keywords:
+        raise TypeError(f"make_activation(name, params) takes no keywords {sorted(keywords)}")
     params = dict(params or {})
     if name not in REGISTRY:
         raise KeyError(name)
@@ -761,6 +1017,8 @@ def make_activation(name: str, params: Mapping | None = None) -> "ActivationRef"
 
 @functools.lru_cache(maxsize=256)
 def _cached_build(name: str, params: tuple) -> Activation:
+    if name == "python":  # make_activation(fn, name=...): not a registry name a skeleton can spell
+        return _python(params)
     return REGISTRY[name].build(params)
 
 
@@ -793,6 +1051,9 @@ class ActivationRef:
         return getattr(self.built, attr)
 
     def __reduce__(self):
+        if self.name == "python":
+            p = dict(self.params)
+            return _python_ref, (p["fn"], p["name"])
         return make_activation, (self.name, dict(self.params))
 
     def __repr__(self) -> str:
@@ -802,6 +1063,11 @@ class ActivationRef:
 @functools.lru_cache(maxsize=256)
 def _cached_ref(name: str, params: tuple) -> ActivationRef:
     return ActivationRef(name, params)
+
+
+def _python_ref(fn, name):
+    return make_activation(fn, name=name)
+
 
 
 def allowed_names() -> str:

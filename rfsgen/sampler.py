@@ -904,7 +904,10 @@ def sample(
         int(min(MAX_DRAWS, MAX_WALK_ITEMS / max(fp.items + len(skeleton_for_walk.nodes), 1.0))) \
         + DRAWS_PER_COLUMN * columns
 
-    cols = _Columns(columns)
+    # orf ends only on whole (cos, sin) pairs: the pair that brings the last column asked
+    # for may bring one more (its sin half), so there is room for -n + 1 columns.
+    slots = columns + 1 if scheme == "orf" else columns
+    cols = _Columns(slots)
 
     def walk(k: int, start: int, size: int) -> _Block:
         rng = _block_rng(seed, k)
@@ -917,7 +920,7 @@ def sample(
         return _Block(b, inv, first, u1, u2, np.bincount(inv, minlength=u1.size), float(b.factors.sum()),
                       float(np.square(b.factors).sum()), np.bincount(np.minimum(b.degree, 64), minlength=65))
 
-    counts = np.zeros(columns, dtype=np.int64)
+    counts = np.zeros(slots, dtype=np.int64)
     factors = 0.0
     factors_sq = 0.0
     degree_hist = np.zeros(65, dtype=np.int64)
@@ -945,19 +948,24 @@ def sample(
             new_u = np.flatnonzero(old < 0)  # in draw order: keys are numbered by first appearance
             room = columns - cols.found
             size = b.kind.size
-            truncated = new_u.size >= room and int(blk.first[new_u[room - 1]]) + 1 < size
-            new_u = new_u[:room]
+            limit = size
+            if new_u.size >= room:  # the block holds the last column needed: its draws count up to it
+                limit = int(blk.first[new_u[room - 1]]) + 1
+                if scheme == "orf":
+                    # Whole pairs only (block sizes are even): a cos half without its sin
+                    # would leave the diagonal k(x, x) inexact; the sin may be one more column.
+                    limit += limit % 2
+                new_u = new_u[:int(np.searchsorted(blk.first[new_u], limit))]
+            truncated = limit < size
             uid = old
             uid[new_u] = cols.found + np.arange(new_u.size)
-            if truncated:  # the block holds the last column needed: count its draws up to it
-                limit = int(blk.first[new_u[-1]]) + 1
-                counts += np.bincount(uid[blk.inv[:limit]], minlength=columns)[:columns]
+            if truncated:
+                counts += np.bincount(uid[blk.inv[:limit]], minlength=slots)[:slots]
                 f = b.factors[:limit]
                 factors += float(f.sum())
                 factors_sq += float(np.square(f).sum())
                 degree_hist += np.bincount(np.minimum(b.degree[:limit], 64), minlength=65)
             else:
-                limit = size
                 counts[uid] += blk.ucount  # every key of the block has an id: all its new keys fit
                 factors += blk.factors
                 factors_sq += blk.factors_sq

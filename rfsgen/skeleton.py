@@ -30,6 +30,7 @@ the line and the key, and lists the allowed values.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -116,6 +117,9 @@ class Skeleton:
     description: str = ""
     unused_inputs: tuple = ()  # labels of input nodes pruned because they feed nothing
     auto: bool = False  # the file says 'input: {width: auto}'; unbound while width is None
+    #: ``((name, activation), ...)``: Python activations (``make_activation(fn, name=...)``)
+    #: that the text names; not in the text, so feature files cannot carry them.
+    activations: tuple = ()
 
     # -------------------------------------------------------------- width: auto
     @property
@@ -139,7 +143,7 @@ class Skeleton:
 
             raise InputError(f"rows have {count(width, 'value')} but skeleton '{self.path}' expects width {self.width}; "
                              "pass matching rows, or write 'input: {width: auto}' in the skeleton")
-        return parse_skeleton(self.source, self.path, width=width)
+        return parse_skeleton(self.source, self.path, width=width, activations=dict(self.activations))
 
     def require_bound(self, what: str) -> None:
         if not self.bound:
@@ -400,10 +404,11 @@ def _shipped_text(name: str) -> str | None:
     return entry.read_text(encoding="utf-8") if entry.is_file() else None
 
 
-def load_skeleton(path) -> Skeleton:
+def load_skeleton(path, *, activations=None) -> Skeleton:
     """Read and parse a skeleton file, or a shipped skeleton by name (``"cifar-deep"``,
     listed by :func:`shipped_skeletons` and ``rfsgen skeletons``).  A path that exists
-    wins over a name.  ``-`` is not accepted: skeletons are files."""
+    wins over a name.  ``-`` is not accepted: skeletons are files.  ``activations`` as
+    for :func:`parse_skeleton`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -411,7 +416,8 @@ def load_skeleton(path) -> Skeleton:
         shipped = _shipped_text(str(path)) if not p.is_symlink() else None
         if shipped is not None:
             name = str(path)
-            return parse_skeleton(shipped, name[: -len(".yaml")] if name.endswith(".yaml") else name)
+            return parse_skeleton(shipped, name[: -len(".yaml")] if name.endswith(".yaml") else name,
+                                  activations=activations)
         raise SkeletonError(f"{path}: no such skeleton file or shipped skeleton; {_shipped_hint(str(path))}") from None
     except IsADirectoryError:
         raise SkeletonError(f"{path}: is a directory, not a skeleton file")
@@ -419,7 +425,7 @@ def load_skeleton(path) -> Skeleton:
         raise SkeletonError(f"{path}: not a UTF-8 text file; a skeleton is a YAML file")
     except OSError as e:
         raise SkeletonError(f"{path}: cannot read skeleton ({e.strerror})")
-    return parse_skeleton(text, str(path))
+    return parse_skeleton(text, str(path), activations=activations)
 
 
 def _shipped_hint(path: str) -> str:
@@ -434,8 +440,14 @@ def _shipped_hint(path: str) -> str:
     return f"check the path, or give a shipped skeleton's name: {', '.join(names)} (see 'rfsgen skeletons')"
 
 
-def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None) -> Skeleton:
+def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None,
+                   activations=None) -> Skeleton:
     """Parse skeleton YAML ``text``; ``path`` is used in error messages.
+
+    ``activations`` maps names to activations made in Python by
+    ``rfsgen.make_activation(fn, name=...)``; nodes use them as ``activation: NAME``.
+    Feature files record the skeleton text only, so they cannot carry these: use
+    ``{name: function, expr: ...}`` for a skeleton whose feature files must load alone.
 
     ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`); without
     it such a skeleton is checked at a probe width and returned unbound.
@@ -469,7 +481,7 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
     finally:
         if loader is not None:
             loader.dispose()
-    skel = _Builder(path, text, width).build(doc)
+    skel = _Builder(path, text, width, _custom(activations, path)).build(doc)
     if width is not None and skel.width != width:
         return skel.bind(width)  # a fixed-width file: same skeleton or an InputError
     return skel
@@ -526,8 +538,25 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 AUTO_PROBE_WIDTH = 64
 
 
+def _custom(activations, path) -> tuple:
+    """Check ``parse_skeleton``'s ``activations`` mapping; returns it as sorted pairs."""
+    if not activations:
+        return ()
+    if not isinstance(activations, Mapping):
+        raise TypeError("activations must be a mapping of names to make_activation(fn, name=...) results")
+    out = []
+    for name, act in sorted(activations.items()):
+        if not isinstance(act, _act.ActivationRef) or act.name != "python":
+            raise TypeError(f"activations[{name!r}] must come from rfsgen.make_activation(fn, name=...)")
+        if name in _act.REGISTRY:
+            raise SkeletonError(f"{path}: Python activation '{name}' has the name of a built-in activation; rename it")
+        out.append((name, act))
+    return tuple(out)
+
+
 class _Builder:
-    def __init__(self, path: str, text: str, bind_width: int | None = None):
+    def __init__(self, path: str, text: str, bind_width: int | None = None, custom: tuple = ()):
+        self.custom = custom
         self.path = path
         self.text = text
         self.bind_width = bind_width
@@ -574,7 +603,7 @@ class _Builder:
         description = doc.get("description", "")
         if self.auto and self.bind_width is None:
             return Skeleton(source=self.text, path=self.path, width=None, shape=None, nodes=(), output=-1, layers=(),
-                            description=str(description or ""), auto=True)
+                            description=str(description or ""), auto=True, activations=self.custom)
         return Skeleton(
             source=self.text,
             path=self.path,
@@ -586,6 +615,7 @@ class _Builder:
             description=str(description or ""),
             unused_inputs=tuple(self.unused),
             auto=self.auto,
+            activations=self.custom,
         )
 
     def parse_input(self, doc):
@@ -747,6 +777,11 @@ class _Builder:
             params = {k: v for k, v in spec.items() if k != "name"}
         else:
             raise self.err(line, f"'activation' of node '{name}' must be a name or a mapping with 'name' and parameters")
+        custom = dict(self.custom)
+        if isinstance(act_name, str) and act_name in custom:
+            if params:
+                raise self.err(line, f"Python activation '{act_name}' of node '{name}' takes no parameters")
+            return custom[act_name]
         if not isinstance(act_name, str) or act_name not in _act.REGISTRY:
             raise self.err(line, f"unknown activation '{act_name}' in node '{name}' (allowed: {_act.allowed_names()})")
         try:

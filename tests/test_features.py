@@ -182,7 +182,8 @@ def test_skeletons_feature_sets_activations_and_bases_pickle():
         x = rows_for(s, 4, seed=1)
         assert transform(again, x, layout="dense").tobytes() == transform(fs, x, layout="dense").tobytes(), s.path
         assert pickle.loads(pickle.dumps(s)).describe() == s.describe()
-    params = {"polynomial": {"degree": 3}, "coefficients": {"values": [1, 2]}}
+    params = {"polynomial": {"degree": 3}, "coefficients": {"values": [1, 2]}, "arccos": {"degree": 2},
+              "function": {"expr": "where(x > 0, x, 0.1 * x)"}}
     r = np.linspace(-1, 1, 9)
     for name in ACTIVATIONS:
         a = make_activation(name, params.get(name))

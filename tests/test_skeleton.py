@@ -83,7 +83,7 @@ ERRORS = [
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column, colour: red}\n",
      r"<s>:4: unknown key 'colour' in input node 'x' \(base circle\) \(allowed: name, description, base, columns, per, group, patch, scale\)"),
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column}\n  - {name: o, activation: sigmoidal, inputs: [x]}\n",
-     r"<s>:5: unknown activation 'sigmoidal' in node 'o' \(allowed: abs, coefficients, cos, erf, exp"),
+     r"<s>:5: unknown activation 'sigmoidal' in node 'o' \(allowed: abs, arccos, coefficients, cos, elu, erf, exp, function"),
     (HEAD + "nodes:\n  - {name: x, base: circel, per: column}\n", r"unknown base 'circel' in node 'x' \(allowed: binary, brownian, categorical, circle"),
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column}\n  - {name: a, activation: relu, inputs: [x, b]}\n  - {name: b, activation: relu, inputs: [a]}\n",
      r"cycle in the skeleton: .*a -> b|cycle in the skeleton: .*b -> a"),

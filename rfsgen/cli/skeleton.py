@@ -56,7 +56,9 @@ def skeleton_cmd(skeleton, as_json, width):
             fan = str(lo) if lo == hi else f"{lo}-{hi}"
             what = f"{layer['activation']}, sigma'(1) = {layer['derivative_at_one']:.4g}"
             if layer["truncation"]:
-                what += f", series truncated (dropped mass {layer['truncation']:.2g})"
+                t = layer["truncation"]
+                what += (f", series truncated (dropped mass {t:.2g}: renormalised so k(x, x) = 1 stays exact; "
+                         f"other values move by at most {2 * t:.2g})")
         click.echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")
 
 
