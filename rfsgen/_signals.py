@@ -110,12 +110,20 @@ def _retry(signum: int) -> None:
     """Deliver ``signum`` to the main thread again in 2 ms (from a short-lived thread),
     until the handler finds it out of an unsafe place (and raises) or the run ends."""
 
+    global _depth
+
     def later():
         time.sleep(0.002)
         if _armed:
             signal.pthread_kill(threading.main_thread().ident, signum)
 
-    threading.Thread(target=later, name="rfsgen-signal", daemon=True).start()
+    # Thread.start() waits for the thread: a second signal then would be raised inside this
+    # function (inside the unraisable hook or an unsafe frame); held, it is only recorded.
+    _depth += 1
+    try:
+        threading.Thread(target=later, name="rfsgen-signal", daemon=True).start()
+    finally:
+        _depth -= 1
 
 
 #: Code whose frames must not see the signal's exception, besides every ``__del__``

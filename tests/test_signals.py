@@ -441,3 +441,34 @@ def test_a_signal_while_the_entry_point_is_imported_waits_for_the_handler(tmp_pa
     lines = r.stderr.splitlines()
     assert r.returncode == code, r.stderr
     assert lines[0] == "still here" and len(lines) == 2 and lines[1].startswith(f"rfsgen: error: {word}"), r.stderr
+
+
+def test_a_signal_while_a_retry_thread_starts_is_held_not_raised_in_the_hook():
+    """The retry (from an unsafe frame or the unraisable hook) starts a thread, and
+    Thread.start() waits: a signal then (the previous retry's redelivery, or a second
+    one) is recorded, not raised inside the hook, where Python would print "Exception
+    ignored in sys.unraisablehook"; the retry raises it 2 ms later at a safe place."""
+    script = """
+import os, signal, sys, threading, time
+from rfsgen import _signals
+_signals.install()
+start = threading.Thread.start
+def start_with_a_signal(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    t = time.monotonic()
+    while time.monotonic() - t < 0.02:  # the handler runs here, inside start()
+        pass
+    start(self)
+threading.Thread.start = start_with_a_signal
+try:
+    _signals._retry(int(signal.SIGTERM))
+    print("retry returned")
+    threading.Thread.start = start
+    time.sleep(1)
+    print("not raised")
+except _signals.Terminated:
+    print("raised after")
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.stdout == "retry returned\nraised after\n" and res.stderr == "", res
