@@ -111,19 +111,23 @@ def _retry(signum: int) -> None:
     until the handler finds it out of an unsafe place (and raises) or the run ends."""
 
     global _depth
+    out = threading.Event()
 
     def later():
+        out.wait()  # the redelivery must not land in the start() below (it would be held and lost)
         time.sleep(0.002)
         if _armed:
             signal.pthread_kill(threading.main_thread().ident, signum)
 
-    # Thread.start() waits for the thread: a second signal then would be raised inside this
-    # function (inside the unraisable hook or an unsafe frame); held, it is only recorded.
+    # Thread.start() waits for the thread: another signal then would be raised inside this
+    # function (inside the unraisable hook or an unsafe frame); held, it is only recorded
+    # (this retry raises the run's signal in any case).
     _depth += 1
     try:
         threading.Thread(target=later, name="rfsgen-signal", daemon=True).start()
     finally:
         _depth -= 1
+        out.set()
 
 
 #: Code whose frames must not see the signal's exception, besides every ``__del__``

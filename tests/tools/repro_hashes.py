@@ -60,11 +60,13 @@ def _activations() -> str:
     CPU-specific exp/log before)."""
     from rfsgen.activations import REGISTRY, make_activation
 
+    # parameters for the entries that need or take some (the rest: their defaults)
+    given = {"polynomial": {"degree": 9, "c": 0.5}, "coefficients": {"values": [0.3, 0.2, 0.5]}, "exp": {"beta": 2.5},
+             "arccos": {"degree": 2}, "function": {"expr": "where(x > 0, x, 0.1 * x) + tanh(x)"},
+             "leaky_relu": {"slope": 0.2}, "elu": {"alpha": 0.5}}
     h = hashlib.sha256()
     for name in sorted(REGISTRY):
-        params = {"degree": 9, "c": 0.5} if name == "polynomial" else (
-            {"values": [0.3, 0.2, 0.5]} if name == "coefficients" else ({"beta": 2.5} if name == "exp" else {}))
-        act = make_activation(name, params)
+        act = make_activation(name, given.get(name, {}))
         h.update(act.coefficients.tobytes())
         if act.tail is not None:
             h.update(act.tail.sample(np.random.default_rng(1), 20000).tobytes())
