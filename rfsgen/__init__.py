@@ -15,6 +15,26 @@ line start fast and only load numpy, scipy, h5py or numba when a command needs t
 
 __version__ = "0.1.0"
 
+
+def _hold_signals_for_the_cli() -> None:
+    """Started as the command line (``python -m rfsgen`` or the ``rfsgen`` script), hold
+    SIGINT/SIGTERM/SIGHUP from this first line until rfsgen's handlers are installed
+    (:func:`rfsgen._signals.install` unblocks them), so that one sent while rfsgen is
+    imported is reported like any other.  Imported as a library: nothing."""
+    import os
+    import signal
+    import sys
+
+    argv = list(getattr(sys, "orig_argv", []))
+    as_module = any(a == "-m" and argv[i + 1:i + 2] == ["rfsgen"] for i, a in enumerate(argv))
+    as_script = os.path.basename(sys.argv[0] if sys.argv else "") in ("rfsgen", "rfsgen.exe")
+    if (as_module or as_script) and hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                                                  if hasattr(signal, n)})
+
+
+_hold_signals_for_the_cli()
+
 _EXPORTS = {
     "Activation": "activations", "make_activation": "activations",
     "Base": "bases", "make_base": "bases",

@@ -472,3 +472,22 @@ except _signals.Terminated:
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.stdout == "retry returned\nraised after\n" and res.stderr == "", res
+
+
+@pytest.mark.parametrize("orig_argv, argv0, held", [
+    (["python", "-m", "rfsgen", "sample"], "-m", True),
+    (["python", "-B", "-m", "rfsgen"], "-m", True),
+    (["/venv/bin/python", "/venv/bin/rfsgen", "sample"], "/venv/bin/rfsgen", True),
+    (["python", "-m", "mytool"], "-m", False),  # another program importing rfsgen
+    (["python", "script.py"], "script.py", False),
+])
+def test_the_package_holds_signals_only_when_it_is_the_command_line(orig_argv, argv0, held):
+    """Started as the CLI, ``import rfsgen`` holds the signals until the handlers exist
+    (so the window before them is Python's own start-up only); imported as a library it
+    never touches the process's signal mask."""
+    script = (f"import signal, sys; sys.orig_argv = {orig_argv!r}; sys.argv = [{argv0!r}]; import rfsgen; "
+              "print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    want = sorted(int(s) for s in SIGNALS) if held else []
+    assert r.returncode == 0 and r.stdout.strip() == str(want), r
