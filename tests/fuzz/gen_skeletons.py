@@ -14,7 +14,11 @@ import numpy as np
 
 BASES = ["binary", "circle", "categorical", "gaussian", "laplace", "sphere"]
 ACTIVATIONS = ["identity", "exp", "relu", "step", "polynomial", "coefficients", "tanh", "erf", "sigmoid", "gelu",
-               "silu", "softplus", "sin", "cos", "abs"]
+               "silu", "softplus", "sin", "cos", "abs", "leaky_relu", "elu", "arccos", "function"]
+#: expressions for {name: function}: valid ones, and ones the parser or the projection must refuse
+EXPRESSIONS = ["where(x > 0, x, 0.1 * x)", "tanh(x) + 0.5 * x", "maximum(x, 0) ** 2", "exp(x ** 2)", "0 * x",
+               "__import__('os').system('true')", "x.__class__", "(" * 30 + "x" + ")" * 30, "x +" * 300 + " x",
+               "1 / x", "log(x)", "sin(x) if x else 0", "[x]", "x ** 1e9", "lambda: x", "abs(x) * 1e308"]
 RAW_TOKENS = ["2001-02-30", "!!int six", "!!bool maybe", "1" + "0" * 5000, "-" + "9" * 4400, "!!float inf", ".nan",
               "-.inf", "!!python/name:os.system", "!!python/object/apply:os.getcwd []", "!!binary AAAA", "~", "[]",
               "{}", "!!set {a, b}", "!!timestamp 2001-13-45", "0x7fffffffffffffffffffff", "0o777", "1_000",
@@ -32,6 +36,14 @@ def _activation(rng):
         return {"name": "polynomial", "degree": int(rng.integers(1, 8)), "c": float(np.round(rng.uniform(0, 2), 2))}
     if name == "coefficients":
         return {"name": "coefficients", "values": [float(np.round(v, 3)) for v in rng.uniform(0, 1, rng.integers(1, 6))]}
+    if name == "leaky_relu":
+        return {"name": name, "slope": float(np.round(rng.uniform(-0.5, 1.5), 2))}
+    if name == "elu":
+        return {"name": name, "alpha": float(np.round(rng.uniform(-0.5, 3), 2))}
+    if name == "arccos":
+        return {"name": name, "degree": int(rng.integers(-1, 5))}
+    if name == "function":
+        return {"name": name, "expr": EXPRESSIONS[rng.integers(len(EXPRESSIONS))]}
     return name if rng.random() < 0.7 else {"name": name}
 
 
