@@ -16,10 +16,18 @@ node).  ``orf`` is the same rewrite with orthogonal random features (Yu et al.
 ([cos, sin]) of every frequency: D columns use D/2 frequencies.  The rewritten skeleton has the
 same exact kernel; the feature file stores the original skeleton and the
 scheme, and the rewrite is re-derived on load.
+
+``orf`` also applies to ``gaussian`` input nodes on raw inputs (the seed 002's ORF
+baseline): in a skeleton with no exp-over-sphere node, every gaussian input node draws
+its frequencies as orthogonal random features (the base's ``orthogonal`` flag), with
+both phases of every frequency as above.  A skeleton that has exp-over-sphere nodes is
+rewritten exactly as before (its other gaussian nodes keep iid frequencies), so files
+sampled before this extension keep their bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -47,10 +55,35 @@ def rr_nodes(skel: Skeleton) -> list:
     return out
 
 
+def gaussian_nodes(skel: Skeleton) -> list:
+    """Ids of the ``gaussian`` input nodes (raw inputs), which ``orf`` draws orthogonally
+    when the skeleton has no :func:`rr_nodes`."""
+    return [n.id for n in skel.nodes if isinstance(n, InputNode) and n.base.name == "gaussian"]
+
+
+def _orthogonal_gaussians(skel: Skeleton, ids: list) -> Skeleton:
+    """``skel`` with the gaussian input nodes ``ids`` flagged ``orthogonal`` (same kernel,
+    same node ids and layers: only how their frequencies are drawn changes)."""
+    nodes = list(skel.nodes)
+    for i in ids:
+        n = nodes[i]
+        params = dict(n.base.params)
+        params["orthogonal"] = True
+        nodes[i] = InputNode(n.id, n.label, n.layer, make_base("gaussian", params, n.base.width), n.columns)
+    return dataclasses.replace(skel, nodes=tuple(nodes))
+
+
 @functools.lru_cache(maxsize=32)
 def _apply(skel: Skeleton, scheme: str) -> Skeleton:
     targets = set(rr_nodes(skel))
+    if not targets and scheme == "orf" and gaussian_nodes(skel):
+        return _orthogonal_gaussians(skel, gaussian_nodes(skel))
     if not targets:
+        if scheme == "orf":
+            raise UsageError(
+                f"scheme 'orf' applies to no node of '{skel.path}': it needs a gaussian input node or an exp node "
+                "whose inputs are all sphere input nodes (a Gaussian kernel); use --scheme rfs"
+            )
         raise UsageError(
             f"scheme '{scheme}' applies to no node of '{skel.path}': it needs an exp node whose inputs are all "
             "sphere input nodes (a Gaussian on normalized inputs); use --scheme rfs"

@@ -17,7 +17,8 @@ from ._budget import max_memory_option
 @click.option("--scheme", type=click.Choice(["rfs", "strat", "rr", "orf", "eof"]), default="rfs", show_default=True,
               help="rfs: the compositional scheme; strat: rfs with stratified degrees, child picks and "
                    "sphere codes (unbiased, lower error); rr / orf: Rahimi-Recht / orthogonal random features "
-                   "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes); orf ends only on "
+                   "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes); without such a node, "
+                   "orf draws every gaussian input node's frequencies orthogonally; orf ends only on "
                    "whole (cos, sin) pairs, so an odd -n (or a pair that passes -n) gives -n + 1 columns; eof: entropic optimal features of a skeleton whose kernel is one "
                    "laplace (pinned on the box's faces) or brownian node (sparse, deterministic).")
 @click.option("--level", type=int, help="eof: take the whole sparse grid of this level (instead of -n).")
