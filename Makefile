@@ -30,10 +30,11 @@ demo: $(STAMP)
 	$(BIN)/python tests/data/compare.py $(DEMO)/features-of-rows.h5 $(DEMO)/K.npy
 
 reproduce: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[plot]'
+	$(BIN)/python -m pip install -q -e '.[plot,sklearn]'
 	$(BIN)/python tests/reproduce/figure3.py --out reproduce-output
 	$(BIN)/python tests/reproduce/figure4.py --out reproduce-output
 	$(BIN)/python tests/reproduce/table1.py --out reproduce-output
+	$(BIN)/python tests/reproduce/eof.py --out reproduce-output
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
