@@ -55,3 +55,21 @@ def test_eof_experiment_says_how_to_get_missing_fashion_mnist(tmp_path, script, 
     out = capsys.readouterr()
     assert "skipping fashion-mnist-32" in out.out and "zalandoresearch/fashion-mnist" in out.out
     assert "no data set to run" in out.err
+
+
+def test_eof_experiment_calls_select_in_its_documented_form(tmp_path, script, monkeypatch):
+    """LKRF and EERF call ``rfsgen.select(pool, X, y, D, method=..., seed=s)`` with a pool of
+    10 D laplace columns and the training rows (here a stand-in select that ignores the pool)."""
+    pytest.importorskip("sklearn")
+    calls = []
+
+    def select(pool, x, y, D, *, method, seed):
+        calls.append((pool.columns, x.shape, y.shape, D, method, seed))
+        return rfsgen.sample(pool.skeleton, D, seed=seed)
+
+    monkeypatch.setattr(rfsgen, "select", select, raising=False)
+    assert script.main(["--datasets", "synthetic-energy", "--runs", "1", "--budgets", "6", "--max-train", "50",
+                        "--max-test", "20", "--out", str(tmp_path), "--no-plot"]) == 0
+    assert sorted(calls) == [(60, (50, 8), (50,), 6, "eerf", 0), (60, (50, 8), (50,), 6, "lkrf", 0)]
+    rows = json.loads((tmp_path / "eof.json").read_text())["summary"]
+    assert {r["method"]: r["pool"] for r in rows} == {"RKS": None, "ORF": None, "LKRF": 60, "EERF": 60, "EOF": None}
