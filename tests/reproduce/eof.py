@@ -6,7 +6,7 @@ LKRF and EERF at equal numbers of features D.
 Methods (``seeds/002_f98ed459b9c81ecb.txt`` section 7; DESIGN.md section 9):
 
 * RKS: a single ``laplace`` node, rfsgen's default scheme (Rahimi-Recht: Cauchy frequencies
-  times the scale, one random phase per column);
+  times the scale, one random phase per column, cos or sin);
 * ORF: a single ``gaussian`` node with ``--scheme orf`` (orthogonal random features, Yu et
   al. 2016: blocks S Q of a Haar-orthogonal Q and chi(d) norms S, [cos, sin] per frequency);
 * LKRF and EERF: a pool of 10 D RKS columns, then ``rfsgen.select(pool, X, y, D,
