@@ -5,14 +5,16 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _emit_json
+from ._params import set_option
 
 
 @main.command("skeleton")
 @click.argument("skeleton", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
+@set_option
 @translate_errors
-def skeleton_cmd(skeleton, as_json, width):
+def skeleton_cmd(skeleton, as_json, width, params):
     """Validate SKELETON (a YAML file or a shipped skeleton's name) and describe the kernel it defines.
 
     Prints node counts per layer, fan-in, depth, input width, the complexity
@@ -25,7 +27,7 @@ def skeleton_cmd(skeleton, as_json, width):
     """
     from ..skeleton import load_skeleton
 
-    skel = load_skeleton(skeleton)
+    skel = load_skeleton(skeleton, params=params)
     info = (skel.bind(width) if width is not None else skel).describe()
     if as_json:
         _emit_json(info)
