@@ -36,6 +36,7 @@ def skeleton_cmd(skeleton, as_json, width, params):
         click.echo(f"skeleton   {info['path']}")
         click.echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
         click.echo("           sample --width N); pass --width N to see it for N columns")
+        _params_line(info)
         return
     shape = f" (shape {info['shape']})" if info["shape"] else ""
     click.echo(f"skeleton   {info['path']}")
@@ -44,6 +45,7 @@ def skeleton_cmd(skeleton, as_json, width, params):
     click.echo(f"depth      {info['depth']}")
     click.echo(f"output     {info['output']}")
     click.echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
+    _params_line(info)
     if info["unused_input_nodes"]:
         click.echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
     click.echo("")
@@ -88,3 +90,9 @@ def skeletons_cmd(as_json):
     width = max((len(n) for n in shipped), default=0)
     for name, description in shipped.items():
         click.echo(f"{name:<{width}}  {description}".rstrip())
+
+
+def _params_line(info):
+    if info.get("params"):
+        click.echo("params     " + ", ".join(f"{k} = {v:g}" for k, v in info["params"].items())
+                   + "  (set with --set NAME=VALUE)")
