@@ -33,7 +33,9 @@ REF = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)\Z")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 DECL_KEYS = ("default", "min", "max", "description")
 #: Keys whose values are names, choices or free text: never a parameter.
-TEXT_KEYS = ("rfsgen", "name", "base", "scheme", "per", "inputs", "from", "each", "output", "expr", "zero")
+#: (``activation: NAME``: a name; ``activation: {name: exp, beta: $b}``: its keys decide.)
+TEXT_KEYS = ("rfsgen", "name", "base", "scheme", "per", "inputs", "from", "each", "output", "expr", "zero",
+             "activation")
 MAX_PARAMS = 100
 
 
@@ -186,7 +188,7 @@ def _walk(container, key, value, line, path, values, sites, around, text, key_na
         for k, v in value.items():
             if k == "description":
                 continue
-            _walk(value, k, v, _line(value, k), path, values, sites, inner, text or k in TEXT_KEYS, k)
+            _walk(value, k, v, _line(value, k), path, values, sites, inner, k in TEXT_KEYS, k)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _walk(value, i, v, getattr(v, "line", line), path, values, sites, around, text, key_name)

@@ -32,6 +32,7 @@ def main(argv=None):
     ap.add_argument("--D", type=int, default=4096, help="feature columns (default 4096)")
     ap.add_argument("--scales", default=",".join(map(str, SCALES)))
     ap.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    ap.add_argument("--models", default="rfsgen,rbf", help="which of rfsgen, rbf to run (default both)")
     ap.add_argument("--jobs", type=int, default=1, help="GridSearchCV n_jobs")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -57,6 +58,8 @@ def main(argv=None):
         "RBFSampler": (RBFSampler(n_components=args.D, random_state=0), "features__gamma",
                        [float(v) for v in args.gammas.split(",")]),
     }
+    wanted = {"rfsgen": "rfsgen tabular-auto", "rbf": "RBFSampler"}
+    models = {wanted[m]: models[wanted[m]] for m in args.models.split(",")}
     rows = []
     for name, (features, key, grid) in models.items():
         t0 = time.perf_counter()
