@@ -73,9 +73,9 @@ def test_generated_values_equal_the_literal_skeleton(gamma, beta, degree):
 
 def test_width_auto_skeleton_keeps_its_values_when_bound():
     s = rfsgen.load_skeleton("tabular-auto", params={"scale": 0.2})
-    assert not s.bound and s.params == (("scale", 0.2),)
+    assert not s.bound and s.params == (("scale", 0.2), ("beta", 1.0))
     b = s.bind(3)
-    assert b.params == (("scale", 0.2),) and b.input_nodes[0].base.param("scale") == 0.2
+    assert b.params == (("scale", 0.2), ("beta", 1.0)) and b.input_nodes[0].base.param("scale") == 0.2
     assert rfsgen.load_skeleton("tabular-auto").bind(3).input_nodes[0].base.param("scale") == 0.5
 
 
@@ -247,7 +247,7 @@ def test_sklearn_params_grid_search_and_clone():
     given = {"scale": 0.2}
     e2 = SkeletonFeatures("tabular-auto", params=given).set_params(params__scale=0.7)
     assert e2.params == {"scale": 0.7} and given == {"scale": 0.2}
-    assert est.fit(x).skeleton_.params == (("scale", 0.2),)
+    assert est.fit(x).skeleton_.params == (("scale", 0.2), ("beta", 1.0))
     with pytest.raises(SkeletonError, match="unknown parameter 'gamma'"):
         SkeletonFeatures("tabular-auto", params={"gamma": 1}).fit(x)
     with pytest.raises(ValueError, match="params must be a dict"):
@@ -305,3 +305,14 @@ def test_step_warning_deep_and_on_the_command_line(runner, tmp_path):  # noqa: F
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("rfsgen: warning: ") and "node 'h[0, 0]' (step)" in lines[0]
     assert "C = 2.45 > 1" in lines[0] and "infinite variance" in lines[0]
+
+
+def test_tabular_auto_defaults_give_the_features_it_gave_before_it_had_parameters():
+    before = ("rfsgen: 1\ninput:\n  width: auto\nnodes:\n  - {name: cols, base: circle, scale: 0.5, per: column}\n"
+              "  - {name: hidden, activation: {name: exp, beta: 1.0}, inputs: [cols]}\n"
+              "  - {name: out, activation: relu, inputs: [hidden]}\n")
+    x = np.random.default_rng(3).standard_normal((9, 5))
+    old = sample(parse_skeleton(before, "old.yaml").bind(5), 64, seed=2)
+    new = sample(rfsgen.load_skeleton("tabular-auto").bind(5), 64, seed=2)
+    assert transform(new, x, layout="dense").tobytes() == transform(old, x, layout="dense").tobytes()
+    assert new.draws == old.draws
