@@ -511,6 +511,10 @@ def _warn_variance(skel: Skeleton) -> None:
     (and of k(x, x')) has infinite variance: its sample mean wanders from seed to seed."""
     if not skel.bound:
         return
+    # Cheap tests first: most skeletons have no such activation, or only C = 1 bases.
+    if not any(n.activation.derivative_at_one == float("inf") for n in skel.internal_nodes) \
+            or not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups):
+        return
     big = np.zeros(len(skel.nodes), dtype=bool)  # reaches an input node with C > 1
     for n in skel.nodes:  # children first
         if isinstance(n, InputNode):
