@@ -936,5 +936,6 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "tool_version": fs.tool_version,
         "command": fs.command,
         "skeleton": fs.skeleton.path,
+        **({"params": dict(fs.skeleton.params)} if fs.skeleton.params else {}),  # the skeleton's parameter values
         **(_eof().summary(fs) if fs.eof is not None else {}),  # EOF: its grid, and no terms to count
     }
