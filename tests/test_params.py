@@ -316,3 +316,32 @@ def test_tabular_auto_defaults_give_the_features_it_gave_before_it_had_parameter
     new = sample(rfsgen.load_skeleton("tabular-auto").bind(5), 64, seed=2)
     assert transform(new, x, layout="dense").tobytes() == transform(old, x, layout="dense").tobytes()
     assert new.draws == old.draws
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    ("drop", r"attribute 'params' does not match the parameters the embedded skeleton declares"),
+    ('{"gamma": 0.3}', r"attribute 'params' does not match"),
+    ('{"gamma": "x"}', r"attribute 'params' is not a JSON mapping of parameter names to numbers"),
+    ("[1, 2]", r"attribute 'params' is not a JSON mapping"),
+    ('{"zeta": 1, "gamma": 0.3, "beta": 1.0, "degree": 2}', r"the embedded skeleton no longer parses .*unknown "
+                                                            r"parameter 'zeta'"),
+    ('{"gamma": -1, "beta": 1.0, "degree": 2}', r"no longer parses .*with parameter 'gamma' = -1"),
+])
+def test_a_resealed_file_with_wrong_params_is_refused_in_one_line(tmp_path, edit, pattern):
+    import forge
+
+    save_features(sample(parse_skeleton(SKEL, "p.yaml", params={"gamma": 0.3}), 16, seed=1), tmp_path / "f.h5")
+    step = forge.del_attr("params") if edit == "drop" else forge.set_attr("params", edit)
+    forge.forge(tmp_path / "f.h5", tmp_path / "g.h5", step)
+    with pytest.raises(rfsgen.FeatureFileError) as e:
+        load_features(tmp_path / "g.h5")
+    assert "\n" not in str(e.value) and re.search(pattern, str(e.value)), str(e.value)
+
+
+def test_a_params_attribute_on_a_file_without_parameters_is_refused(tmp_path):
+    import forge
+
+    save_features(sample(parse_skeleton(literal(), "l.yaml"), 16, seed=1), tmp_path / "f.h5")
+    forge.forge(tmp_path / "f.h5", tmp_path / "g.h5", forge.set_attr("params", '{"gamma": 0.3}'))
+    with pytest.raises(rfsgen.FeatureFileError, match="no longer parses .*unknown parameter 'gamma'"):
+        load_features(tmp_path / "g.h5")
