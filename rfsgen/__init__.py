@@ -40,7 +40,7 @@ _EXPORTS = {
     "Base": "bases", "make_base": "bases",
     "DataError": "errors", "FeatureFileError": "errors", "InputError": "errors", "LimitError": "errors", "OutputError": "errors",
     "OutputExistsError": "errors", "RfsgenError": "errors", "SamplerError": "errors", "SkeletonError": "errors",
-    "UsageError": "errors",
+    "UsageError": "errors", "RfsgenWarning": "errors", "VarianceWarning": "errors",
     "cooccurrence": "cooccurrence",
     "FeatureSet": "features", "describe": "features", "load_features": ("features", "load"),
     "save_features": ("features", "save"),

@@ -399,6 +399,59 @@ def routed_messages(quiet: bool = False):
             log.setLevel(level)
 
 
+#: Seconds :func:`shutdown` waits for the workers to leave before it closes the scheduler.
+SHUTDOWN_TIMEOUT = 20.0
+
+
+def shutdown(address: str | None = None, timeout: float = SHUTDOWN_TIMEOUT) -> int:
+    """Stop the Dask cluster at ``address`` (default: ``$DASK_SCHEDULER_ADDRESS``) in the
+    order that leaves nothing behind: the workers first, retired and closed by the
+    scheduler (each one's nanny too), then the scheduler.  Returns the number of workers
+    stopped.
+
+    Killing a scheduler and its workers at once (``kill $(jobs -p)`` at the end of a shell
+    script) leaves CommClosedError tracebacks in the workers' logs (their last messages to
+    a scheduler that is gone) and a worker process alive for up to 10-20 s while its
+    nanny gives up on it.  Stopping the workers through the scheduler first does neither::
+
+        trap 'python -c "import rfsgen.dask; rfsgen.dask.shutdown()"; kill $(jobs -p) 2>/dev/null; wait' EXIT
+
+    (the ``kill`` then ends the ``dask worker`` commands, whose workers are gone, at once;
+    ``wait`` returns when they have).  One-line :class:`~rfsgen.errors.UsageError` /
+    :class:`~rfsgen.errors.RfsgenError` for a bad or unreachable address."""
+    import time
+
+    from .errors import RfsgenError
+
+    if address is None:
+        address = os.environ.get("DASK_SCHEDULER_ADDRESS", "")
+        if not address.strip():
+            raise UsageError("rfsgen.dask.shutdown: no scheduler address: pass one (tcp://HOST:PORT) or set "
+                             "DASK_SCHEDULER_ADDRESS")
+    address = check_address(address)
+    with routed_messages(quiet=True):  # the workers leaving is not news
+        client = connect(address)
+        try:
+            workers = list(client.scheduler_info(n_workers=-1)["workers"])
+            if workers:
+                client.retire_workers(workers, close_workers=True, remove=True)
+            deadline = time.monotonic() + timeout
+            while client.scheduler_info(n_workers=-1)["workers"]:
+                if time.monotonic() > deadline:
+                    raise RfsgenError(f"Dask workers at {address} did not stop within {timeout:g} s; stop them "
+                                      "with SIGTERM (kill), then the scheduler")
+                time.sleep(0.05)
+            client.shutdown()
+            return len(workers)
+        except RfsgenError:
+            raise
+        except (OSError, TimeoutError) as e:
+            raise RfsgenError(f"lost the Dask scheduler at {address} while stopping it ({type(e).__name__}: "
+                              f"{e}); it may be stopped already") from None
+        finally:
+            close(client)
+
+
 def transform_file(features, input, output, *, scheduler: str, quiet: bool = False, **options) -> dict:
     """:func:`rfsgen.transform.transform_file` with the chunks computed on the Dask
     cluster at ``scheduler``; the output file is the same as a local run's.  Dask's own

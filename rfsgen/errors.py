@@ -95,3 +95,15 @@ class LimitError(RfsgenError):
 
 class SamplerError(RfsgenError):
     """The sampler cannot proceed (for example the skeleton's feature space is too small)."""
+
+
+class RfsgenWarning(UserWarning):
+    """Base class of rfsgen's warnings: the run goes on, but a result may not be what the
+    user expects.  One line, naming the object and the place, saying what to do; the CLI
+    prints it as ``rfsgen: warning: MESSAGE`` on stderr."""
+
+
+class VarianceWarning(RfsgenWarning):
+    """The skeleton's random features are unbiased but their kernel estimates have
+    infinite variance (a node with infinite sigma_hat'(1), such as step, above an input
+    base with C > 1)."""

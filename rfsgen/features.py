@@ -251,6 +251,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     }
     if fs.skeleton.auto:
         attrs["input_width"] = int(fs.skeleton.width)
+    if fs.skeleton.params:  # the values of the skeleton's parameters, re-applied on load
+        attrs["params"] = json.dumps(dict(fs.skeleton.params))
     if fs.eof is not None:
         attrs["eof"] = json.dumps(fs.eof.meta, sort_keys=True)
     for k, v in attrs.items():
@@ -305,7 +307,8 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
 ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
          "skeleton_sha256", "nodes", "command", "stats")
 #: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
-OPTIONAL_ATTRS = ("input_width", "eof")  # eof: JSON of an EOF file's grid and domain (rfsgen.eof)
+#: params: JSON ``{name: value}`` in the file's order, written only when the skeleton declares parameters.
+OPTIONAL_ATTRS = ("input_width", "eof", "params")  # eof: JSON of an EOF file's grid and domain (rfsgen.eof)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
@@ -540,6 +543,21 @@ def _read_data(p, f, name, n):
     return data
 
 
+def _params_attr(p, attrs) -> dict | None:
+    """The skeleton parameter values the file records (attribute ``params``), or None."""
+    if "params" not in attrs:
+        return None
+    raw = _plain(attrs["params"])
+    try:
+        params = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        params = None
+    if not isinstance(params, dict) or not params or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in params.items()):
+        raise _bad(p, "attribute 'params' is not a JSON mapping of parameter names to numbers")
+    return params
+
+
 def _load(p, f) -> FeatureSet:
     from .skeleton import MAX_SOURCE_BYTES
 
@@ -627,8 +645,9 @@ def _load(p, f) -> FeatureSet:
     if hashlib.sha256(src.encode()).hexdigest() != skeleton_sha:
         raise FeatureFileError(f"{p}: the embedded skeleton does not match its recorded hash: the file is corrupted; "
                                "re-create it with 'rfsgen sample'")
+    params = _params_attr(p, attrs)
     try:  # the guarded YAML loader of every skeleton (alias bombs, size limits)
-        skel = parse_skeleton(src, skeleton_path, width=width)
+        skel = parse_skeleton(src, skeleton_path, width=width, params=params)
     except LimitError:  # a valid skeleton over this run's memory budget: the budget's message
         raise
     except RfsgenError as e:
@@ -638,6 +657,8 @@ def _load(p, f) -> FeatureSet:
                    else "the file records an input width for a fixed-width skeleton")
     if nodes != len(skel.nodes):
         raise _bad(p, f"attribute 'nodes' is {nodes} but the embedded skeleton has {len(skel.nodes)} nodes")
+    if bool(skel.params) != (params is not None) or (params is not None and dict(skel.params) != params):
+        raise _bad(p, "attribute 'params' does not match the parameters the embedded skeleton declares")
 
     data = {k: _read_data(p, f, k, sizes[k]) for k in COLUMN_DATASETS}
     count = data["column_count"].astype(np.int64)
@@ -915,5 +936,6 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "tool_version": fs.tool_version,
         "command": fs.command,
         "skeleton": fs.skeleton.path,
+        **({"params": dict(fs.skeleton.params)} if fs.skeleton.params else {}),  # the skeleton's parameter values
         **(_eof().summary(fs) if fs.eof is not None else {}),  # EOF: its grid, and no terms to count
     }

@@ -212,12 +212,14 @@ def _block(skeleton, plan, xp, yp):
     return np.where(delta < 0.5, 1.0 - delta, np.where(eps < 0.5, eps - 1.0, rho)).reshape(mb, n)
 
 
-def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None, eof=None):
+def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=False, progress=None, eof=None,
+                 params=None):
     """Read inputs, evaluate the exact kernel and write it as ``.npy`` (atomically).
 
     ``output`` may be ``'-'`` for standard output.  Used by ``rfsgen kernel``.
     ``eof``: a dict (``domain_from``, ``margin``) asking for the kernel EOF converges to
-    instead (:func:`rfsgen.eof.kernel`).
+    instead (:func:`rfsgen.eof.kernel`).  ``params``: values for the skeleton's declared
+    parameters (names to numbers or their text).
     """
     import io
     import sys
@@ -227,7 +229,7 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     from .atomic import atomic_path
     from .skeleton import load_skeleton
 
-    skel = load_skeleton(skeleton_path)
+    skel = load_skeleton(skeleton_path, params=params)
     arrays = []
     names = []
     origin = None

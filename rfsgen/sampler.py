@@ -1043,28 +1043,30 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
 
 
 def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", width=None, overwrite=False,
-                progress=None, **eof) -> FeatureSet:
+                progress=None, params=None, **eof) -> FeatureSet:
     """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``).
     ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`).  Scheme
-    ``eof`` takes the keywords ``level``, ``domain_from`` and ``margin`` (see :mod:`rfsgen.eof`)."""
+    ``eof`` takes the keywords ``level``, ``domain_from`` and ``margin`` (see :mod:`rfsgen.eof`).
+    ``params``: values for the skeleton's declared parameters (names to numbers or their text)."""
     from . import __version__
     from .features import save
     from .skeleton import load_skeleton
 
-    skel = load_skeleton(skeleton_path)
+    skel = load_skeleton(skeleton_path, params=params)
     if width is not None:
         skel = skel.bind(width)
+    sets = "".join(f" --set {k}={v}" for k, v in (params or {}).items())  # as typed, for the file's command
     if scheme == "eof" or eof:
-        return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, **eof)
+        return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets, **eof)
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
     fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (
-        f" --width {width}" if width is not None else "")
+        f" --width {width}" if width is not None else "") + sets
     save(fs, output, overwrite=overwrite, inputs=[skeleton_path], progress=progress)
     return fs
 
 
-def _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, *, level=None,
+def _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets="", *, level=None,
                      domain_from=None, margin=None):
     """``rfsgen sample --scheme eof``: an EOF feature file (:mod:`rfsgen.eof`)."""
     from . import __version__, eof
@@ -1086,7 +1088,7 @@ def _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrit
     fs.tool_version = __version__
     fs.command = (f"rfsgen sample {skeleton_path} " + (f"-n {columns}" if columns is not None else f"--level {level}")
                   + f" --seed {seed} --scheme eof" + (f" --width {width}" if width is not None else "")
-                  + (f" --domain-from {domain_from} --margin {margin:g}" if domain_from is not None else ""))
+                  + (f" --domain-from {domain_from} --margin {margin:g}" if domain_from is not None else "") + sets)
     save(fs, output, overwrite=overwrite, inputs=[skeleton_path] + ([domain_from] if domain_from else []),
          progress=progress)
     return fs

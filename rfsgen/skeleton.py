@@ -44,7 +44,7 @@ from .errors import SkeletonError
 
 SCHEMA_VERSION = 1
 
-TOP_KEYS = ("rfsgen", "description", "input", "nodes", "output")
+TOP_KEYS = ("rfsgen", "description", "params", "input", "nodes", "output")
 INPUT_KEYS = ("width", "shape")
 COMMON_KEYS = ("name", "description")
 INPUT_NODE_KEYS = ("base", "columns", "per", "group", "patch")
@@ -120,6 +120,9 @@ class Skeleton:
     #: ``((name, activation), ...)``: Python activations (``make_activation(fn, name=...)``)
     #: that the text names; not in the text, so feature files cannot carry them.
     activations: tuple = ()
+    #: ``((name, value), ...)`` in the file's order: the values of the parameters the file
+    #: declares under ``params:`` (defaults, or those set by ``params=`` / ``--set``).
+    params: tuple = ()
 
     # -------------------------------------------------------------- width: auto
     @property
@@ -143,7 +146,8 @@ class Skeleton:
 
             raise InputError(f"rows have {count(width, 'value')} but skeleton '{self.path}' expects width {self.width}; "
                              "pass matching rows, or write 'input: {width: auto}' in the skeleton")
-        return parse_skeleton(self.source, self.path, width=width, activations=dict(self.activations))
+        return parse_skeleton(self.source, self.path, width=width, activations=dict(self.activations),
+                              params=dict(self.params))
 
     def require_bound(self, what: str) -> None:
         if not self.bound:
@@ -206,9 +210,10 @@ class Skeleton:
     def describe(self) -> dict:
         """A JSON-ready summary: layers, node counts, fan-in, depth, width, C(S).
         For an unbound ``width: auto`` skeleton: path, ``width: "auto"`` and no layers."""
+        extra = {"params": dict(self.params)} if self.params else {}
         if not self.bound:
             return {"path": self.path, "width": "auto", "shape": None, "description": self.description,
-                    "layers": []}
+                    **extra, "layers": []}
         layers = []
         for layer in self.layers:
             first = self.nodes[layer.ids[0]]
@@ -236,6 +241,7 @@ class Skeleton:
             "output": self.nodes[self.output].label,
             "complexity": self.complexity,
             "unused_input_nodes": len(self.unused_inputs),
+            **extra,
             "layers": layers,
         }
 
@@ -404,11 +410,11 @@ def _shipped_text(name: str) -> str | None:
     return entry.read_text(encoding="utf-8") if entry.is_file() else None
 
 
-def load_skeleton(path, *, activations=None) -> Skeleton:
+def load_skeleton(path, *, activations=None, params=None) -> Skeleton:
     """Read and parse a skeleton file, or a shipped skeleton by name (``"cifar-deep"``,
     listed by :func:`shipped_skeletons` and ``rfsgen skeletons``).  A path that exists
-    wins over a name.  ``-`` is not accepted: skeletons are files.  ``activations`` as
-    for :func:`parse_skeleton`."""
+    wins over a name.  ``-`` is not accepted: skeletons are files.  ``activations`` and
+    ``params`` as for :func:`parse_skeleton`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -417,7 +423,7 @@ def load_skeleton(path, *, activations=None) -> Skeleton:
         if shipped is not None:
             name = str(path)
             return parse_skeleton(shipped, name[: -len(".yaml")] if name.endswith(".yaml") else name,
-                                  activations=activations)
+                                  activations=activations, params=params)
         raise SkeletonError(f"{path}: no such skeleton file or shipped skeleton; {_shipped_hint(str(path))}") from None
     except IsADirectoryError:
         raise SkeletonError(f"{path}: is a directory, not a skeleton file")
@@ -425,7 +431,7 @@ def load_skeleton(path, *, activations=None) -> Skeleton:
         raise SkeletonError(f"{path}: not a UTF-8 text file; a skeleton is a YAML file")
     except OSError as e:
         raise SkeletonError(f"{path}: cannot read skeleton ({e.strerror})")
-    return parse_skeleton(text, str(path), activations=activations)
+    return parse_skeleton(text, str(path), activations=activations, params=params)
 
 
 def _shipped_hint(path: str) -> str:
@@ -441,7 +447,7 @@ def _shipped_hint(path: str) -> str:
 
 
 def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None,
-                   activations=None) -> Skeleton:
+                   activations=None, params=None) -> Skeleton:
     """Parse skeleton YAML ``text``; ``path`` is used in error messages.
 
     ``activations`` maps names to activations made in Python by
@@ -451,6 +457,11 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
 
     ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`); without
     it such a skeleton is checked at a probe width and returned unbound.
+
+    ``params`` maps the names of parameters the file declares (``params: {gamma: 0.5}``,
+    used as ``scale: $gamma``) to values: numbers, or their text (``"0.3"``, as the
+    command line's ``--set gamma=0.3`` passes them).  Unset parameters take their
+    defaults; the values used are :attr:`Skeleton.params`.
     """
     if not isinstance(text, str):
         raise SkeletonError(f"{path}: a skeleton must be YAML text, not {type(text).__name__}")
@@ -481,10 +492,50 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
     finally:
         if loader is not None:
             loader.dispose()
-    skel = _Builder(path, text, width, _custom(activations, path)).build(doc)
+    resolved, sites = _params.resolve(doc, path, params)
+    try:
+        skel = _Builder(path, text, width, _custom(activations, path), resolved).build(doc)
+    except SkeletonError as e:
+        raise _params.blame(e, path, sites) from None
     if width is not None and skel.width != width:
         return skel.bind(width)  # a fixed-width file: same skeleton or an InputError
+    _warn_variance(skel)
     return skel
+
+
+def _warn_variance(skel: Skeleton) -> None:
+    """Warn (:class:`~rfsgen.errors.VarianceWarning`) when a node whose degree has an
+    infinite mean (step and its kin: sigma_hat'(1) = inf) sits above an input base
+    with C = sup |psi| > 1 (sphere nodes of width > 2): a draw multiplies a heavy-tailed
+    number of factors whose squares have mean 1 but spread, so the estimate of k(x, x)
+    (and of k(x, x')) has infinite variance: its sample mean wanders from seed to seed."""
+    if not skel.bound:
+        return
+    # Cheap tests first: most skeletons have no such activation, or only C = 1 bases.
+    if not any(n.activation.derivative_at_one == float("inf") for n in skel.internal_nodes) \
+            or not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups):
+        return
+    big = np.zeros(len(skel.nodes), dtype=bool)  # reaches an input node with C > 1
+    for n in skel.nodes:  # children first
+        if isinstance(n, InputNode):
+            big[n.id] = n.base.norm_bound > 1.0 + 1e-12
+        else:
+            big[n.id] = bool(big[list(n.children)].any())
+            if big[n.id] and n.activation.derivative_at_one == float("inf"):
+                first = next(c for c in skel.input_nodes if big[c.id])
+                import warnings
+
+                from .errors import VarianceWarning
+
+                layer = next((la for la in skel.layers if n.id in la.ids), None)
+                line = f":{layer.line}" if layer is not None else ""
+                warnings.warn(VarianceWarning(
+                    f"{skel.path}{line}: node '{n.label}' ({n.activation.label}) sits above input node '{first.label}' "
+                    f"({first.base.label}, C = {first.base.norm_bound:.3g} > 1): its random features estimate "
+                    "k(x, x) with infinite variance (means wander from seed to seed); use a base with C = 1 under it "
+                    "(circle, gaussian, laplace, or sphere over 2 columns), or an activation with a finite "
+                    "sigma_hat'(1) (relu, erf, exp)"), stacklevel=3)
+                return
 
 
 def _check_yaml_graph(root, path, anchor_of=None):
@@ -555,8 +606,9 @@ def _custom(activations, path) -> tuple:
 
 
 class _Builder:
-    def __init__(self, path: str, text: str, bind_width: int | None = None, custom: tuple = ()):
+    def __init__(self, path: str, text: str, bind_width: int | None = None, custom: tuple = (), params: tuple = ()):
         self.custom = custom
+        self.params = params
         self.path = path
         self.text = text
         self.bind_width = bind_width
@@ -603,7 +655,8 @@ class _Builder:
         description = doc.get("description", "")
         if self.auto and self.bind_width is None:
             return Skeleton(source=self.text, path=self.path, width=None, shape=None, nodes=(), output=-1, layers=(),
-                            description=str(description or ""), auto=True, activations=self.custom)
+                            description=str(description or ""), auto=True, activations=self.custom,
+                            params=self.params)
         return Skeleton(
             source=self.text,
             path=self.path,
@@ -616,6 +669,7 @@ class _Builder:
             unused_inputs=tuple(self.unused),
             auto=self.auto,
             activations=self.custom,
+            params=self.params,
         )
 
     def parse_input(self, doc):
@@ -869,4 +923,4 @@ def _close(name: str, known) -> str:
 
 
 # Template expansion builds this module's node objects, so it is imported last.
-from . import templates  # noqa: E402
+from . import _params, templates  # noqa: E402

@@ -47,18 +47,24 @@ nodes:
 _DTYPES = ("float32", "float64")
 
 
-def resolve_skeleton(spec) -> Skeleton:
+def resolve_skeleton(spec, params=None) -> Skeleton:
     """A :class:`Skeleton` from a ``Skeleton``, YAML text (a string with a newline or
     starting with ``rfsgen:``), a path, a shipped skeleton's name (``"cifar-patches"``;
-    a path that exists wins), or ``None`` (:data:`DEFAULT_SKELETON`)."""
+    a path that exists wins), or ``None`` (:data:`DEFAULT_SKELETON`).  ``params``: values
+    for the parameters the skeleton declares (a parsed ``Skeleton`` is re-parsed from its
+    text with them)."""
     if spec is None:
-        return parse_skeleton(DEFAULT_SKELETON, "<SkeletonFeatures default>")
+        return parse_skeleton(DEFAULT_SKELETON, "<SkeletonFeatures default>", params=params)
     if isinstance(spec, Skeleton):
-        return spec
+        if not params:
+            return spec
+        return parse_skeleton(spec.source, spec.path, activations=dict(spec.activations),
+                              params={**dict(spec.params), **params},
+                              width=None if spec.auto else spec.width)
     if isinstance(spec, str) and ("\n" in spec or spec.lstrip().startswith("rfsgen:")):
-        return parse_skeleton(spec, "<skeleton text>")
+        return parse_skeleton(spec, "<skeleton text>", params=params)
     if isinstance(spec, (str, os.PathLike)):
-        return load_skeleton(spec)
+        return load_skeleton(spec, params=params)
     raise UsageError(f"skeleton must be a path, a shipped skeleton's name, YAML text or rfsgen.Skeleton, not {type(spec).__name__}")
 
 
@@ -93,6 +99,12 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         Output dtype; inputs of either float dtype are read as they are.
     sparse_output : bool
         Return a ``scipy.sparse.csr_matrix`` (exact zeros dropped) instead of an array.
+    params : dict or None
+        Values for the parameters the skeleton declares under ``params:`` (for
+        ``"tabular-auto"``: ``{"scale": 0.2}``); unset ones take their defaults.  Tune
+        one in a grid search as ``params__NAME`` (``{"features__params__scale": [0.1,
+        0.2, 0.5]}`` for a pipeline step named ``features``) or as whole dicts
+        (``{"features__params": [{"scale": 0.1}, ...]}``).
 
     Attributes
     ----------
@@ -105,13 +117,26 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False):
+                 sparse_output=False, params=None):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
         self.scheme = scheme
         self.dtype = dtype
         self.sparse_output = sparse_output
+        self.params = params
+
+    def set_params(self, **kwargs):
+        """As scikit-learn's, and ``params__NAME=value`` sets one skeleton parameter
+        (a new ``params`` dict: the one given to the constructor is not changed)."""
+        ours = {k[len("params__"):]: kwargs.pop(k) for k in list(kwargs) if k.startswith("params__")}
+        if "params" in kwargs:
+            super().set_params(params=kwargs.pop("params"))
+        if ours:
+            if self.params is not None and not isinstance(self.params, dict):
+                raise ValueError(f"params must be a dict or None to set params__NAME, got {type(self.params).__name__}")
+            self.params = {**(self.params or {}), **ours}
+        return super().set_params(**kwargs) if kwargs else self
 
     def _check_params(self):
         if self.dtype not in _DTYPES:
@@ -119,6 +144,9 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         if isinstance(self.n_components, bool) or not isinstance(self.n_components, (int, np.integer)) \
                 or self.n_components < 1:
             raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
+        if self.params is not None and not isinstance(self.params, dict):
+            raise ValueError(f"params must be a dict of skeleton parameter names to numbers, or None, "
+                             f"got {self.params!r}")
 
     def fit(self, X, y=None):
         """Bind the skeleton to ``X``'s width and sample ``n_components`` features.
@@ -136,7 +164,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
         self._check_params()
         X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
-        skel = resolve_skeleton(self.skeleton)
+        skel = resolve_skeleton(self.skeleton, self.params)
         try:
             skel = skel.bind(X.shape[1])
         except UsageError as e:

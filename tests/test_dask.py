@@ -217,6 +217,7 @@ def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch):
 
 # ----------------------------------------------------------------------------- addresses, closing, messages (issue 23, item 13)
 import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
 import sys  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -352,3 +353,60 @@ def test_eof_on_a_cluster_counts_clipped_values_like_the_local_run(tmp_path, she
     with h5py.File("remote.h5") as f:
         assert f.attrs["clipped_values"] == want > 0
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+
+
+def test_shutdown_stops_workers_then_scheduler_without_tracebacks_or_lingering_processes(tmp_path):
+    """The shell recipe's teardown (issue: killing the scheduler and workers at once left
+    CommClosedError tracebacks in the worker logs and a worker process alive 15-20 s
+    later): rfsgen.dask.shutdown retires the workers through the scheduler, then stops it;
+    the scheduler exits by itself, the `dask worker` commands at once on SIGTERM, and no
+    log holds a traceback."""
+    import json
+    import signal
+    import time
+
+    dask_cli = str(Path(sys.executable).parent / "dask")
+    info = tmp_path / "scheduler.json"
+    logs = [open(tmp_path / f"{n}.log", "w") for n in ("scheduler", "worker-1", "worker-2")]
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(info)], cwd=tmp_path, stdout=logs[0], stderr=logs[0],
+                              start_new_session=True)]
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() or not info.read_text().strip():
+            assert time.monotonic() < deadline and procs[0].poll() is None, "the dask scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        for k in (1, 2):
+            procs.append(subprocess.Popen([dask_cli, "worker", "--scheduler-file", str(info), "--nthreads", "1",
+                                           "--no-dashboard"], cwd=tmp_path, stdout=logs[k], stderr=logs[k],
+                                          start_new_session=True))
+        with distributed.Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+            assert client.gather(client.map(abs, [-1, -2], pure=False)) == [1, 2]  # both workers have worked
+        assert rd.shutdown(address) == 2
+        procs[0].wait(timeout=10)  # the scheduler stops by itself
+        t = time.monotonic()
+        for p in procs[1:]:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs[1:]:
+            p.wait(timeout=10)
+        assert time.monotonic() - t < 5
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for f in logs:
+            f.close()
+    for n in ("scheduler", "worker-1", "worker-2"):
+        text = (tmp_path / f"{n}.log").read_text()
+        assert "Traceback" not in text and "CommClosedError" not in text, (n, text[-2000:])
+
+
+def test_shutdown_needs_an_address(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    with pytest.raises(rfsgen.UsageError, match="no scheduler address: pass one"):
+        rd.shutdown()
+    with pytest.raises(rfsgen.UsageError, match="not a Dask scheduler address"):
+        rd.shutdown("nowhere")

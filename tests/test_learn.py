@@ -65,6 +65,32 @@ def test_the_learner_learns():
     assert learn.accuracy(f[400:], y[400:], model) > 0.95
 
 
+def test_the_sgd_learner_is_the_stock_call_in_the_docstring():
+    """learn.train_sgd (the benchmark's default learner) is scikit-learn's StandardScaler and
+    SGDClassifier.partial_fit exactly as learn.py's docstring tells a user to call them: same
+    coefficients, same predictions; and it learns."""
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(1)
+    centers = rng.standard_normal((3, 20)) * 3
+    y = rng.integers(0, 3, 5000)
+    f = (centers[y] + 2 * rng.standard_normal((5000, 20))).astype(np.float32)
+    f_train, y_train, f_test, y_test = f[:4000], y[:4000], f[4000:], y[4000:]
+    scaler, clf = learn.train_sgd(f_train, y_train, 3, epochs=3, seed=0)
+    stock_scaler = StandardScaler()
+    for a in range(0, len(f_train), 2048):
+        stock_scaler.partial_fit(f_train[a:a + 2048])
+    stock = SGDClassifier(loss="log_loss", alpha=1e-4, average=True, random_state=0)
+    order = np.random.default_rng(0)
+    for epoch in range(3):
+        for a in order.permutation(np.arange(0, len(f_train), 2048)):
+            stock.partial_fit(stock_scaler.transform(f_train[a:a + 2048]), y_train[a:a + 2048], classes=np.arange(3))
+    assert np.array_equal(clf.coef_, stock.coef_) and np.array_equal(clf.intercept_, stock.intercept_)
+    acc = learn.accuracy(f_test, y_test, (scaler, clf))
+    assert acc == stock.score(stock_scaler.transform(f_test), y_test) and acc > 0.95
+
+
 def test_table1_reproduction_end_to_end(data, tmp_path, capsys):
     """tests/reproduce/table1.py on 48 training and 16 test rows, D = 32: every architecture's
     skeleton is built from the patch PCA, sampled, transformed and trained; ranks and the

@@ -106,7 +106,7 @@ def test_bad_values_are_value_errors_naming_the_row():
     z = x.copy()
     z[3] = 0.0
     est.fit(z)  # the default skeleton maps an all-zero row to the uniform direction
-    text = open(AUTO).read().replace("base: circle, scale: 0.5", "base: categorical, categories: 3")
+    text = open(AUTO).read().replace("base: circle, scale: $scale", "base: categorical, categories: 3")
     with pytest.raises(ValueError, match="row 0"):
         SkeletonFeatures(text, n_components=8, random_state=0).fit(x)
     with pytest.raises(ValueError, match="dtype must be one of"):

@@ -7,6 +7,7 @@ code 2 (usage) or 1 (runtime).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -128,6 +129,28 @@ def _emit_json(obj):
     click.echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
 
 
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """rfsgen's own warnings (:class:`~rfsgen.errors.RfsgenWarning`) as one line each on
+    stderr, ``rfsgen: warning: MESSAGE``; other warnings as Python shows them."""
+    import warnings
+
+    from ..errors import RfsgenWarning, one_line
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if isinstance(category, type) and issubclass(category, RfsgenWarning):
+                click.echo(f"rfsgen: warning: {one_line(message)}", err=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        warnings.simplefilter("default", RfsgenWarning)  # once per message, whatever the filters say
+        yield
+
+
 class _Group(click.Group):
     """The whole command line, from parsing the arguments to the last line, under one
     translation: click's usage errors as one line with exit code 2, and a signal at any
@@ -143,7 +166,7 @@ class _Group(click.Group):
             prog_name = prog_name or "rfsgen"
             self._main_shell_completion(extra, prog_name, complete_var)
             _signals.reached("parse")
-            with self.make_context(prog_name, args, **extra) as ctx:
+            with _warnings_as_lines(), self.make_context(prog_name, args, **extra) as ctx:
                 self.invoke(ctx)
         except click.exceptions.Exit as e:  # --help, --version
             _signals.finish()

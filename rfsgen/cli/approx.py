@@ -6,6 +6,7 @@ import click
 
 from . import main, translate_errors, _Progress, _emit_json
 from ._budget import max_memory_option
+from ._params import set_option
 
 
 @main.command("approx")
@@ -23,10 +24,12 @@ from ._budget import max_memory_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
 @click.option("--plot", "plot_path", help="Write a Figure-3-style PNG (needs matplotlib).")
 @click.option("--overwrite", is_flag=True, help="Replace the --plot file if it exists.")
+@set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
-def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as_json, plot_path, overwrite, quiet):
+def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as_json, plot_path, params, overwrite,
+               quiet):
     """How well random features approximate SKELETON's kernel on rows of INPUT.
 
     For each trial, draws --subset rows at random, samples a fresh feature map
@@ -47,7 +50,7 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
     from ..inputs import check_width, open_input, resolve_rows
     from ..skeleton import load_skeleton
 
-    skel = load_skeleton(skeleton)
+    skel = load_skeleton(skeleton, params=params)
     d = parse_budgets(budgets)
     with ExitStack() as stack:
         tmp = fmt = None

@@ -38,7 +38,8 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
         return
     rows = [
         ("file", f"{info['path']} ({info['file_bytes']} bytes, {info['bytes_per_column']:.2f} bytes/column)"),
-        ("skeleton", info["skeleton"]),
+        ("skeleton", info["skeleton"] + ("; params " + ", ".join(f"{k} = {v:g}" for k, v in info["params"].items())
+                                         if info.get("params") else "")),
         ("sampler", f"scheme {info['scheme']}, seed {info['seed']}, rfsgen {info['tool_version']}"),
         ("columns", f"{info['columns']} ({info['kinds']['real']} real, {info['kinds']['cos']} cos, {info['kinds']['sin']} sin)"),
     ]

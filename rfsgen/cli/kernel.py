@@ -6,6 +6,7 @@ import click
 
 from . import main, translate_errors, _Progress
 from ._budget import max_memory_option
+from ._params import set_option
 
 
 @main.command("kernel")
@@ -19,10 +20,11 @@ from ._budget import max_memory_option
               "node's box (or brownian), for a skeleton of one laplace or brownian node.")
 @click.option("--domain-from", "domain_from", metavar="ROWS", help="--eof: the box measured from these rows.")
 @click.option("--margin", type=float, help="--eof: with --domain-from, the widening (default 0.05).")
+@set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
-def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, margin, overwrite, quiet):
+def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, margin, params, overwrite, quiet):
     """Evaluate the exact kernel of SKELETON between rows of INPUT and INPUT2.
 
     Writes the float64 matrix K[i, j] = k(INPUT[i], INPUT2[j]) as .npy
@@ -45,9 +47,10 @@ def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, ma
 
         eof = {"domain_from": domain_from, "margin": margin}
         if not quiet:
-            click.echo(f"kernel: {limit_name(spec_of(load_skeleton(skeleton)).kernel)} (the limit of --scheme eof)",
+            click.echo(f"kernel: {limit_name(spec_of(load_skeleton(skeleton, params=params)).kernel)} (the limit of --scheme eof)",
                        err=True)
     elif domain_from is not None or margin is not None:
         raise UsageError("--domain-from and --margin are for --eof")
     with _Progress(None, "rows", quiet, "kernel") as bar:
-        kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof)
+        kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof,
+                     params=params)

@@ -7,6 +7,7 @@ import click
 from . import main, translate_errors, _Progress
 from ..errors import UsageError
 from ._budget import max_memory_option
+from ._params import set_option
 
 
 @main.command("sample")
@@ -28,11 +29,12 @@ from ._budget import max_memory_option
               "the column's range (default 0.05).")
 @click.option("-o", "--output", required=True, help="Feature file to write (.h5).")
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
+@set_option
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
-def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, output, width, overwrite, quiet):
+def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, output, width, params, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 
     SKELETON is a YAML file or a shipped skeleton's name (see 'rfsgen skeletons').
@@ -44,7 +46,7 @@ def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, outp
     \b
     Example:
       rfsgen sample cifar-deep -n 10000 --seed 1 -o feats.h5
-      rfsgen sample tabular-auto --width 64 -n 4096 -o tab.h5
+      rfsgen sample tabular-auto --width 64 -n 4096 --set scale=0.3 -o tab.h5
       rfsgen sample laplace.yaml --scheme eof --level 3 --domain-from train.npy -o eof.h5
     """
     from ..sampler import sample_file
@@ -56,6 +58,6 @@ def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, outp
         raise UsageError("missing option -n / --columns (the number of features D)")
     with _Progress(columns, "col", quiet, "sample") as bar:
         fs = sample_file(skeleton, columns, seed, output, scheme=scheme, width=width, overwrite=overwrite,
-                         progress=bar, **eof)
+                         progress=bar, params=params, **eof)
     if not quiet:
         click.echo(f"wrote {fs.columns} columns from {fs.draws} draws (dedup ratio {fs.draws / fs.columns:.2f}) to {output}", err=True)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _emit_json
+from ._params import set_option
 
 
 @main.command("skeleton")
 @click.argument("skeleton", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
+@set_option
 @translate_errors
-def skeleton_cmd(skeleton, as_json, width):
+def skeleton_cmd(skeleton, as_json, width, params):
     """Validate SKELETON (a YAML file or a shipped skeleton's name) and describe the kernel it defines.
 
     Prints node counts per layer, fan-in, depth, input width, the complexity
@@ -25,7 +27,7 @@ def skeleton_cmd(skeleton, as_json, width):
     """
     from ..skeleton import load_skeleton
 
-    skel = load_skeleton(skeleton)
+    skel = load_skeleton(skeleton, params=params)
     info = (skel.bind(width) if width is not None else skel).describe()
     if as_json:
         _emit_json(info)
@@ -34,6 +36,7 @@ def skeleton_cmd(skeleton, as_json, width):
         click.echo(f"skeleton   {info['path']}")
         click.echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
         click.echo("           sample --width N); pass --width N to see it for N columns")
+        _params_line(info)
         return
     shape = f" (shape {info['shape']})" if info["shape"] else ""
     click.echo(f"skeleton   {info['path']}")
@@ -42,6 +45,7 @@ def skeleton_cmd(skeleton, as_json, width):
     click.echo(f"depth      {info['depth']}")
     click.echo(f"output     {info['output']}")
     click.echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
+    _params_line(info)
     if info["unused_input_nodes"]:
         click.echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
     click.echo("")
@@ -86,3 +90,9 @@ def skeletons_cmd(as_json):
     width = max((len(n) for n in shipped), default=0)
     for name, description in shipped.items():
         click.echo(f"{name:<{width}}  {description}".rstrip())
+
+
+def _params_line(info):
+    if info.get("params"):
+        click.echo("params     " + ", ".join(f"{k} = {v:g}" for k, v in info["params"].items())
+                   + "  (set with --set NAME=VALUE)")
