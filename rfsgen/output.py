@@ -45,10 +45,11 @@ def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk
 
 def csr_block(values: int | None) -> int:
     """Values per HDF5 chunk of a CSR output's ``data`` and ``indices``: the smallest
-    power of two holding ``values`` (rows x columns, the most an output can store; a
-    stream's declared size counts, since the block is bounded either way), between
-    2^12 and 2^20.  HDF5 stores whole chunks, so a small output stays small; the block
-    depends only on the output's shape, never on how it is chunked, sharded or merged."""
+    power of two holding ``values`` (the values actually stored, nnz), between 2^12 and
+    2^20 (``None``: 2^20).  HDF5 stores whole chunks, so a small output stays small (a
+    sparse one too: the block follows the stored values, not rows x columns); the
+    block depends only on the values written, never on how they were chunked, sharded
+    or merged."""
     if values is None:
         return 1 << 20
     return 1 << min(20, max(12, (max(int(values), 1) - 1).bit_length()))
@@ -72,19 +73,31 @@ class _Appender:
     chunked them: HDF5 places chunks in the file in the order they are written, so
     writing several data blocks before the matching index blocks (a large chunk of
     rows) would lay the file out differently from alternating them (small chunks).
+
+    The datasets are created when the block is known: once ``max_block`` values have
+    arrived (the block is then ``max_block``), or at :meth:`close` with
+    :func:`csr_block` of the values written, so that a small output's chunks are sized
+    to its data.  Nothing else is created in the file meanwhile, so the file is laid
+    out as if they had been created up front.
     """
 
-    def __init__(self, group, names, dtypes, block, compression, check, sums=None):
-        self.block = block
+    def __init__(self, group, names, dtypes, compression, check, sums=None, max_block=1 << 20):
+        self.group, self.names, self.dtypes = group, names, dtypes
+        self.compression = compression
+        self.block = max_block  # until the datasets exist: how many values are held before they are
         self.sums = sums  # a Checksum per dataset, fed what is written, in order
         self.check = check  # called after every block: raises a recorded write error
-        kw = {} if compression == "none" else {"compression": compression}
-        self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
-                                        track_times=False, **kw) for n, t in zip(names, dtypes)]
+        self.ds = None
         self.raw = compression == "none"
-        self.pending = [np.empty(block, dtype=t) for t in dtypes]
+        self.pending = [np.empty(max_block, dtype=t) for t in dtypes]
         self.n_pending = 0
         self.size = 0
+
+    def _create(self, block):
+        kw = {} if self.compression == "none" else {"compression": self.compression}
+        self.block = block
+        self.ds = [self.group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
+                                             track_times=False, **kw) for n, t in zip(self.names, self.dtypes)]
 
     def add(self, *arrays):
         """Append one array per dataset, all of one length (copied: the caller may reuse
@@ -110,6 +123,8 @@ class _Appender:
 
     def _write(self, parts):
         size = parts[0].size
+        if self.ds is None:  # a full block before the end: the largest block
+            self._create(self.block)
         if not size:
             return
         for k, (ds, data) in enumerate(zip(self.ds, parts)):
@@ -126,6 +141,8 @@ class _Appender:
         self.check()
 
     def close(self):
+        if self.ds is None:  # every value is still here: chunks sized to them
+            self._create(csr_block(self.n_pending))
         self._write([p[:self.n_pending] for p in self.pending])
         self.n_pending = 0
 
@@ -572,8 +589,12 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
-            ds = f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
-                                  chunks=(rows_per_block, D), track_times=False, **kw)
+            ds = None
+
+            def create(rows):  # once the chunk is known: whole blocks, or all the rows if fewer
+                return f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
+                                        chunks=(max(1, rows), D), track_times=False, **kw)
+
             pending = np.zeros((0, D), dtype=dtype)
             for row0, vals in tr.chunks(src, chunk_rows, start, stop):
                 sums["X"].update(vals)
@@ -581,20 +602,21 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 n_rows += vals.shape[0]
                 full = (pending.shape[0] // rows_per_block) * rows_per_block
                 if full:  # whole HDF5 chunks only, so bytes do not depend on chunk_rows
+                    ds = ds if ds is not None else create(rows_per_block)
                     ds.resize((ds.shape[0] + full, D))
                     ds[-full:] = pending[:full]
                     pending = pending[full:]
                     sink.check()
                 if progress:
                     progress(vals.shape[0])
+            ds = ds if ds is not None else create(n_rows)  # fewer rows than a block: a chunk of them all
             if pending.shape[0]:
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
     g = f.create_group("X", track_order=False)
-    block = csr_block(None if stop is None else (stop - start) * D)
     index_dtype = np.int32 if D < 2**31 else np.int64
-    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check,
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check,
                       (sums["X/data"], sums["X/indices"]))
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
