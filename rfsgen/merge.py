@@ -355,13 +355,48 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
             raise _damaged(path, f"'{name}/_index' is not {size} strings stored in the file")
     for name in _EMPTY:
         g = _link(path, f, name, name)
-        if not isinstance(g, h5py.Group) or len(g):
+        if not isinstance(g, h5py.Group):
+            raise _damaged(path, f"'{name}' is not a group")
+        if len(g) and name != "uns":  # uns: the provenance, checked below
             raise _damaged(path, f"'{name}' is not an empty group")
     # Last: the number of rows is now known to be what the file holds.
     if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
         raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
                              "checksum is of other names (rows moved?)")
+    if len(f["uns"]):  # the provenance (shards written before it was there have none)
+        _check_uns(path, f["uns"], attrs, n, D, layout)
     return _Shard(path, f, attrs, record, start, stop, dtype, comp)
+
+
+def _check_uns(path, uns, attrs: dict, n: int, D: int, layout: str) -> None:
+    """``uns`` holds exactly ``uns["rfsgen"]``, the provenance that the root attributes
+    (already checked against the record) say, as :func:`rfsgen.output.write_root_attrs`
+    writes it.  A merge writes its own: nothing of it is copied."""
+    import h5py
+
+    from .output import UNS_KEY, provenance_items
+
+    _members(path, uns, {UNS_KEY}, "uns")
+    g = _link(path, uns, UNS_KEY, f"uns/{UNS_KEY}")
+    where = f"uns/{UNS_KEY}"
+    if not isinstance(g, h5py.Group):
+        raise _damaged(path, f"'{where}' is not a group")
+    _encoding(path, g, where, "dict", "0.1.0")
+    want = provenance_items(attrs, attrs["rows_start"], n, D, layout, attrs.get("clipped_values"))
+    _members(path, g, set(want), where)
+    for key, value in want.items():
+        ds = _link(path, g, key, f"{where}/{key}")
+        text = isinstance(value, str)
+        if not isinstance(ds, h5py.Dataset) or ds.shape != () or ds.is_virtual \
+                or ds.id.get_create_plist().get_external_count() \
+                or (h5py.check_string_dtype(ds.dtype) is None if text else ds.dtype != np.int64):
+            raise _damaged(path, f"'{where}/{key}' is not a {'string' if text else 'int64'} scalar stored in the file")
+        _encoding(path, ds, f"{where}/{key}", "string" if text else "numeric-scalar", "0.2.0")
+        got = ds[()]
+        got = got.decode("utf-8", "replace") if isinstance(got, bytes) else (got if text else int(got))
+        if got != value:
+            raise _damaged(path, f"'{where}/{key}' is {_show(got)} but the shard's attributes and integrity record "
+                                 f"say {_show(value)}")
 
 
 def _verify_names(s: _Shard) -> None:
@@ -681,11 +716,9 @@ def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progre
             f.create_virtual_dataset("X", layout, fillvalue=np.nan)
             with deferred():
                 names, names_sha = _write_annotations(f, src, start, stop - start, D, "dense")
-                write_root_attrs(f, provenance, start, stop - start, D, "dense")
-                f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
                 clipped = _clipped(order)
-                if clipped is not None:
-                    f.attrs["clipped_values"] = clipped
+                write_root_attrs(f, provenance, start, stop - start, D, "dense", clipped)
+                f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
                 write_record(f, make_record(provenance, start=start, n_rows=stop - start, columns=D, layout="dense",
                                             dtype=first.dtype, compression="none", nnz=(stop - start) * D,
                                             checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha,

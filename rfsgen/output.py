@@ -18,7 +18,7 @@ import hashlib
 import numpy as np
 
 from .errors import UsageError
-from .h5ad import mark_csr, mark_dense, mark_root, write_index
+from .h5ad import feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 LAYOUTS = ("csr", "dense")
@@ -359,10 +359,8 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
                                  sums)
             with deferred():
                 names, names_sha = _write_annotations(f, src, start, n_rows, D, layout)
-                write_root_attrs(f, provenance, start, n_rows, D, layout)
                 clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
-                if clipped is not None:
-                    f.attrs["clipped_values"] = int(clipped)
+                write_root_attrs(f, provenance, start, n_rows, D, layout, clipped)
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
                                             checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
@@ -374,15 +372,30 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     return info
 
 
-def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str) -> None:
-    """rfsgen's provenance at the root, in this order: rfsgen_version, features_file,
-    features_sha256, input, rows_start, rows_stop, columns, layout."""
-    for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
-        f.attrs[key] = provenance[key]
-    f.attrs["rows_start"] = start
-    f.attrs["rows_stop"] = start + n_rows
-    f.attrs["columns"] = columns
-    f.attrs["layout"] = layout
+def provenance_items(provenance: dict, start: int, n_rows: int, columns: int, layout: str,
+                     clipped: int | None = None) -> dict:
+    """rfsgen's provenance of an output, in this order: rfsgen_version, features_file,
+    features_sha256, input, rows_start, rows_stop, columns, layout (and clipped_values
+    for an EOF output)."""
+    items = {key: provenance[key] for key in ("rfsgen_version", "features_file", "features_sha256", "input")}
+    items.update(rows_start=int(start), rows_stop=int(start + n_rows), columns=int(columns), layout=layout)
+    if clipped is not None:
+        items["clipped_values"] = int(clipped)
+    return items
+
+
+#: The ``uns`` entry holding the provenance, where anndata users look for it.
+UNS_KEY = "rfsgen"
+
+
+def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str,
+                     clipped: int | None = None) -> None:
+    """rfsgen's provenance (:func:`provenance_items`) at the root, and the same in
+    ``uns["rfsgen"]`` (which anndata reads; it ignores root attributes)."""
+    items = provenance_items(provenance, start, n_rows, columns, layout, clipped)
+    for key, value in items.items():
+        f.attrs[key] = value
+    write_uns_dict(f, UNS_KEY, items)
 
 
 def write_record(f, record: dict) -> None:
@@ -395,7 +408,7 @@ def write_record(f, record: dict) -> None:
 def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> tuple:
     """What makes the output an AnnData file: encodings, ``obs`` (the input's row
     names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
-    their rows' names) and ``var`` (column numbers).  Returns where the row names
+    their rows' names) and ``var`` (the column names, :func:`rfsgen.h5ad.feature_names`).  Returns where the row names
     came from (``"input"`` or ``"numbers"``) and their :class:`NamesChecksum`."""
     if layout == "dense":
         mark_dense(f["X"])
@@ -405,7 +418,7 @@ def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: st
         names = _offset_names(src, start)
     digest = NamesChecksum()
     write_index(f, "obs", n_rows, names, first=start, digest=digest)
-    write_index(f, "var", columns, None)
+    write_index(f, "var", columns, feature_names)
     return ("numbers" if names is None else "input"), digest.hexdigest()
 
 

@@ -166,6 +166,14 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     def _n_features_out(self):
         return self.features_.columns
 
+    def get_feature_names_out(self, input_features=None):
+        """``skeletonfeatures0`` .. : the names rfsgen's output files give their columns
+        (:func:`rfsgen.h5ad.feature_names`), ndarray of str objects ``(n_components,)``."""
+        from .h5ad import feature_names
+
+        super().get_feature_names_out(input_features)  # scikit-learn's checks (fitted, input_features)
+        return np.asarray(feature_names(0, self._n_features_out), dtype=object)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True

@@ -58,7 +58,7 @@ def test_outputs_open_with_anndata_in_memory_and_backed(tmp_path, rows, layout):
     want = rfsgen.transform(rfsgen.load_features(tmp_path / "f.h5"), rows[5:25], layout="dense")
     got = a.X.toarray() if sp.issparse(a.X) else a.X
     assert a.shape == (20, 200) and np.array_equal(got, want)  # CSR drops exact zeros, -0.0 among them
-    assert list(a.obs_names[:2]) == ["5", "6"] and list(a.var_names[-1:]) == ["199"]  # absolute row numbers
+    assert list(a.obs_names[:2]) == ["5", "6"] and list(a.var_names[-1:]) == ["skeletonfeatures199"]  # absolute row numbers
     b = _read_h5ad(out, backed="r")
     assert b.shape == (20, 200)
     part = b.X[3:7]
@@ -101,3 +101,47 @@ def test_in_memory_sparse_rows_give_sparse_features(rows, tmp_path):
     assert dense_of_sparse.tobytes() == rfsgen.transform(fs, rows, layout="dense").tobytes()
     k = rfsgen.kernel(rfsgen.parse_skeleton(COORDINATE), sp.csr_matrix(rows))
     assert np.array_equal(k, rfsgen.kernel(rfsgen.parse_skeleton(COORDINATE), rows))
+
+
+def test_provenance_is_in_uns_and_shards_with_it_merge_to_the_unsharded_file(tmp_path, rows):
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / "all.h5ad", "-q"]).exit_code == 0
+    a = _read_h5ad(tmp_path / "all.h5ad")
+    prov = a.uns["rfsgen"]
+    with h5py.File(tmp_path / "all.h5ad", "r") as f:
+        for key in ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop",
+                    "columns", "layout"):
+            v = f.attrs[key]
+            assert prov[key] == (v.item() if isinstance(v, np.generic) else v), key
+    assert (prov["rows_start"], prov["rows_stop"], prov["columns"], prov["layout"]) == (0, 30, 200, "csr")
+    for k in range(3):
+        assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / f"s{k}.h5ad",
+                    "--shard", f"{k}/3", "-q"]).exit_code == 0
+    assert _read_h5ad(tmp_path / "s1.h5ad").uns["rfsgen"]["rows_start"] == 10
+    res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in (2, 0, 1)), "-o", tmp_path / "m.h5ad", "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "m.h5ad").read_bytes() == (tmp_path / "all.h5ad").read_bytes()
+    assert _read_h5ad(tmp_path / "m.h5ad").uns["rfsgen"]["rows_stop"] == 30
+
+
+@pytest.mark.parametrize("how", ["value", "extra", "missing", "type"])
+def test_a_shard_with_edited_provenance_in_uns_is_refused(tmp_path, rows, how):
+    for k in range(2):
+        assert run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / f"s{k}.h5",
+                    "--shard", f"{k}/2", "-q"]).exit_code == 0
+    with h5py.File(tmp_path / "s1.h5", "r+") as f:
+        g = f["uns/rfsgen"]
+        if how == "value":
+            del g["input"]
+            g["input"] = "elsewhere.npy"
+            g["input"].attrs["encoding-type"], g["input"].attrs["encoding-version"] = "string", "0.2.0"
+        elif how == "extra":
+            g["note"] = 1
+        elif how == "missing":
+            del g["rows_stop"]
+        else:
+            del g["rows_start"]
+            g["rows_start"] = 15.0
+    res = run(["merge", tmp_path / "s0.h5", tmp_path / "s1.h5", "-o", tmp_path / "m.h5"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "s1.h5: 'uns/rfsgen" in res.output and "re-create it with 'rfsgen transform'" in res.output
+    assert not (tmp_path / "m.h5").exists()
