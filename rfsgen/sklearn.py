@@ -93,6 +93,9 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         Output dtype; inputs of either float dtype are read as they are.
     sparse_output : bool
         Return a ``scipy.sparse.csr_matrix`` (exact zeros dropped) instead of an array.
+    layer : str or None
+        For ``anndata.AnnData`` inputs: the layer the rows are read from (None: ``X``).
+        An AnnData (backed too) may be passed wherever ``X`` is.
 
     Attributes
     ----------
@@ -105,13 +108,14 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False):
+                 sparse_output=False, layer=None):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
         self.scheme = scheme
         self.dtype = dtype
         self.sparse_output = sparse_output
+        self.layer = layer
 
     def _check_params(self):
         if self.dtype not in _DTYPES:
@@ -135,7 +139,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .sampler import sample
 
         self._check_params()
-        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
+        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
         skel = resolve_skeleton(self.skeleton)
         try:
             skel = skel.bind(X.shape[1])
@@ -159,8 +163,20 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .transform import transform
 
         check_is_fitted(self, "features_")
-        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
+        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
         return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype)
+
+    def _rows(self, X):
+        """``X`` itself, or for an AnnData its X or ``layers[self.layer]`` (backed: read)."""
+        from .inputs import anndata_matrix, is_anndata
+
+        if not is_anndata(X):
+            if self.layer is not None:
+                raise ValueError(f"layer={self.layer!r} is for AnnData inputs, not {type(X).__name__}; "
+                                 "pass the rows themselves with layer=None")
+            return X
+        X, _ = anndata_matrix(X, self.layer)
+        return X.to_memory() if hasattr(X, "to_memory") else X  # backed sparse: scikit-learn needs it in memory
 
     @property
     def _n_features_out(self):

@@ -265,17 +265,18 @@ def _unique_columns(keys: np.ndarray):
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
-              progress: Callable[[int], None] | None = None):
+              progress: Callable[[int], None] | None = None, layer: str | None = None):
     """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``).
 
-    ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes.
+    ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
+    an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).
     """
     from .inputs import check_width, open_input
 
     _check_options(layout, dtype, "none")
     tr = Transformer(fs, DTYPES[dtype])
     chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
-    with open_input(x) as src:
+    with open_input(x, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape, **_bound_by(fs, "the feature set", src))
         D = fs.columns
         if layout == "dense" and src.n_rows is not None:

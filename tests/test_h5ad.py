@@ -145,3 +145,55 @@ def test_a_shard_with_edited_provenance_in_uns_is_refused(tmp_path, rows, how):
     assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
     assert "s1.h5: 'uns/rfsgen" in res.output and "re-create it with 'rfsgen transform'" in res.output
     assert not (tmp_path / "m.h5").exists()
+
+
+def test_rfsgen_transform_takes_anndata_objects_their_layers_and_backed_x(tmp_path, rows):
+    fs = rfsgen.load_features(tmp_path / "f.h5")
+    want = rfsgen.transform(fs, rows, layout="dense")
+    a = _read_h5ad(tmp_path / "x.h5ad")
+    assert np.array_equal(rfsgen.transform(fs, a).toarray(), want)
+    assert np.array_equal(rfsgen.transform(fs, a, layer="counts", layout="dense"),
+                          rfsgen.transform(fs, np.abs(rows), layout="dense"))
+    assert np.array_equal(rfsgen.transform(fs, tmp_path / "x.h5ad", layer="counts", layout="dense"),
+                          rfsgen.transform(fs, np.abs(rows), layout="dense"))
+    b = _read_h5ad(tmp_path / "x.h5ad", backed="r")  # X: anndata's backed CSR dataset
+    assert np.array_equal(rfsgen.transform(fs, b, layout="dense"), want)
+    b.file.close()
+    d = anndata.AnnData(rows)
+    d.write_h5ad(tmp_path / "d.h5ad")
+    bd = _read_h5ad(tmp_path / "d.h5ad", backed="r")  # X: an h5py dataset
+    assert rfsgen.transform(fs, bd, layout="dense").tobytes() == want.tobytes()
+    bd.file.close()
+
+
+@pytest.mark.parametrize("layer, obj, kind, text", [
+    ("nope", "adata", rfsgen.InputError, "<AnnData>: has no layer 'nope' (layers: 'counts')"),
+    ("counts", "array", rfsgen.UsageError, "layer='counts' is for AnnData inputs"),
+    ("counts", "npy", rfsgen.UsageError, "layer='counts' is for AnnData inputs (or an .h5ad path"),
+    (None, "nox", rfsgen.InputError, "<AnnData>: has no X"),
+])
+def test_layer_mistakes_are_one_line_errors(tmp_path, rows, layer, obj, kind, text):
+    fs = rfsgen.load_features(tmp_path / "f.h5")
+    x = {"adata": lambda: _read_h5ad(tmp_path / "x.h5ad"), "array": lambda: rows,
+         "npy": lambda: tmp_path / "x.npy", "nox": lambda: anndata.AnnData(obs={"a": np.arange(3)})}[obj]()
+    with pytest.raises(kind) as e:
+        rfsgen.transform(fs, x, layer=layer)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_skeleton_features_takes_anndata_and_a_layer(tmp_path, rows):
+    from rfsgen.sklearn import SkeletonFeatures
+
+    a = _read_h5ad(tmp_path / "x.h5ad")
+    est = SkeletonFeatures(COORDINATE, n_components=64, random_state=0)
+    z = est.fit_transform(a)
+    assert np.array_equal(z, SkeletonFeatures(COORDINATE, n_components=64, random_state=0).fit_transform(rows))
+    b = _read_h5ad(tmp_path / "x.h5ad", backed="r")
+    assert np.array_equal(est.transform(b), z)
+    b.file.close()
+    on_counts = SkeletonFeatures(COORDINATE, n_components=64, random_state=0, layer="counts").fit(a)
+    assert np.array_equal(on_counts.transform(a), est.transform(np.abs(rows)))
+    with pytest.raises(ValueError, match="has no layer 'raw'"):
+        SkeletonFeatures(COORDINATE, n_components=64, layer="raw").fit(a)
+    with pytest.raises(ValueError, match="layer='counts' is for AnnData inputs"):
+        on_counts.transform(rows)
