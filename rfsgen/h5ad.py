@@ -67,17 +67,22 @@ def mark_csr(group, shape) -> None:
     group.attrs["shape"] = np.asarray(shape, dtype=np.int64)
 
 
-def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, first: int = 0, digest=None) -> None:
+def write_index(f, name: str, n: int, names: Callable[[int, int], list] | None, first: int = 0, digest=None,
+                columns: list | None = None) -> None:
     """A dataframe group ``name`` (``obs`` or ``var``) with ``n`` string index values:
     ``names(a, b)`` for entries ``a:b`` when given, else the numbers
     ``first .. first + n - 1`` as strings.  ``digest.update(block)``, if given, sees
-    every block of values in order (the output's integrity record)."""
+    every block of values in order (the output's integrity record).  ``columns``: the
+    names of the columns the caller writes next (its ``column-order``)."""
     import h5py
 
     g = f.create_group(name)
     _enc(g, "dataframe", "0.2.0")
     g.attrs["_index"] = "_index"
-    g.attrs["column-order"] = np.array([], dtype=np.float64)
+    if columns:
+        g.attrs.create("column-order", np.array(columns, dtype=object), dtype=h5py.string_dtype("utf-8"))
+    else:
+        g.attrs["column-order"] = np.array([], dtype=np.float64)
     ds = g.create_dataset("_index", shape=(n,), dtype=h5py.string_dtype("utf-8"), track_times=False)
     _enc(ds, "string-array", "0.2.0")
     for a in range(0, n, NAME_BLOCK):

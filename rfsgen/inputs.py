@@ -63,6 +63,9 @@ class InputSource:
         return np.concatenate(parts).astype(np.float64, copy=False)
 
     _row_names = None  # a reader (start, stop) -> list of str, for inputs with row names
+    #: The input's obs columns (:class:`rfsgen.obs.ObsColumns`; an ``.h5ad``'s X or
+    #: layers), which an output carries; None for other inputs.
+    obs_columns = None
 
     def row_names(self, start: int, stop: int):
         """Names of rows ``start:stop`` (list of str) when the input has them (the
@@ -448,7 +451,6 @@ def _from_anndata(adata, layer) -> InputSource:
             return out
 
         src._row_names = read
-    src.anndata = adata  # an output can carry its obs columns (see rfsgen.obs)
     return src
 
 
@@ -841,6 +843,7 @@ def _open_h5(p: Path, key):
             _check_dataset(obj, p, key)
             src = ArraySource(obj, f"{p}:{key}", closer=f.close,
                               row_names=_obs_names(f, p, key, obj.shape[0] if obj.ndim else 0))
+            src.obs_columns = _obs_columns(f, p, key, src.n_rows)
         else:
             if not names:
                 try:
@@ -872,8 +875,43 @@ def _h5_csr(f, g, p, key):
     if shape is None or len(shape) != 2:
         raise InputError(f"{p}:{key}: the CSR group has no 2-D 'shape' attribute; rewrite it with anndata")
     names = _obs_names(f, p, key, shape[0])
-    return CsrRowsSource(f"{p}:{key}", shape, parts["indptr"], parts["data"], parts["indices"], closer=f.close,
-                         row_names=names)
+    src = CsrRowsSource(f"{p}:{key}", shape, parts["indptr"], parts["data"], parts["indices"], closer=f.close,
+                        row_names=names)
+    src.obs_columns = _obs_columns(f, p, key, shape[0])
+    return src
+
+
+def _obs_columns(f, p, key, n_rows):
+    """For an AnnData file's X or layers: its ``obs`` columns (:class:`rfsgen.obs.ObsColumns`),
+    checked now, before any output exists; None when there are none."""
+    if not (key in ("/X", "X") or key.lstrip("/").startswith("layers/")):
+        return None
+    import h5py
+
+    from . import obs as obs_mod
+
+    g = _h5_get(f, "/obs", p)
+    if not isinstance(g, h5py.Group) or _encoding(g) != "dataframe":
+        return None
+
+    def get(group, name, where):
+        return _h5_get(f, group.name.rstrip("/") + "/" + name, p)
+
+    def fail(where, what):
+        fix = "" if "drop" in what else "; the file is damaged: drop that obs column or write the file again with anndata"
+        return InputError(f"{p}:/{where}: {what}{fix}")
+
+    def check(ds, where):
+        _check_dataset(ds, p, "/" + where, "the obs column")
+
+    try:
+        columns = obs_mod.describe(g, n_rows, get, fail, check)
+    except InputError:
+        raise
+    except Exception as e:  # h5py's own errors on damaged metadata
+        raise InputError(f"{p}:/obs: cannot read its columns ({' '.join(str(e).split())[:120]}); the file is "
+                         "damaged") from None
+    return obs_mod.from_file(g, columns) if columns else None
 
 
 def _obs_names(f, p, key, n_rows):

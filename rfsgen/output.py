@@ -300,7 +300,8 @@ def seal_of(record: dict) -> str:
 
 
 def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layout: str, dtype, compression: str,
-                nnz: int, checksums: dict, names: str, names_sha256: str, clipped: int | None = None) -> dict:
+                nnz: int, checksums: dict, names: str, names_sha256: str, clipped: int | None = None,
+                obs_sha256: str | None = None) -> dict:
     """The integrity record of an output (see :data:`RECORD_ATTR`), sealed.
 
     ``checksums`` maps each data dataset (``X``, or ``X/data``, ``X/indices``,
@@ -308,6 +309,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
     from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
     ``names_sha256`` is their :class:`NamesChecksum`.  ``clipped``: an EOF output's count
     of input values clipped to the box (the ``clipped_values`` attribute), sealed with the rest.
+    ``obs_sha256``: the digest of the obs columns carried from the input
+    (:meth:`rfsgen.obs.ObsColumns.write`), when there are any.
     """
     record = {
         "format": RECORD_FORMAT, "version": RECORD_VERSION,
@@ -319,6 +322,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
     }
     if clipped is not None:
         record["clipped_values"] = int(clipped)
+    if obs_sha256 is not None:  # an .h5ad input's obs columns (rfsgen.obs), sealed with the rest
+        record["obs_columns_sha256"] = obs_sha256
     record["seal"] = seal_of(record)
     return record
 
@@ -358,13 +363,13 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
                                  sums)
             with deferred():
-                names, names_sha = _write_annotations(f, src, start, n_rows, D, layout)
+                names, names_sha, obs_sha = _write_annotations(f, src, start, n_rows, D, layout)
                 clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
                 write_root_attrs(f, provenance, start, n_rows, D, layout, clipped)
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
                                             checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
-                                            names_sha256=names_sha, clipped=clipped))
+                                            names_sha256=names_sha, clipped=clipped, obs_sha256=obs_sha))
         sink.check()
     info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
     if clipped is not None:
@@ -408,8 +413,10 @@ def write_record(f, record: dict) -> None:
 def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> tuple:
     """What makes the output an AnnData file: encodings, ``obs`` (the input's row
     names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
-    their rows' names) and ``var`` (the column names, :func:`rfsgen.h5ad.feature_names`).  Returns where the row names
-    came from (``"input"`` or ``"numbers"``) and their :class:`NamesChecksum`."""
+    their rows' names, and the input's obs columns, :mod:`rfsgen.obs`) and ``var`` (the
+    column names, :func:`rfsgen.h5ad.feature_names`).  Returns where the row names came
+    from (``"input"`` or ``"numbers"``), their :class:`NamesChecksum` and the obs
+    columns' digest (None without columns)."""
     if layout == "dense":
         mark_dense(f["X"])
     mark_root(f)
@@ -417,9 +424,12 @@ def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: st
     if src.row_names(start, start) is not None:  # the input has row names
         names = _offset_names(src, start)
     digest = NamesChecksum()
-    write_index(f, "obs", n_rows, names, first=start, digest=digest)
+    obs = getattr(src, "obs_columns", None)  # an .h5ad input's obs columns (rfsgen.obs)
+    write_index(f, "obs", n_rows, names, first=start, digest=digest,
+                columns=[c.name for c in obs.columns] if obs is not None else None)
+    obs_sha = obs.write(f["obs"], start, n_rows) if obs is not None else None
     write_index(f, "var", columns, feature_names)
-    return ("numbers" if names is None else "input"), digest.hexdigest()
+    return ("numbers" if names is None else "input"), digest.hexdigest(), obs_sha
 
 
 def _offset_names(src, start):
