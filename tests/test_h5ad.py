@@ -197,3 +197,99 @@ def test_skeleton_features_takes_anndata_and_a_layer(tmp_path, rows):
         SkeletonFeatures(COORDINATE, n_components=64, layer="raw").fit(a)
     with pytest.raises(ValueError, match="layer='counts' is for AnnData inputs"):
         on_counts.transform(rows)
+
+
+def _annotated(tmp_path, n=40, width=12):
+    """An .h5ad with obs columns of every kind rfsgen carries, and a feature file for it."""
+    import pandas as pd
+
+    x = sp.random(n, width, density=0.3, format="csr", rng=np.random.default_rng(1))
+    a = anndata.AnnData(x)
+    a.obs_names = [f"c{i}" for i in range(n)]
+    a.obs["cell_type"] = pd.Categorical(np.array(["T", "B", "NK"])[np.arange(n) % 3])
+    a.obs["batch"] = np.arange(n) // 10
+    a.obs["score"] = np.linspace(0, 1, n)
+    a.obs["count"] = pd.array([None if i % 7 == 0 else i for i in range(n)], dtype="Int64")
+    a.obs["flag"] = np.arange(n) % 2 == 0
+    a.obs["label"] = [f"l{i}" for i in range(n)]
+    a.obs["grade"] = pd.Categorical(np.arange(n) % 4, ordered=True)
+    a.write_h5ad(tmp_path / "a.h5ad")
+    (tmp_path / "s.yaml").write_text(COORDINATE)
+    assert run(["sample", tmp_path / "s.yaml", "--width", width, "-n", 50, "-o", tmp_path / "fa.h5", "-q"]).exit_code == 0
+    return a
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_obs_columns_are_carried_through_rows_shards_and_merge(tmp_path, layout):
+    a = _annotated(tmp_path)
+    f, x = tmp_path / "fa.h5", tmp_path / "a.h5ad"
+    assert run(["transform", f, x, "-o", tmp_path / "all.h5ad", "--layout", layout, "-q"]).exit_code == 0
+    out = _read_h5ad(tmp_path / "all.h5ad")
+    assert out.obs.equals(a.obs) and list(out.obs.columns) == list(a.obs.columns)
+    assert run(["transform", f, x, "-o", tmp_path / "r.h5ad", "--rows", "13:29", "--layout", layout]).exit_code == 0
+    assert _read_h5ad(tmp_path / "r.h5ad").obs.equals(a.obs.iloc[13:29])
+    for k in range(3):
+        assert run(["transform", f, x, "-o", tmp_path / f"s{k}.h5ad", "--shard", f"{k}/3", "--layout", layout,
+                    "-q"]).exit_code == 0
+    shard = _read_h5ad(tmp_path / "s1.h5ad")
+    assert shard.obs.equals(a.obs.iloc[13:26]) and list(shard.obs["cell_type"].cat.categories) == ["B", "NK", "T"]
+    res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in (1, 2, 0)), "-o", tmp_path / "m.h5ad", "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "m.h5ad").read_bytes() == (tmp_path / "all.h5ad").read_bytes()
+    if layout == "dense":
+        res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in range(3)), "-o", tmp_path / "v.h5ad", "--virtual"])
+        assert res.exit_code == 0, res.output
+        assert _read_h5ad(tmp_path / "v.h5ad").obs.equals(a.obs)
+
+
+@pytest.mark.parametrize("how", ["value", "string", "category", "mask", "dropped", "order"])
+def test_a_shard_with_edited_obs_columns_is_refused(tmp_path, how):
+    _annotated(tmp_path)
+    for k in range(2):
+        assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / f"s{k}.h5ad",
+                    "--shard", f"{k}/2", "-q"]).exit_code == 0
+    with h5py.File(tmp_path / "s1.h5ad", "r+") as f:
+        obs = f["obs"]
+        if how == "value":
+            obs["batch"][3] = 99
+        elif how == "string":
+            obs["label"][0] = "changed"
+        elif how == "category":
+            obs["cell_type/categories"][0] = "X"
+        elif how == "mask":
+            obs["count/mask"][1] = not obs["count/mask"][1]
+        elif how == "dropped":
+            del obs["score"]
+        else:
+            obs.attrs["column-order"] = np.array(list(obs.attrs["column-order"])[::-1], dtype=object)
+    res = run(["merge", tmp_path / "s0.h5ad", tmp_path / "s1.h5ad", "-o", tmp_path / "m.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "s1.h5ad" in res.output and not (tmp_path / "m.h5ad").exists()
+    want = {"value": "do not match the checksum", "string": "do not match the checksum",
+            "category": "different obs columns", "mask": "do not match the checksum",
+            "dropped": "has no 'obs/score'",
+            "order": "different obs columns"}[how]
+    assert want in res.output, res.output
+
+
+def test_shards_of_inputs_with_different_obs_columns_do_not_merge(tmp_path):
+    a = _annotated(tmp_path)
+    assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "s0.h5ad", "--rows", "0:20",
+                "-q"]).exit_code == 0
+    del a.obs["batch"]
+    a.write_h5ad(tmp_path / "a.h5ad")
+    assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "s1.h5ad", "--rows", "20:40",
+                "-q"]).exit_code == 0
+    res = run(["merge", tmp_path / "s0.h5ad", tmp_path / "s1.h5ad", "-o", tmp_path / "m.h5ad"])
+    assert res.exit_code == 2 and "have different obs columns" in res.output
+
+
+def test_an_obs_column_rfsgen_cannot_carry_is_a_one_line_error(tmp_path):
+    _annotated(tmp_path)
+    with h5py.File(tmp_path / "a.h5ad", "r+") as f:
+        f["obs"].create_group("nested").attrs["encoding-type"] = "dataframe"
+        f["obs"].attrs["column-order"] = np.array(list(f["obs"].attrs["column-order"]) + ["nested"], dtype=object)
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert "a.h5ad:/obs/nested: the obs column 'nested' is encoded as 'dataframe'" in res.output
+    assert "del adata.obs" in res.output and not (tmp_path / "o.h5ad").exists()
