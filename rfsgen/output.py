@@ -462,7 +462,7 @@ def _overlapped(chunks, put, progress) -> int:
     return n_rows
 
 
-def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum) -> int:
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum, name="X") -> int:
     """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
     is filled directly, without going through h5py's write path.  ``checksum`` (a
     :class:`Checksum`) is fed each chunk's values as they are written.
@@ -484,7 +484,7 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     D = tr.columns
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # place the data area now...
-    ds = f.create_dataset("X", shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
+    ds = f.create_dataset(name, shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
                           fill_time="never")  # ...without writing zeros into it first
     offset = ds.id.get_offset()
     if not n or not D or offset is None:  # nothing to place: an empty dataset
@@ -597,9 +597,9 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     return n_rows
 
 
-def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums):
-    """Write ``X``; ``sums`` maps each of its datasets to a :class:`Checksum` fed its bytes.
-    Returns ``(rows, nnz)``."""
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X"):
+    """Write ``X`` (or the matrix at path ``name``); ``sums`` maps each of its datasets
+    (named as in ``X``) to a :class:`Checksum` fed its bytes.  Returns ``(rows, nnz)``."""
     D = tr.columns
     # A stream's declared length is placed only once its rows have arrived (a forged
     # header declaring 10^12 rows would otherwise reserve petabytes).
@@ -608,14 +608,14 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"])
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"], name)
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
             ds = None
 
             def create(rows):  # once the chunk is known: whole blocks, or all the rows if fewer
-                return f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
+                return f.create_dataset(name, shape=(0, D), maxshape=(None, D), dtype=dtype,
                                         chunks=(max(1, rows), D), track_times=False, **kw)
 
             pending = np.zeros((0, D), dtype=dtype)
@@ -637,7 +637,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
-    g = f.create_group("X", track_order=False)
+    g = f.create_group(name, track_order=False)
     index_dtype = np.int32 if D < 2**31 else np.int64
     pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check,
                       (sums["X/data"], sums["X/indices"]))
@@ -658,3 +658,74 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)
     mark_csr(g, (n_rows, D))
     return n_rows, nnz
+
+
+def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compression, chunk_rows, overwrite, inputs,
+               progress, provenance: dict) -> dict:
+    """A copy of the AnnData file ``adata_path`` (its X, obs, var, layers, ... as they
+    are) with every row of ``src`` through ``tr`` added as ``obsm[key]`` (dense, or CSR
+    in anndata's encoding) and the provenance as ``uns["rfsgen"][key]``, written
+    atomically to ``output``.  The copy is made byte for byte, then extended with
+    HDF5; no integrity record (it is not a shard).  Returns a summary dict."""
+    import h5py
+
+    from ._signals import deferred
+    from .atomic import SafeFile, atomic_path
+    from .errors import InputError
+
+    _check_obsm_key(adata_path, key)
+    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    np_dtype = np.dtype(DTYPES[dtype])
+    D, n = tr.columns, src.n_rows
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase("transform", n)
+    with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
+        with open(adata_path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                sink.write(block)
+        sink.check()
+        sink.seek(0)
+        try:
+            f = h5py.File(sink, "r+")
+        except OSError:
+            raise InputError(f"{adata_path}: its copy cannot be opened by HDF5 to add obsm['{key}']; the file is "
+                             "damaged") from None
+        with f:
+            if "obsm" not in f:  # files written before anndata had obsm
+                f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+            name = f"obsm/{key}"
+            sums = {k: Checksum() for k in (("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr"))}
+            n_rows, nnz = _write(f, tr, src, 0, n, layout, np_dtype, compression, chunk_rows, progress, sink, sums,
+                                 name=name)
+            with deferred():
+                if layout == "dense":
+                    mark_dense(f[name])
+                if "uns" not in f:
+                    f.create_group("uns").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+                if UNS_KEY not in f["uns"]:
+                    f["uns"].create_group(UNS_KEY).attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+                write_uns_dict(f, f"{UNS_KEY}/{key}", provenance_items(provenance, 0, n_rows, D, layout))
+        sink.check()
+    return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output), "obsm": key}
+
+
+def _check_obsm_key(adata_path, key: str) -> None:
+    """Before any work: ``key`` is a name that the copy does not hold yet (in ``obsm``
+    and in ``uns["rfsgen"]``)."""
+    import h5py
+
+    from .errors import InputError
+
+    if not key or "/" in key or key in (".", ".."):
+        raise UsageError(f"--obsm {key!r}: give a name without '/' (for example X_rfsgen)")
+    try:
+        with h5py.File(adata_path, "r") as f:
+            for where in (f"obsm/{key}", f"uns/{UNS_KEY}/{key}"):
+                if f.get(where, getlink=True) is not None:
+                    raise UsageError(f"{adata_path}: already holds '{where}'; choose another --obsm KEY",)
+            uns = f.get(f"uns/{UNS_KEY}", getlink=True)
+            if uns is not None and not isinstance(f[f"uns/{UNS_KEY}"], h5py.Group):
+                raise UsageError(f"{adata_path}: its uns['{UNS_KEY}'] is not a dict, so the provenance of "
+                                 f"obsm['{key}'] cannot go there; remove it first")
+    except OSError:
+        raise InputError(f"{adata_path}: not a readable HDF5 file") from None

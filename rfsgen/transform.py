@@ -358,9 +358,26 @@ def _swapped(features, input) -> FeatureFileError | None:
                             f"swapped; give the feature file first (transform FEATURES INPUT)")
 
 
+def _obsm_input(input, key, rows, shard) -> str:
+    """The AnnData file that ``--obsm`` copies: ``input`` must be an ``.h5ad`` path (its
+    X or a layer), read whole."""
+    import os
+
+    from .inputs import _split_spec
+
+    if rows is not None or shard is not None:
+        raise UsageError("--obsm writes the features of every row into a copy of the input AnnData; it cannot take "
+                         "--rows or --shard (transform without --obsm for parts of the rows)")
+    path = _split_spec(os.fspath(input))[0] if isinstance(input, (str, os.PathLike)) else None
+    if path is None or not path.lower().endswith(".h5ad"):
+        raise UsageError(f"--obsm {key}: the input must be an .h5ad file (the AnnData to copy), not "
+                         f"{input if path is not None else type(input).__name__}")
+    return path
+
+
 def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
                    chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
-                   engine=None) -> dict:
+                   engine=None, obsm=None, layer=None) -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
@@ -369,6 +386,10 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     (rows, columns, nnz, output).  ``engine(fs, dtype)``, if given, makes what computes
     the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one that
     runs them on a cluster); the output is the same.
+
+    ``obsm`` (an ``.h5ad`` input): the output is a copy of the input AnnData file with
+    the features of every row added as ``obsm[obsm]`` (:func:`rfsgen.output.write_obsm`).
+    ``layer``: with an ``.h5ad`` path, read ``layers[layer]`` instead of X.
     """
     from . import __version__
     from .features import load
@@ -380,12 +401,13 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     if rows is not None and shard is not None:
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
+    adata_path = _obsm_input(input, obsm, rows, shard) if obsm is not None else None
     try:
         fs = load(features)
     except FeatureFileError as e:
         raise _swapped(features, input) or e from None
     tr = (engine or Transformer)(fs, DTYPES[dtype])
-    with open_input(input, stdin=stdin) as src:
+    with open_input(input, stdin=stdin, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
                     **_bound_by(fs, f"feature file '{features}'", src))
         if shard is not None:
@@ -394,6 +416,12 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
             start, stop = resolve_rows(rows, src.n_rows, src.name)
         provenance = {"rfsgen_version": __version__, "features_file": str(features),
                       "features_sha256": file_sha256(features), "input": src.name}
+        if adata_path is not None:
+            from .output import write_obsm
+
+            return write_obsm(output, tr, src, adata_path, obsm, layout=layout, dtype=dtype, compression=compression,
+                              chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
+                              provenance=provenance)
         return write_output(output, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
                             chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
                             provenance=provenance)

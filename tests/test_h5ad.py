@@ -293,3 +293,44 @@ def test_an_obs_column_rfsgen_cannot_carry_is_a_one_line_error(tmp_path):
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert "a.h5ad:/obs/nested: the obs column 'nested' is encoded as 'dataframe'" in res.output
     assert "del adata.obs" in res.output and not (tmp_path / "o.h5ad").exists()
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_obsm_writes_the_features_into_a_copy_of_the_input(tmp_path, layout):
+    a = _annotated(tmp_path)
+    a.layers["counts"] = a.X.copy() * 2
+    a.write_h5ad(tmp_path / "a.h5ad")
+    before = (tmp_path / "a.h5ad").read_bytes()
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", "--obsm", "X_rfsgen",
+               "--layout", layout])
+    assert res.exit_code == 0 and "(obsm['X_rfsgen'])" in res.output, res.output
+    assert (tmp_path / "a.h5ad").read_bytes() == before  # the input is not touched
+    o = _read_h5ad(tmp_path / "o.h5ad")
+    assert o.obs.equals(a.obs) and list(o.var_names) == list(a.var_names) and (o.X != a.X).nnz == 0
+    assert (o.layers["counts"] != a.layers["counts"]).nnz == 0
+    want = rfsgen.transform(rfsgen.load_features(tmp_path / "fa.h5"), a.X, layout="dense")
+    got = o.obsm["X_rfsgen"]
+    assert np.array_equal(got.toarray() if sp.issparse(got) else got, want)
+    prov = o.uns["rfsgen"]["X_rfsgen"]
+    assert (prov["rows_stop"], prov["columns"], prov["layout"]) == (40, 50, layout)
+    # A second feature set goes beside the first; a taken key is refused before any work.
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "o.h5ad", "-o", tmp_path / "o2.h5ad", "--obsm", "X_two"])
+    assert res.exit_code == 0 and set(_read_h5ad(tmp_path / "o2.h5ad").obsm) == {"X_rfsgen", "X_two"}
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "o.h5ad", "-o", tmp_path / "o3.h5ad", "--obsm", "X_rfsgen"])
+    assert res.exit_code == 2 and "already holds 'obsm/X_rfsgen'; choose another --obsm KEY" in res.output
+    assert not (tmp_path / "o3.h5ad").exists()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--rows", "0:5"], "it cannot take --rows or --shard"),
+    (["--shard", "0/2"], "it cannot take --rows or --shard"),
+    (["--obsm", "a/b"], "give a name without '/'"),
+])
+def test_obsm_mistakes_are_one_line_errors(tmp_path, args, text):
+    _annotated(tmp_path)
+    opts = args if "--obsm" in args else ["--obsm", "X_r", *args]
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", *opts])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and text in res.output, res.output
+    np.save(tmp_path / "x.npy", np.ones((3, 12)))
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5ad", "--obsm", "X_r"])
+    assert res.exit_code == 2 and "the input must be an .h5ad file" in res.output
