@@ -55,9 +55,80 @@ def csr_block(values: int | None) -> int:
     return 1 << min(20, max(12, (max(int(values), 1) - 1).bit_length()))
 
 
+#: What ``--layout`` takes: a layout, or ``auto`` (:func:`auto_layout`).
+LAYOUT_CHOICES = ("auto",) + LAYOUTS
+def can_vanish(base) -> bool:
+    """True for a base whose factors are exactly zero on a positive share of the inputs
+    it takes: a sphere ``coordinate`` factor (one coordinate of the unit vector: zero
+    wherever the input's value is, as in sparse rows) and a ``brownian`` one (sin(m pi u):
+    zero at the lower edge of its domain, where clipped or count data sit).  A sphere
+    ``pair`` factor is zero only where two neighbouring values are both zero, and every
+    other base's factors have modulus 1 (circle, categorical, gaussian, laplace, binary):
+    they are taken as never zero."""
+    if base.name == "sphere":
+        return base.param("scheme") == "coordinate"
+    return base.name == "brownian"
+
+
+def expected_density(fs) -> dict:
+    """How dense the features of ``fs`` are expected to be, from the feature file alone.
+
+    A column is ``scale * Re(e^{ib} * prod_k z_k^{p_k})``.  When none of its factors
+    can vanish (:func:`can_vanish`), it is ``scale`` times the moduli of its factors
+    times the cosine of a sum of angles: non-zero for almost every input.  A column
+    with a factor that can vanish is zero wherever that factor is (sparse inputs to a
+    sphere ``coordinate`` node, for example); a column of scale 0, or a sine column
+    without factors, is always zero.  ``density`` is the fraction of almost surely
+    non-zero columns: the output's density for inputs that zero every factor that
+    can vanish, and about the least it has (sphere ``pair`` factors of two
+    neighbouring zeros aside).  EOF feature sets (:mod:`rfsgen.eof`): their expected
+    non-zeros per row over the columns.
+
+    Returns ``{"density": float in [0, 1], "nonzero_columns": int, "columns": int,
+    "layout": "dense" or "csr"}`` where ``layout`` is what ``--layout auto`` writes
+    (:func:`auto_layout`).
+    """
+    D = fs.columns
+    if getattr(fs, "eof", None) is not None:
+        from .eof import describe
+
+        density = min(1.0, describe(fs)["expected_nonzeros_per_row"] / D) if D else 1.0
+        sure = int(round(density * D))
+    else:
+        from .skeleton import InputNode
+
+        nodes = fs.walk_skeleton.nodes
+        vanishing = np.array([isinstance(n, InputNode) and can_vanish(n.base) for n in nodes], dtype=bool)
+        lengths = np.diff(fs.ptr.astype(np.int64))
+        zero = np.zeros(D, dtype=bool)
+        if fs.node.size:
+            np.logical_or.at(zero, np.repeat(np.arange(D), lengths), vanishing[fs.node.astype(np.int64)])
+        zero |= fs.scale == 0
+        zero |= (fs.kind == 2) & (lengths == 0)  # cos(pi/2): the constant 0
+        sure = int(D - zero.sum())
+        density = sure / D if D else 1.0
+    return {"density": float(density), "nonzero_columns": sure, "columns": int(D),
+            "layout": "dense" if density >= 0.5 else "csr"}
+
+
+def auto_layout(fs) -> str:
+    """The layout ``--layout auto`` writes for ``fs``: ``dense`` when at least half of
+    its columns are almost surely non-zero (:func:`expected_density`), else ``csr``.
+    CSR stores 4 bytes of column index beside every value (8 bytes a float32 value
+    against dense's 4), so it can only be smaller when fewer than half the values are
+    stored, and it takes about twice dense's time to write: with half the columns
+    never zero, dense is never the larger file."""
+    return expected_density(fs)["layout"]
+
+
+def resolve_layout(layout: str, fs) -> str:
+    """``layout``, with ``auto`` resolved for the feature set ``fs`` (:func:`auto_layout`)."""
+    return auto_layout(fs) if layout == "auto" else layout
+
+
 def _check_options(layout, dtype, compression):
-    if layout not in LAYOUTS:
-        raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout not in LAYOUT_CHOICES:
+        raise UsageError(f"--layout must be one of {', '.join(LAYOUT_CHOICES)}, got {layout!r}")
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if compression not in COMPRESSIONS:
@@ -357,7 +428,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).
-        with h5py.File(sink, "w", libver="earliest") as f:
+        with _first_write_error(sink), h5py.File(sink, "w", libver="earliest") as f:
             sums = ({"X": Checksum()} if layout == "dense" else
                     {"X/data": Checksum(), "X/indices": Checksum(), "X/indptr": Checksum()})
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
@@ -391,6 +462,23 @@ def provenance_items(provenance: dict, start: int, n_rows: int, columns: int, la
 
 #: The ``uns`` entry holding the provenance, where anndata users look for it.
 UNS_KEY = "rfsgen"
+
+
+class _first_write_error:
+    """On an exception from HDF5, raise the write error the sink recorded first, if
+    any: HDF5 carries on past a dropped write (a full disk, a file-size limit) and may
+    fail later for a reason that is only its consequence."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, Exception) and self.sink.error is not None:
+            raise self.sink.error from None
+        return False
 
 
 def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str,
@@ -690,7 +778,7 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
         except OSError:
             raise InputError(f"{adata_path}: its copy cannot be opened by HDF5 to add obsm['{key}']; the file is "
                              "damaged") from None
-        with f:
+        with _first_write_error(sink), f:
             if "obsm" not in f:  # files written before anndata had obsm
                 f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
             name = f"obsm/{key}"

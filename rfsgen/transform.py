@@ -29,7 +29,7 @@ import numpy as np
 from .errors import DataError, FeatureFileError, UsageError
 from .features import FeatureSet
 from .kernel import prepare_inputs
-from .output import DTYPES, _check_options, _sparse_parts, default_chunk_rows, file_sha256, write_output
+from .output import DTYPES, _check_options, _sparse_parts, default_chunk_rows, file_sha256, resolve_layout, write_output
 from .skeleton import InputNode
 
 
@@ -266,7 +266,8 @@ def _unique_columns(keys: np.ndarray):
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
               progress: Callable[[int], None] | None = None, layer: str | None = None):
-    """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``).
+    """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``;
+    ``auto``: the one :func:`rfsgen.output.auto_layout` picks for ``fs``).
 
     ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
     an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).
@@ -274,6 +275,7 @@ def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_
     from .inputs import check_width, open_input
 
     _check_options(layout, dtype, "none")
+    layout = resolve_layout(layout, fs)
     tr = Transformer(fs, DTYPES[dtype])
     chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
     with open_input(x, layer=layer) as src:
@@ -375,13 +377,14 @@ def _obsm_input(input, key, rows, shard) -> str:
     return path
 
 
-def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
+def transform_file(features, input, output, *, layout="auto", dtype="float32", compression="none",
                    chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
                    engine=None, obsm=None, layer=None) -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
-    renamed on success.  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
+    renamed on success.  ``layout``: ``csr``, ``dense``, or ``auto`` (the default: the
+    one :func:`rfsgen.output.auto_layout` picks from the feature file).  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
     :func:`rfsgen.inputs.shard_rows`) select part of the input.  Returns a summary dict
     (rows, columns, nnz, output).  ``engine(fs, dtype)``, if given, makes what computes
     the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one that
@@ -406,6 +409,7 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
         fs = load(features)
     except FeatureFileError as e:
         raise _swapped(features, input) or e from None
+    layout = resolve_layout(layout, fs)
     tr = (engine or Transformer)(fs, DTYPES[dtype])
     with open_input(input, stdin=stdin, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,

@@ -334,3 +334,13 @@ def test_obsm_mistakes_are_one_line_errors(tmp_path, args, text):
     np.save(tmp_path / "x.npy", np.ones((3, 12)))
     res = run(["transform", tmp_path / "fa.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5ad", "--obsm", "X_r"])
     assert res.exit_code == 2 and "the input must be an .h5ad file" in res.output
+
+
+def test_inspect_states_the_density_of_a_coordinate_feature_file(tmp_path, rows):
+    res = run(["inspect", tmp_path / "f.h5"])
+    line = next(t for t in res.output.splitlines() if t.startswith("density"))
+    assert "columns almost surely non-zero; the others vanish where their sphere 'coordinate'" in line
+    assert line.endswith("--layout auto writes csr")
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / "o.h5ad"]).exit_code == 0
+    with h5py.File(tmp_path / "o.h5ad", "r") as f:
+        assert f.attrs["layout"] == "csr"

@@ -237,3 +237,46 @@ def test_a_small_dense_stream_is_one_chunk_of_its_rows(files, tmp_path):
     assert outs[0] == outs[1]
     with h5py.File(tmp_path / "dNone.h5") as f:
         assert f["X"].chunks == (32, 150)
+
+
+_COORDINATE = ("rfsgen: 1\ninput: {width: auto}\nnodes:\n"
+               "  - {name: s, base: sphere, scheme: coordinate, zero: uniform}\n"
+               "  - {name: out, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [s]}\n")
+
+
+@pytest.mark.parametrize("skeleton, layout", [("tabular-circle", "dense"), ("cifar-deep", "dense"),
+                                              ("shallow-gaussian", "dense"), ("coordinate", "csr")])
+def test_auto_layout_follows_the_expected_density(skeleton, layout):
+    from rfsgen.output import auto_layout, expected_density
+    from rfsgen.skeleton import parse_skeleton
+
+    skel = parse_skeleton(_COORDINATE).bind(30) if skeleton == "coordinate" else load_skeleton(skeleton_path(skeleton))
+    fs = sample(skel, 200, seed=1)
+    d = expected_density(fs)
+    assert auto_layout(fs) == d["layout"] == layout and d["columns"] == 200
+    if layout == "dense":  # circle, gaussian-like and sphere 'pair' factors are never zero
+        assert d["density"] == 1.0 and d["nonzero_columns"] == 200
+    else:  # only the constant columns of the polynomial never vanish
+        lengths = np.diff(fs.ptr)
+        assert d["nonzero_columns"] == int((lengths == 0).sum()) and d["density"] < 0.5
+
+
+def test_layout_auto_is_the_default_and_writes_what_an_explicit_layout_writes(files, tmp_path):
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+    from rfsgen.skeleton import parse_skeleton
+
+    def run(*args):
+        res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+
+    save_features(sample(parse_skeleton(_COORDINATE).bind(8), 40, seed=2), tmp_path / "c.h5")
+    for feats, layout in ((files / "f.h5", "dense"), (tmp_path / "c.h5", "csr")):
+        run("transform", feats, files / "x.npy", "-o", tmp_path / "auto.h5", "-q", "--overwrite")
+        run("transform", feats, files / "x.npy", "-o", tmp_path / "explicit.h5", "-q", "--overwrite", "--layout", layout)
+        assert (tmp_path / "auto.h5").read_bytes() == (tmp_path / "explicit.h5").read_bytes()
+        out = transform_file(feats, files / "x.npy", tmp_path / "py.h5", overwrite=True)  # Python: auto too
+        with h5py.File(tmp_path / "py.h5") as f:
+            assert f.attrs["layout"] == layout and (layout == "dense") == isinstance(f["X"], h5py.Dataset)
+        assert out["rows"] == 45

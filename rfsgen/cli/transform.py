@@ -13,8 +13,10 @@ from ._budget import max_memory_option
 @click.argument("features", type=click.Path(dir_okay=False))
 @click.argument("input", metavar="INPUT")
 @click.option("-o", "--output", required=True, help="Output HDF5 file.")
-@click.option("--layout", type=click.Choice(["csr", "dense"]), default="csr", show_default=True,
-              help="csr: group X in the anndata/scipy CSR encoding; dense: 2-D dataset X.")
+@click.option("--layout", type=click.Choice(["auto", "csr", "dense"]), default="auto", show_default=True,
+              help="csr: group X in the anndata/scipy CSR encoding; dense: 2-D dataset X; auto: dense when at least "
+                   "half the feature file's columns are almost surely non-zero, else csr ('rfsgen inspect' says "
+                   "which).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True,
               help="HDF5 compression (these features compress poorly; off by default).")
