@@ -5,6 +5,8 @@ import warnings
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import scipy.sparse as sp
 from click.testing import CliRunner
 
@@ -344,3 +346,41 @@ def test_inspect_states_the_density_of_a_coordinate_feature_file(tmp_path, rows)
     assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / "o.h5ad"]).exit_code == 0
     with h5py.File(tmp_path / "o.h5ad", "r") as f:
         assert f.attrs["layout"] == "csr"
+
+
+@pytest.fixture(scope="module")
+def annotated_shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("annotated")
+    _annotated(d)
+    for k in range(2):
+        assert run(["transform", d / "fa.h5", d / "a.h5ad", "-o", d / f"s{k}.h5ad", "--shard", f"{k}/2",
+                    "-q"]).exit_code == 0
+    return d
+
+
+_PARTS = ["cell_type/codes", "cell_type/categories", "batch", "score", "count/values", "count/mask", "flag", "label",
+          "grade/codes"]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(part=st.sampled_from(_PARTS), shard=st.integers(0, 1), pos=st.integers(0, 19), data=st.data())
+def test_any_edited_obs_value_in_a_shard_is_found(annotated_shards, tmp_path_factory, part, shard, pos, data):
+    import shutil
+
+    d = tmp_path_factory.mktemp("edit")
+    for k in range(2):
+        shutil.copy(annotated_shards / f"s{k}.h5ad", d / f"s{k}.h5ad")
+    with h5py.File(d / f"s{shard}.h5ad", "r+") as f:
+        ds = f["obs"][part]
+        i = pos % ds.shape[0]
+        old = ds[i]
+        if h5py.check_string_dtype(ds.dtype) is not None:
+            new = old.decode() + data.draw(st.text("xyzé", min_size=1, max_size=3), label="suffix")
+        elif ds.dtype.kind == "b":
+            new = not old
+        else:
+            new = old + data.draw(st.sampled_from([1, -1, 2]), label="delta")
+        ds[i] = new
+    res = run(["merge", d / "s0.h5ad", d / "s1.h5ad", "-o", d / "m.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert f"s{shard}.h5ad" in res.output and not (d / "m.h5ad").exists()
