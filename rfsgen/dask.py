@@ -89,13 +89,15 @@ def transform(fs: FeatureSet, X, *, layout: str = "dense", dtype: str = "float32
 
     ``X`` is a ``dask.array`` ``(n, width)`` (any row chunking; columns are put in one
     chunk) or a path, opened lazily as one (row chunks of ``chunk_rows``).  Blocks are
-    float ``dtype`` ndarrays, or ``scipy.sparse.csr_matrix`` for ``layout="csr"``.
+    float ``dtype`` ndarrays, or ``scipy.sparse.csr_matrix`` for ``layout="csr"`` (``"auto"``:
+    the layout :func:`rfsgen.output.auto_layout` picks for ``fs``).
     """
     import scipy.sparse as sp
 
-    from .output import DTYPES, _check_options
+    from .output import DTYPES, _check_options, resolve_layout
 
     _check_options(layout, dtype, "none")
+    layout = resolve_layout(layout, fs)  # "auto": the feature set's (rfsgen.output.auto_layout)
     if isinstance(X, (str, os.PathLike)):
         X = from_path(X, chunk_rows)
     if not isinstance(X, da.Array):

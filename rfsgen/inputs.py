@@ -63,6 +63,9 @@ class InputSource:
         return np.concatenate(parts).astype(np.float64, copy=False)
 
     _row_names = None  # a reader (start, stop) -> list of str, for inputs with row names
+    #: The input's obs columns (:class:`rfsgen.obs.ObsColumns`; an ``.h5ad``'s X or
+    #: layers), which an output carries; None for other inputs.
+    obs_columns = None
 
     def row_names(self, start: int, stop: int):
         """Names of rows ``start:stop`` (list of str) when the input has them (the
@@ -397,10 +400,69 @@ class SparseSource(InputSource):
             yield a, _float(self.matrix[a:b].toarray())
 
 
-def _from_memory(spec) -> InputSource:
+def is_anndata(obj) -> bool:
+    """True for an ``anndata.AnnData`` (in memory or backed), recognised by what it has
+    (X, layers, obs, obs_names, var_names): rfsgen's core never imports anndata."""
+    return not isinstance(obj, (str, os.PathLike, np.ndarray)) and all(
+        hasattr(obj, a) for a in ("X", "layers", "obs", "obs_names", "var_names"))
+
+
+def anndata_matrix(adata, layer: str | None = None):
+    """The matrix of ``adata`` rows are read from: ``X``, or ``layers[layer]``; backed
+    (``backed="r"``) it is an h5py dataset or anndata's backed CSR dataset, read as
+    they are.  Returns ``(matrix, name)``; a missing layer or an empty X is an
+    :class:`InputError`."""
+    if layer is not None:
+        keys = list(adata.layers.keys())
+        if layer not in keys:
+            raise InputError(f"<AnnData>: has no layer {layer!r} (layers: {', '.join(map(repr, keys)) or 'none'}); "
+                             "pass one of them as layer=, or layer=None for X")
+        return adata.layers[layer], f"<AnnData layers[{layer!r}]>"
+    if adata.X is None:
+        raise InputError("<AnnData>: has no X (it is None); pass the rows as a layer with layer=NAME")
+    return adata.X, "<AnnData X>"
+
+
+def _from_anndata(adata, layer) -> InputSource:
+    """Rows of an AnnData's X or layer, named by its ``obs_names`` (an output file
+    carries them)."""
+    import h5py
+
+    matrix, name = anndata_matrix(adata, layer)
+    group = getattr(matrix, "group", None)
+    if isinstance(group, h5py.Group) and hasattr(matrix, "format"):  # backed sparse (anndata's CSRDataset)
+        if matrix.format != "csr":
+            raise InputError(f"{name}: is a backed {str(matrix.format).upper()} matrix; rfsgen reads rows, so it "
+                             "needs CSR (adata.X = adata.X.tocsr() in memory, then write it again)")
+        src = CsrRowsSource(name, matrix.shape, group["indptr"], group["data"], group["indices"])
+    else:
+        src = _from_memory(matrix)
+        src.name = name
+        if isinstance(src, SparseSource) and src._csr is not None:
+            src._csr.name = name
+    names = adata.obs_names
+    if len(names) == src.n_rows:
+        def read(a, b):
+            out = [str(v) for v in names[a:b]]
+            for i, v in enumerate(out):
+                if "\x00" in v:  # HDF5 strings end at NUL: an output could not carry the name
+                    raise InputError(f"{name}: row {a + i}: the row name {v!r} contains a NUL character; rename "
+                                     "that row (obs_names) without it")
+            return out
+
+        src._row_names = read
+    return src
+
+
+def _from_memory(spec, layer: str | None = None) -> InputSource:
     """Wrap an in-memory object, or raise InputError saying what is accepted."""
     import scipy.sparse as sp
 
+    if is_anndata(spec):
+        return _from_anndata(spec, layer)
+    if layer is not None:
+        raise UsageError(f"layer={layer!r} is for AnnData inputs (or an .h5ad path), not {type(spec).__name__}; "
+                         "pass the rows themselves without layer=")
     what = type(spec).__name__
     accepted = ("pass a 2-D array (numpy, dask, h5py or zarr), a scipy.sparse matrix, a pandas DataFrame, "
                 "a list of rows, or a path")
@@ -421,16 +483,23 @@ def _from_memory(spec) -> InputSource:
     return ArraySource(spec, "<array>" if isinstance(spec, np.ndarray) else f"<{what}>")
 
 
-def open_input(spec, stdin=None) -> InputSource:
+def open_input(spec, stdin=None, layer: str | None = None) -> InputSource:
     """Open an input spec (see module docstring) or wrap an in-memory object.
 
     A ``str`` or ``os.PathLike`` is a path (or ``-``); anything else must be rows in
     memory: a 2-D array-like (numpy, dask, h5py, zarr), a ``scipy.sparse`` matrix,
-    a pandas DataFrame, or a list of rows.  Other objects are an :class:`InputError`.
+    a pandas DataFrame, a list of rows, or an ``anndata.AnnData`` (its X, or the
+    layer named ``layer``; backed too).  ``layer`` with an ``.h5ad`` path means its
+    ``/layers/LAYER``.  Other objects are an :class:`InputError`.
     """
     if not isinstance(spec, (str, os.PathLike)):
-        return _from_memory(spec)
+        return _from_memory(spec, layer)
     spec = os.fspath(spec)
+    if layer is not None:
+        if _split_spec(spec)[1] is not None or not spec.lower().endswith(".h5ad"):
+            raise UsageError(f"layer={layer!r} is for AnnData inputs (or an .h5ad path without ':/KEY'), not "
+                             f"{spec!r}; give the path as FILE.h5ad:/layers/NAME instead")
+        spec = f"{spec}:/layers/{layer}"
     if spec == "-":
         if stdin is None:
             stdin = getattr(sys.stdin, "buffer", None) if sys.stdin is not None else None
@@ -774,6 +843,7 @@ def _open_h5(p: Path, key):
             _check_dataset(obj, p, key)
             src = ArraySource(obj, f"{p}:{key}", closer=f.close,
                               row_names=_obs_names(f, p, key, obj.shape[0] if obj.ndim else 0))
+            src.obs_columns = _obs_columns(f, p, key, src.n_rows)
         else:
             if not names:
                 try:
@@ -805,8 +875,43 @@ def _h5_csr(f, g, p, key):
     if shape is None or len(shape) != 2:
         raise InputError(f"{p}:{key}: the CSR group has no 2-D 'shape' attribute; rewrite it with anndata")
     names = _obs_names(f, p, key, shape[0])
-    return CsrRowsSource(f"{p}:{key}", shape, parts["indptr"], parts["data"], parts["indices"], closer=f.close,
-                         row_names=names)
+    src = CsrRowsSource(f"{p}:{key}", shape, parts["indptr"], parts["data"], parts["indices"], closer=f.close,
+                        row_names=names)
+    src.obs_columns = _obs_columns(f, p, key, shape[0])
+    return src
+
+
+def _obs_columns(f, p, key, n_rows):
+    """For an AnnData file's X or layers: its ``obs`` columns (:class:`rfsgen.obs.ObsColumns`),
+    checked now, before any output exists; None when there are none."""
+    if not (key in ("/X", "X") or key.lstrip("/").startswith("layers/")):
+        return None
+    import h5py
+
+    from . import obs as obs_mod
+
+    g = _h5_get(f, "/obs", p)
+    if not isinstance(g, h5py.Group) or _encoding(g) != "dataframe":
+        return None
+
+    def get(group, name, where):
+        return _h5_get(f, group.name.rstrip("/") + "/" + name, p)
+
+    def fail(where, what):
+        fix = "" if "drop" in what else "; the file is damaged: drop that obs column or write the file again with anndata"
+        return InputError(f"{p}:/{where}: {what}{fix}")
+
+    def check(ds, where):
+        _check_dataset(ds, p, "/" + where, "the obs column")
+
+    try:
+        columns = obs_mod.describe(g, n_rows, get, fail, check)
+    except InputError:
+        raise
+    except Exception as e:  # h5py's own errors on damaged metadata
+        raise InputError(f"{p}:/obs: cannot read its columns ({' '.join(str(e).split())[:120]}); the file is "
+                         "damaged") from None
+    return obs_mod.from_file(g, columns) if columns else None
 
 
 def _obs_names(f, p, key, n_rows):

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from . import budget
+from .errors import count
 from .inputs import check_finite
 from .skeleton import Skeleton
 
@@ -163,8 +164,9 @@ def check_memory(skeleton: Skeleton, plan: "_Plan", m: int, n: int, same: bool, 
     lv = int(np.argmax([ids.size for ids in plan.members]))
     label = skeleton.nodes[int(plan.members[lv][0])].layer
     budget.check(fixed + per_row, f"the kernel of skeleton '{skeleton.path}' on {m} x {n} rows (the {m} x {n} float64 "
-                                  f"matrix, the prepared rows and the values of layer '{label}', {widest} nodes of "
-                                  f"{n} values per row)", "use fewer rows (--rows START:STOP)")
+                                  f"matrix, the prepared rows and the values of layer '{label}', "
+                                  f"{count(widest, 'node')} of {count(n, 'value')} per row)",
+                 "use fewer rows (--rows START:STOP)")
     return per_row, fixed
 
 

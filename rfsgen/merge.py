@@ -77,6 +77,8 @@ class _Shard:
     dtype: np.dtype
     compression: str
     names: list = field(default_factory=list)
+    obs_columns: list = field(default_factory=list)  # rfsgen.obs.Column, from the shard's obs
+    obs: object = None  # rfsgen.obs.ObsColumns of its rows, read and verified by _verify_names
 
     @property
     def label(self) -> str:
@@ -234,6 +236,8 @@ def _read_record(path, f) -> dict:
              "obs_names_sha256": str, "seal": str}
     if "clipped_values" in record:  # EOF outputs (optional)
         kinds["clipped_values"] = int
+    if "obs_columns_sha256" in record:  # outputs of .h5ad inputs with obs columns (optional)
+        kinds["obs_columns_sha256"] = str
     if set(record) != set(kinds):
         raise _damaged(path, f"its integrity record has fields {sorted(record)}, expected {sorted(kinds)}")
     for key, kind in kinds.items():
@@ -253,8 +257,8 @@ def _read_record(path, f) -> dict:
     sums = record["datasets"]
     if set(sums) != want or not all(isinstance(v, str) and _HEX64.match(v) for v in sums.values()):
         raise _damaged(path, f"its integrity record's 'datasets' should hold the checksums of {sorted(want)}")
-    for key in ("features_sha256", "obs_names_sha256"):
-        if not _HEX64.match(record[key]):
+    for key in ("features_sha256", "obs_names_sha256", "obs_columns_sha256"):
+        if key in record and not _HEX64.match(record[key]):
             raise _damaged(path, f"its integrity record's '{key}' is not a SHA-256 in hex")
     return record
 
@@ -344,24 +348,87 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
         _dataset(path, _link(path, x, "data", "X/data"), "X/data", dtype, (nnz,), comp, file_size)
         _dataset(path, _link(path, x, "indices", "X/indices"), "X/indices", index, (nnz,), comp, file_size)
         _dataset(path, _link(path, x, "indptr", "X/indptr"), "X/indptr", np.int64, (n + 1,), comp, file_size)
+    obs_columns = []
     for name, size in (("obs", n), ("var", D)):
         g = _link(path, f, name, name)
         if not isinstance(g, h5py.Group):
             raise _damaged(path, f"'{name}' is not a group")
-        _members(path, g, {"_index"}, name)
+        if name == "obs":
+            obs_columns = _obs_columns(path, g, n, file_size)
+            if bool(obs_columns) != ("obs_columns_sha256" in record):
+                raise _damaged(path, f"'obs' holds {len(obs_columns)} columns but its integrity record "
+                                     f"{'has no' if obs_columns else 'has a'} checksum of obs columns")
+        _members(path, g, {"_index"} | {c.name for c in obs_columns} if name == "obs" else {"_index"}, name)
         ds = _link(path, g, "_index", f"{name}/_index")
         if not isinstance(ds, h5py.Dataset) or ds.shape != (size,) or h5py.check_string_dtype(ds.dtype) is None \
                 or ds.is_virtual or ds.id.get_create_plist().get_external_count():
             raise _damaged(path, f"'{name}/_index' is not {size} strings stored in the file")
     for name in _EMPTY:
         g = _link(path, f, name, name)
-        if not isinstance(g, h5py.Group) or len(g):
+        if not isinstance(g, h5py.Group):
+            raise _damaged(path, f"'{name}' is not a group")
+        if len(g) and name != "uns":  # uns: the provenance, checked below
             raise _damaged(path, f"'{name}' is not an empty group")
     # Last: the number of rows is now known to be what the file holds.
     if record["obs_names"] == "numbers" and record["obs_names_sha256"] != number_names_digest(start, stop):
         raise _damaged(path, f"its record says its row names are the row numbers {start}:{stop}, but their "
                              "checksum is of other names (rows moved?)")
-    return _Shard(path, f, attrs, record, start, stop, dtype, comp)
+    if len(f["uns"]):  # the provenance (shards written before it was there have none)
+        _check_uns(path, f["uns"], attrs, n, D, layout)
+    return _Shard(path, f, attrs, record, start, stop, dtype, comp, obs_columns=obs_columns)
+
+
+def _obs_columns(path, obs, n: int, file_size: int) -> list:
+    """The shard's obs columns (:func:`rfsgen.obs.describe`, under merge's rules: hard
+    links only, data stored in the file, sizes that fit it)."""
+    from . import obs as obs_mod
+
+    def get(group, name, where):
+        return _link(path, group, name, where)
+
+    def fail(where, what):
+        return _damaged(path, f"'{where}': {what}")
+
+    def check(ds, where):
+        import h5py
+
+        if h5py.check_string_dtype(ds.dtype) is None:
+            _dataset(path, ds, where, ds.dtype, ds.shape, "none", file_size)
+        elif ds.is_virtual or ds.id.get_create_plist().get_external_count():  # as obs/_index
+            raise _damaged(path, f"'{where}' is not strings stored in the file")
+
+    return obs_mod.describe(obs, n, get, fail, check)
+
+
+def _check_uns(path, uns, attrs: dict, n: int, D: int, layout: str) -> None:
+    """``uns`` holds exactly ``uns["rfsgen"]``, the provenance that the root attributes
+    (already checked against the record) say, as :func:`rfsgen.output.write_root_attrs`
+    writes it.  A merge writes its own: nothing of it is copied."""
+    import h5py
+
+    from .output import UNS_KEY, provenance_items
+
+    _members(path, uns, {UNS_KEY}, "uns")
+    g = _link(path, uns, UNS_KEY, f"uns/{UNS_KEY}")
+    where = f"uns/{UNS_KEY}"
+    if not isinstance(g, h5py.Group):
+        raise _damaged(path, f"'{where}' is not a group")
+    _encoding(path, g, where, "dict", "0.1.0")
+    want = provenance_items(attrs, attrs["rows_start"], n, D, layout, attrs.get("clipped_values"))
+    _members(path, g, set(want), where)
+    for key, value in want.items():
+        ds = _link(path, g, key, f"{where}/{key}")
+        text = isinstance(value, str)
+        if not isinstance(ds, h5py.Dataset) or ds.shape != () or ds.is_virtual \
+                or ds.id.get_create_plist().get_external_count() \
+                or (h5py.check_string_dtype(ds.dtype) is None if text else ds.dtype != np.int64):
+            raise _damaged(path, f"'{where}/{key}' is not a {'string' if text else 'int64'} scalar stored in the file")
+        _encoding(path, ds, f"{where}/{key}", "string" if text else "numeric-scalar", "0.2.0")
+        got = ds[()]
+        got = got.decode("utf-8", "replace") if isinstance(got, bytes) else (got if text else int(got))
+        if got != value:
+            raise _damaged(path, f"'{where}/{key}' is {_show(got)} but the shard's attributes and integrity record "
+                                 f"say {_show(value)}")
 
 
 def _verify_names(s: _Shard) -> None:
@@ -380,6 +447,16 @@ def _verify_names(s: _Shard) -> None:
             s.names.extend(block)
     if digest.hexdigest() != s.record["obs_names_sha256"]:
         raise _damaged(s.path, "'obs/_index' (the row names) does not match its integrity record")
+    if s.obs_columns:  # read whole (they are copied from memory) and checked against the record
+        from . import budget
+        from . import obs as obs_mod
+
+        n = s.stop - s.start
+        budget.check(obs_mod.nbytes(s.obs_columns, n), f"shard {s.path}: its {len(s.obs_columns)} obs columns")
+        s.obs = obs_mod.in_memory(s.file["obs"], s.obs_columns, n)
+        if s.obs.digest(0, n) != s.record["obs_columns_sha256"]:
+            raise _damaged(s.path, "its obs columns do not match the checksum in its integrity record (a changed "
+                                   "value)")
 
 
 # ----------------------------------------------------------------------------- shards together
@@ -402,6 +479,10 @@ def check_shards(shards: list) -> list:
             if a != b:
                 shown = f"{a} vs {b}" if key == "dtype" else f"{key} {a!r} vs {b!r}"
                 raise InputError(f"{first.path} and {s.path} {what} ({shown}); {fix}")
+    for s in shards[1:]:
+        if [c.meta() for c in s.obs_columns] != [c.meta() for c in first.obs_columns]:
+            raise InputError(f"{first.path} and {s.path} have different obs columns (names, types or categories); "
+                             "merge shards of one input")
     order = sorted(shards, key=lambda s: (s.start, s.stop))
     for a, b in zip(order, order[1:]):
         if os.path.realpath(a.path) == os.path.realpath(b.path):
@@ -533,6 +614,11 @@ class _ShardRows:
         self.width = shards[0].columns
         self.n_rows = shards[-1].stop
         self.numbers = shards[0].record["obs_names"] == "numbers"
+        self.obs_columns = None
+        if shards[0].obs_columns:  # each shard's, verified by _verify_names
+            from .obs import concatenated
+
+            self.obs_columns = concatenated([(s.start, s.stop - s.start, s.obs) for s in shards])
 
     def _pieces(self, a, b):
         for s, r in zip(self.shards, self.readers):
@@ -680,15 +766,13 @@ def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progre
         with h5py.File(sink, "w", libver="latest") as f:
             f.create_virtual_dataset("X", layout, fillvalue=np.nan)
             with deferred():
-                names, names_sha = _write_annotations(f, src, start, stop - start, D, "dense")
-                write_root_attrs(f, provenance, start, stop - start, D, "dense")
-                f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
+                names, names_sha, obs_sha = _write_annotations(f, src, start, stop - start, D, "dense")
                 clipped = _clipped(order)
-                if clipped is not None:
-                    f.attrs["clipped_values"] = clipped
+                write_root_attrs(f, provenance, start, stop - start, D, "dense", clipped)
+                f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
                 write_record(f, make_record(provenance, start=start, n_rows=stop - start, columns=D, layout="dense",
                                             dtype=first.dtype, compression="none", nnz=(stop - start) * D,
                                             checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha,
-                                            clipped=clipped))
+                                            clipped=clipped, obs_sha256=obs_sha))
         sink.check()
     return {"rows": stop - start, "columns": D, "nnz": (stop - start) * D, "output": str(output)}

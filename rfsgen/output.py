@@ -18,7 +18,7 @@ import hashlib
 import numpy as np
 
 from .errors import UsageError
-from .h5ad import mark_csr, mark_dense, mark_root, write_index
+from .h5ad import feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 LAYOUTS = ("csr", "dense")
@@ -45,18 +45,90 @@ def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk
 
 def csr_block(values: int | None) -> int:
     """Values per HDF5 chunk of a CSR output's ``data`` and ``indices``: the smallest
-    power of two holding ``values`` (rows x columns, the most an output can store; a
-    stream's declared size counts, since the block is bounded either way), between
-    2^12 and 2^20.  HDF5 stores whole chunks, so a small output stays small; the block
-    depends only on the output's shape, never on how it is chunked, sharded or merged."""
+    power of two holding ``values`` (the values actually stored, nnz), between 2^12 and
+    2^20 (``None``: 2^20).  HDF5 stores whole chunks, so a small output stays small (a
+    sparse one too: the block follows the stored values, not rows x columns); the
+    block depends only on the values written, never on how they were chunked, sharded
+    or merged."""
     if values is None:
         return 1 << 20
     return 1 << min(20, max(12, (max(int(values), 1) - 1).bit_length()))
 
 
+#: What ``--layout`` takes: a layout, or ``auto`` (:func:`auto_layout`).
+LAYOUT_CHOICES = ("auto",) + LAYOUTS
+def can_vanish(base) -> bool:
+    """True for a base whose factors are exactly zero on a positive share of the inputs
+    it takes: a sphere ``coordinate`` factor (one coordinate of the unit vector: zero
+    wherever the input's value is, as in sparse rows) and a ``brownian`` one (sin(m pi u):
+    zero at the lower edge of its domain, where clipped or count data sit).  A sphere
+    ``pair`` factor is zero only where two neighbouring values are both zero, and every
+    other base's factors have modulus 1 (circle, categorical, gaussian, laplace, binary):
+    they are taken as never zero."""
+    if base.name == "sphere":
+        return base.param("scheme") == "coordinate"
+    return base.name == "brownian"
+
+
+def expected_density(fs) -> dict:
+    """How dense the features of ``fs`` are expected to be, from the feature file alone.
+
+    A column is ``scale * Re(e^{ib} * prod_k z_k^{p_k})``.  When none of its factors
+    can vanish (:func:`can_vanish`), it is ``scale`` times the moduli of its factors
+    times the cosine of a sum of angles: non-zero for almost every input.  A column
+    with a factor that can vanish is zero wherever that factor is (sparse inputs to a
+    sphere ``coordinate`` node, for example); a column of scale 0, or a sine column
+    without factors, is always zero.  ``density`` is the fraction of almost surely
+    non-zero columns: the output's density for inputs that zero every factor that
+    can vanish, and about the least it has (sphere ``pair`` factors of two
+    neighbouring zeros aside).  EOF feature sets (:mod:`rfsgen.eof`): their expected
+    non-zeros per row over the columns.
+
+    Returns ``{"density": float in [0, 1], "nonzero_columns": int, "columns": int,
+    "layout": "dense" or "csr"}`` where ``layout`` is what ``--layout auto`` writes
+    (:func:`auto_layout`).
+    """
+    D = fs.columns
+    if getattr(fs, "eof", None) is not None:
+        from .eof import describe
+
+        density = min(1.0, describe(fs)["expected_nonzeros_per_row"] / D) if D else 1.0
+        sure = int(round(density * D))
+    else:
+        from .skeleton import InputNode
+
+        nodes = fs.walk_skeleton.nodes
+        vanishing = np.array([isinstance(n, InputNode) and can_vanish(n.base) for n in nodes], dtype=bool)
+        lengths = np.diff(fs.ptr.astype(np.int64))
+        zero = np.zeros(D, dtype=bool)
+        if fs.node.size:
+            np.logical_or.at(zero, np.repeat(np.arange(D), lengths), vanishing[fs.node.astype(np.int64)])
+        zero |= fs.scale == 0
+        zero |= (fs.kind == 2) & (lengths == 0)  # cos(pi/2): the constant 0
+        sure = int(D - zero.sum())
+        density = sure / D if D else 1.0
+    return {"density": float(density), "nonzero_columns": sure, "columns": int(D),
+            "layout": "dense" if density >= 0.5 else "csr"}
+
+
+def auto_layout(fs) -> str:
+    """The layout ``--layout auto`` writes for ``fs``: ``dense`` when at least half of
+    its columns are almost surely non-zero (:func:`expected_density`), else ``csr``.
+    CSR stores 4 bytes of column index beside every value (8 bytes a float32 value
+    against dense's 4), so it can only be smaller when fewer than half the values are
+    stored, and it takes about twice dense's time to write: with half the columns
+    never zero, dense is never the larger file."""
+    return expected_density(fs)["layout"]
+
+
+def resolve_layout(layout: str, fs) -> str:
+    """``layout``, with ``auto`` resolved for the feature set ``fs`` (:func:`auto_layout`)."""
+    return auto_layout(fs) if layout == "auto" else layout
+
+
 def _check_options(layout, dtype, compression):
-    if layout not in LAYOUTS:
-        raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout not in LAYOUT_CHOICES:
+        raise UsageError(f"--layout must be one of {', '.join(LAYOUT_CHOICES)}, got {layout!r}")
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if compression not in COMPRESSIONS:
@@ -72,19 +144,31 @@ class _Appender:
     chunked them: HDF5 places chunks in the file in the order they are written, so
     writing several data blocks before the matching index blocks (a large chunk of
     rows) would lay the file out differently from alternating them (small chunks).
+
+    The datasets are created when the block is known: once ``max_block`` values have
+    arrived (the block is then ``max_block``), or at :meth:`close` with
+    :func:`csr_block` of the values written, so that a small output's chunks are sized
+    to its data.  Nothing else is created in the file meanwhile, so the file is laid
+    out as if they had been created up front.
     """
 
-    def __init__(self, group, names, dtypes, block, compression, check, sums=None):
-        self.block = block
+    def __init__(self, group, names, dtypes, compression, check, sums=None, max_block=1 << 20):
+        self.group, self.names, self.dtypes = group, names, dtypes
+        self.compression = compression
+        self.block = max_block  # until the datasets exist: how many values are held before they are
         self.sums = sums  # a Checksum per dataset, fed what is written, in order
         self.check = check  # called after every block: raises a recorded write error
-        kw = {} if compression == "none" else {"compression": compression}
-        self.ds = [group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
-                                        track_times=False, **kw) for n, t in zip(names, dtypes)]
+        self.ds = None
         self.raw = compression == "none"
-        self.pending = [np.empty(block, dtype=t) for t in dtypes]
+        self.pending = [np.empty(max_block, dtype=t) for t in dtypes]
         self.n_pending = 0
         self.size = 0
+
+    def _create(self, block):
+        kw = {} if self.compression == "none" else {"compression": self.compression}
+        self.block = block
+        self.ds = [self.group.create_dataset(n, shape=(0,), maxshape=(None,), dtype=t, chunks=(block,),
+                                             track_times=False, **kw) for n, t in zip(self.names, self.dtypes)]
 
     def add(self, *arrays):
         """Append one array per dataset, all of one length (copied: the caller may reuse
@@ -110,6 +194,8 @@ class _Appender:
 
     def _write(self, parts):
         size = parts[0].size
+        if self.ds is None:  # a full block before the end: the largest block
+            self._create(self.block)
         if not size:
             return
         for k, (ds, data) in enumerate(zip(self.ds, parts)):
@@ -126,6 +212,8 @@ class _Appender:
         self.check()
 
     def close(self):
+        if self.ds is None:  # every value is still here: chunks sized to them
+            self._create(csr_block(self.n_pending))
         self._write([p[:self.n_pending] for p in self.pending])
         self.n_pending = 0
 
@@ -283,7 +371,8 @@ def seal_of(record: dict) -> str:
 
 
 def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layout: str, dtype, compression: str,
-                nnz: int, checksums: dict, names: str, names_sha256: str, clipped: int | None = None) -> dict:
+                nnz: int, checksums: dict, names: str, names_sha256: str, clipped: int | None = None,
+                obs_sha256: str | None = None) -> dict:
     """The integrity record of an output (see :data:`RECORD_ATTR`), sealed.
 
     ``checksums`` maps each data dataset (``X``, or ``X/data``, ``X/indices``,
@@ -291,6 +380,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
     from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
     ``names_sha256`` is their :class:`NamesChecksum`.  ``clipped``: an EOF output's count
     of input values clipped to the box (the ``clipped_values`` attribute), sealed with the rest.
+    ``obs_sha256``: the digest of the obs columns carried from the input
+    (:meth:`rfsgen.obs.ObsColumns.write`), when there are any.
     """
     record = {
         "format": RECORD_FORMAT, "version": RECORD_VERSION,
@@ -302,6 +393,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
     }
     if clipped is not None:
         record["clipped_values"] = int(clipped)
+    if obs_sha256 is not None:  # an .h5ad input's obs columns (rfsgen.obs), sealed with the rest
+        record["obs_columns_sha256"] = obs_sha256
     record["seal"] = seal_of(record)
     return record
 
@@ -335,21 +428,19 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).
-        with h5py.File(sink, "w", libver="earliest") as f:
+        with _first_write_error(sink), h5py.File(sink, "w", libver="earliest") as f:
             sums = ({"X": Checksum()} if layout == "dense" else
                     {"X/data": Checksum(), "X/indices": Checksum(), "X/indptr": Checksum()})
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
                                  sums)
             with deferred():
-                names, names_sha = _write_annotations(f, src, start, n_rows, D, layout)
-                write_root_attrs(f, provenance, start, n_rows, D, layout)
+                names, names_sha, obs_sha = _write_annotations(f, src, start, n_rows, D, layout)
                 clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
-                if clipped is not None:
-                    f.attrs["clipped_values"] = int(clipped)
+                write_root_attrs(f, provenance, start, n_rows, D, layout, clipped)
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
                                             checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
-                                            names_sha256=names_sha, clipped=clipped))
+                                            names_sha256=names_sha, clipped=clipped, obs_sha256=obs_sha))
         sink.check()
     info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
     if clipped is not None:
@@ -357,15 +448,47 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     return info
 
 
-def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str) -> None:
-    """rfsgen's provenance at the root, in this order: rfsgen_version, features_file,
-    features_sha256, input, rows_start, rows_stop, columns, layout."""
-    for key in ("rfsgen_version", "features_file", "features_sha256", "input"):
-        f.attrs[key] = provenance[key]
-    f.attrs["rows_start"] = start
-    f.attrs["rows_stop"] = start + n_rows
-    f.attrs["columns"] = columns
-    f.attrs["layout"] = layout
+def provenance_items(provenance: dict, start: int, n_rows: int, columns: int, layout: str,
+                     clipped: int | None = None) -> dict:
+    """rfsgen's provenance of an output, in this order: rfsgen_version, features_file,
+    features_sha256, input, rows_start, rows_stop, columns, layout (and clipped_values
+    for an EOF output)."""
+    items = {key: provenance[key] for key in ("rfsgen_version", "features_file", "features_sha256", "input")}
+    items.update(rows_start=int(start), rows_stop=int(start + n_rows), columns=int(columns), layout=layout)
+    if clipped is not None:
+        items["clipped_values"] = int(clipped)
+    return items
+
+
+#: The ``uns`` entry holding the provenance, where anndata users look for it.
+UNS_KEY = "rfsgen"
+
+
+class _first_write_error:
+    """On an exception from HDF5, raise the write error the sink recorded first, if
+    any: HDF5 carries on past a dropped write (a full disk, a file-size limit) and may
+    fail later for a reason that is only its consequence."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, Exception) and self.sink.error is not None:
+            raise self.sink.error from None
+        return False
+
+
+def write_root_attrs(f, provenance: dict, start: int, n_rows: int, columns: int, layout: str,
+                     clipped: int | None = None) -> None:
+    """rfsgen's provenance (:func:`provenance_items`) at the root, and the same in
+    ``uns["rfsgen"]`` (which anndata reads; it ignores root attributes)."""
+    items = provenance_items(provenance, start, n_rows, columns, layout, clipped)
+    for key, value in items.items():
+        f.attrs[key] = value
+    write_uns_dict(f, UNS_KEY, items)
 
 
 def write_record(f, record: dict) -> None:
@@ -378,8 +501,10 @@ def write_record(f, record: dict) -> None:
 def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: str) -> tuple:
     """What makes the output an AnnData file: encodings, ``obs`` (the input's row
     names for an ``.h5ad`` input, else the row numbers ``start ..``; so shards carry
-    their rows' names) and ``var`` (column numbers).  Returns where the row names
-    came from (``"input"`` or ``"numbers"``) and their :class:`NamesChecksum`."""
+    their rows' names, and the input's obs columns, :mod:`rfsgen.obs`) and ``var`` (the
+    column names, :func:`rfsgen.h5ad.feature_names`).  Returns where the row names came
+    from (``"input"`` or ``"numbers"``), their :class:`NamesChecksum` and the obs
+    columns' digest (None without columns)."""
     if layout == "dense":
         mark_dense(f["X"])
     mark_root(f)
@@ -387,9 +512,12 @@ def _write_annotations(f, src, start: int, n_rows: int, columns: int, layout: st
     if src.row_names(start, start) is not None:  # the input has row names
         names = _offset_names(src, start)
     digest = NamesChecksum()
-    write_index(f, "obs", n_rows, names, first=start, digest=digest)
-    write_index(f, "var", columns, None)
-    return ("numbers" if names is None else "input"), digest.hexdigest()
+    obs = getattr(src, "obs_columns", None)  # an .h5ad input's obs columns (rfsgen.obs)
+    write_index(f, "obs", n_rows, names, first=start, digest=digest,
+                columns=[c.name for c in obs.columns] if obs is not None else None)
+    obs_sha = obs.write(f["obs"], start, n_rows) if obs is not None else None
+    write_index(f, "var", columns, feature_names)
+    return ("numbers" if names is None else "input"), digest.hexdigest(), obs_sha
 
 
 def _offset_names(src, start):
@@ -422,7 +550,7 @@ def _overlapped(chunks, put, progress) -> int:
     return n_rows
 
 
-def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum) -> int:
+def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum, name="X") -> int:
     """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
     is filled directly, without going through h5py's write path.  ``checksum`` (a
     :class:`Checksum`) is fed each chunk's values as they are written.
@@ -444,7 +572,7 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     D = tr.columns
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # place the data area now...
-    ds = f.create_dataset("X", shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
+    ds = f.create_dataset(name, shape=(n, D), dtype=dtype, track_times=False, dcpl=dcpl,
                           fill_time="never")  # ...without writing zeros into it first
     offset = ds.id.get_offset()
     if not n or not D or offset is None:  # nothing to place: an empty dataset
@@ -557,9 +685,9 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     return n_rows
 
 
-def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums):
-    """Write ``X``; ``sums`` maps each of its datasets to a :class:`Checksum` fed its bytes.
-    Returns ``(rows, nnz)``."""
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X"):
+    """Write ``X`` (or the matrix at path ``name``); ``sums`` maps each of its datasets
+    (named as in ``X``) to a :class:`Checksum` fed its bytes.  Returns ``(rows, nnz)``."""
     D = tr.columns
     # A stream's declared length is placed only once its rows have arrived (a forged
     # header declaring 10^12 rows would otherwise reserve petabytes).
@@ -568,12 +696,16 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"])
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"], name)
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
-            ds = f.create_dataset("X", shape=(0, D), maxshape=(None, D), dtype=dtype,
-                                  chunks=(rows_per_block, D), track_times=False, **kw)
+            ds = None
+
+            def create(rows):  # once the chunk is known: whole blocks, or all the rows if fewer
+                return f.create_dataset(name, shape=(0, D), maxshape=(None, D), dtype=dtype,
+                                        chunks=(max(1, rows), D), track_times=False, **kw)
+
             pending = np.zeros((0, D), dtype=dtype)
             for row0, vals in tr.chunks(src, chunk_rows, start, stop):
                 sums["X"].update(vals)
@@ -581,20 +713,21 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 n_rows += vals.shape[0]
                 full = (pending.shape[0] // rows_per_block) * rows_per_block
                 if full:  # whole HDF5 chunks only, so bytes do not depend on chunk_rows
+                    ds = ds if ds is not None else create(rows_per_block)
                     ds.resize((ds.shape[0] + full, D))
                     ds[-full:] = pending[:full]
                     pending = pending[full:]
                     sink.check()
                 if progress:
                     progress(vals.shape[0])
+            ds = ds if ds is not None else create(n_rows)  # fewer rows than a block: a chunk of them all
             if pending.shape[0]:
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
-    g = f.create_group("X", track_order=False)
-    block = csr_block(None if stop is None else (stop - start) * D)
+    g = f.create_group(name, track_order=False)
     index_dtype = np.int32 if D < 2**31 else np.int64
-    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), block, compression, sink.check,
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check,
                       (sums["X/data"], sums["X/indices"]))
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
@@ -613,3 +746,74 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)
     mark_csr(g, (n_rows, D))
     return n_rows, nnz
+
+
+def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compression, chunk_rows, overwrite, inputs,
+               progress, provenance: dict) -> dict:
+    """A copy of the AnnData file ``adata_path`` (its X, obs, var, layers, ... as they
+    are) with every row of ``src`` through ``tr`` added as ``obsm[key]`` (dense, or CSR
+    in anndata's encoding) and the provenance as ``uns["rfsgen"][key]``, written
+    atomically to ``output``.  The copy is made byte for byte, then extended with
+    HDF5; no integrity record (it is not a shard).  Returns a summary dict."""
+    import h5py
+
+    from ._signals import deferred
+    from .atomic import SafeFile, atomic_path
+    from .errors import InputError
+
+    _check_obsm_key(adata_path, key)
+    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    np_dtype = np.dtype(DTYPES[dtype])
+    D, n = tr.columns, src.n_rows
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase("transform", n)
+    with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
+        with open(adata_path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                sink.write(block)
+        sink.check()
+        sink.seek(0)
+        try:
+            f = h5py.File(sink, "r+")
+        except OSError:
+            raise InputError(f"{adata_path}: its copy cannot be opened by HDF5 to add obsm['{key}']; the file is "
+                             "damaged") from None
+        with _first_write_error(sink), f:
+            if "obsm" not in f:  # files written before anndata had obsm
+                f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+            name = f"obsm/{key}"
+            sums = {k: Checksum() for k in (("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr"))}
+            n_rows, nnz = _write(f, tr, src, 0, n, layout, np_dtype, compression, chunk_rows, progress, sink, sums,
+                                 name=name)
+            with deferred():
+                if layout == "dense":
+                    mark_dense(f[name])
+                if "uns" not in f:
+                    f.create_group("uns").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+                if UNS_KEY not in f["uns"]:
+                    f["uns"].create_group(UNS_KEY).attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+                write_uns_dict(f, f"{UNS_KEY}/{key}", provenance_items(provenance, 0, n_rows, D, layout))
+        sink.check()
+    return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output), "obsm": key}
+
+
+def _check_obsm_key(adata_path, key: str) -> None:
+    """Before any work: ``key`` is a name that the copy does not hold yet (in ``obsm``
+    and in ``uns["rfsgen"]``)."""
+    import h5py
+
+    from .errors import InputError
+
+    if not key or "/" in key or key in (".", ".."):
+        raise UsageError(f"--obsm {key!r}: give a name without '/' (for example X_rfsgen)")
+    try:
+        with h5py.File(adata_path, "r") as f:
+            for where in (f"obsm/{key}", f"uns/{UNS_KEY}/{key}"):
+                if f.get(where, getlink=True) is not None:
+                    raise UsageError(f"{adata_path}: already holds '{where}'; choose another --obsm KEY",)
+            uns = f.get(f"uns/{UNS_KEY}", getlink=True)
+            if uns is not None and not isinstance(f[f"uns/{UNS_KEY}"], h5py.Group):
+                raise UsageError(f"{adata_path}: its uns['{UNS_KEY}'] is not a dict, so the provenance of "
+                                 f"obsm['{key}'] cannot go there; remove it first")
+    except OSError:
+        raise InputError(f"{adata_path}: not a readable HDF5 file") from None

@@ -105,6 +105,9 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         one in a grid search as ``params__NAME`` (``{"features__params__scale": [0.1,
         0.2, 0.5]}`` for a pipeline step named ``features``) or as whole dicts
         (``{"features__params": [{"scale": 0.1}, ...]}``).
+    layer : str or None
+        For ``anndata.AnnData`` inputs: the layer the rows are read from (None: ``X``).
+        An AnnData (backed too) may be passed wherever ``X`` is.
 
     Attributes
     ----------
@@ -117,7 +120,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False, params=None):
+                 sparse_output=False, params=None, layer=None):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
@@ -125,6 +128,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         self.dtype = dtype
         self.sparse_output = sparse_output
         self.params = params
+        self.layer = layer
 
     def set_params(self, **kwargs):
         """As scikit-learn's, and ``params__NAME=value`` sets one skeleton parameter
@@ -163,7 +167,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .sampler import sample
 
         self._check_params()
-        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
+        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
         skel = resolve_skeleton(self.skeleton, self.params)
         try:
             skel = skel.bind(X.shape[1])
@@ -187,12 +191,32 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .transform import transform
 
         check_is_fitted(self, "features_")
-        X = validate_data(self, X, accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
+        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
         return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype)
+
+    def _rows(self, X):
+        """``X`` itself, or for an AnnData its X or ``layers[self.layer]`` (backed: read)."""
+        from .inputs import anndata_matrix, is_anndata
+
+        if not is_anndata(X):
+            if self.layer is not None:
+                raise ValueError(f"layer={self.layer!r} is for AnnData inputs, not {type(X).__name__}; "
+                                 "pass the rows themselves with layer=None")
+            return X
+        X, _ = anndata_matrix(X, self.layer)
+        return X.to_memory() if hasattr(X, "to_memory") else X  # backed sparse: scikit-learn needs it in memory
 
     @property
     def _n_features_out(self):
         return self.features_.columns
+
+    def get_feature_names_out(self, input_features=None):
+        """``skeletonfeatures0`` .. : the names rfsgen's output files give their columns
+        (:func:`rfsgen.h5ad.feature_names`), ndarray of str objects ``(n_components,)``."""
+        from .h5ad import feature_names
+
+        super().get_feature_names_out(input_features)  # scikit-learn's checks (fitted, input_features)
+        return np.asarray(feature_names(0, self._n_features_out), dtype=object)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

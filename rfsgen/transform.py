@@ -29,7 +29,7 @@ import numpy as np
 from .errors import DataError, FeatureFileError, UsageError
 from .features import FeatureSet
 from .kernel import prepare_inputs
-from .output import DTYPES, _check_options, _sparse_parts, default_chunk_rows, file_sha256, write_output
+from .output import DTYPES, _check_options, _sparse_parts, default_chunk_rows, file_sha256, resolve_layout, write_output
 from .skeleton import InputNode
 
 
@@ -265,17 +265,20 @@ def _unique_columns(keys: np.ndarray):
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
-              progress: Callable[[int], None] | None = None):
-    """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``).
+              progress: Callable[[int], None] | None = None, layer: str | None = None):
+    """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``;
+    ``auto``: the one :func:`rfsgen.output.auto_layout` picks for ``fs``).
 
-    ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes.
+    ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
+    an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).
     """
     from .inputs import check_width, open_input
 
     _check_options(layout, dtype, "none")
+    layout = resolve_layout(layout, fs)
     tr = Transformer(fs, DTYPES[dtype])
     chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
-    with open_input(x) as src:
+    with open_input(x, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape, **_bound_by(fs, "the feature set", src))
         D = fs.columns
         if layout == "dense" and src.n_rows is not None:
@@ -357,17 +360,39 @@ def _swapped(features, input) -> FeatureFileError | None:
                             f"swapped; give the feature file first (transform FEATURES INPUT)")
 
 
-def transform_file(features, input, output, *, layout="csr", dtype="float32", compression="none",
+def _obsm_input(input, key, rows, shard) -> str:
+    """The AnnData file that ``--obsm`` copies: ``input`` must be an ``.h5ad`` path (its
+    X or a layer), read whole."""
+    import os
+
+    from .inputs import _split_spec
+
+    if rows is not None or shard is not None:
+        raise UsageError("--obsm writes the features of every row into a copy of the input AnnData; it cannot take "
+                         "--rows or --shard (transform without --obsm for parts of the rows)")
+    path = _split_spec(os.fspath(input))[0] if isinstance(input, (str, os.PathLike)) else None
+    if path is None or not path.lower().endswith(".h5ad"):
+        raise UsageError(f"--obsm {key}: the input must be an .h5ad file (the AnnData to copy), not "
+                         f"{input if path is not None else type(input).__name__}")
+    return path
+
+
+def transform_file(features, input, output, *, layout="auto", dtype="float32", compression="none",
                    chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
-                   engine=None) -> dict:
+                   engine=None, obsm=None, layer=None) -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
-    renamed on success.  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
+    renamed on success.  ``layout``: ``csr``, ``dense``, or ``auto`` (the default: the
+    one :func:`rfsgen.output.auto_layout` picks from the feature file).  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
     :func:`rfsgen.inputs.shard_rows`) select part of the input.  Returns a summary dict
     (rows, columns, nnz, output).  ``engine(fs, dtype)``, if given, makes what computes
     the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one that
     runs them on a cluster); the output is the same.
+
+    ``obsm`` (an ``.h5ad`` input): the output is a copy of the input AnnData file with
+    the features of every row added as ``obsm[obsm]`` (:func:`rfsgen.output.write_obsm`).
+    ``layer``: with an ``.h5ad`` path, read ``layers[layer]`` instead of X.
     """
     from . import __version__
     from .features import load
@@ -379,12 +404,14 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
     if rows is not None and shard is not None:
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
+    adata_path = _obsm_input(input, obsm, rows, shard) if obsm is not None else None
     try:
         fs = load(features)
     except FeatureFileError as e:
         raise _swapped(features, input) or e from None
+    layout = resolve_layout(layout, fs)
     tr = (engine or Transformer)(fs, DTYPES[dtype])
-    with open_input(input, stdin=stdin) as src:
+    with open_input(input, stdin=stdin, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
                     **_bound_by(fs, f"feature file '{features}'", src))
         if shard is not None:
@@ -393,6 +420,12 @@ def transform_file(features, input, output, *, layout="csr", dtype="float32", co
             start, stop = resolve_rows(rows, src.n_rows, src.name)
         provenance = {"rfsgen_version": __version__, "features_file": str(features),
                       "features_sha256": file_sha256(features), "input": src.name}
+        if adata_path is not None:
+            from .output import write_obsm
+
+            return write_obsm(output, tr, src, adata_path, obsm, layout=layout, dtype=dtype, compression=compression,
+                              chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
+                              provenance=provenance)
         return write_output(output, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
                             chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
                             provenance=provenance)

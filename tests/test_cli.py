@@ -114,8 +114,11 @@ def test_sample_and_inspect(runner, tmp_path):
         assert key in info
     assert info["columns"] == 500 and info["seed"] == 3 and info["complexity"] == 0.25
     assert info["draws"] >= 500 and info["features"] <= 500 and info["bytes_per_column"] < 100  # fixed HDF5 overhead dominates at D = 500
+    assert info["expected_density"] == 1.0 and info["auto_layout"] == "dense"  # sphere 'pair' factors
     res = run(runner, ["inspect", out])
     assert "dedup ratio q/D" in res.output and "C(S) = 0.25" in res.output
+    assert "density      at least 1.000 expected (500 of 500 columns almost surely non-zero); --layout auto " \
+           "writes dense" in res.output
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 500, "-o", out])
     assert res.exit_code == 2 and "already exists" in res.stderr
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 0, "-o", tmp_path / "g.h5"])

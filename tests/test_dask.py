@@ -410,3 +410,23 @@ def test_shutdown_needs_an_address(monkeypatch):
         rd.shutdown()
     with pytest.raises(rfsgen.UsageError, match="not a Dask scheduler address"):
         rd.shutdown("nowhere")
+
+
+def test_an_h5ad_input_on_a_cluster_keeps_its_obs_columns(files, shell_cluster):
+    """The Dask path writes the file a local run writes: obs columns, provenance and the
+    layout --layout auto picks included."""
+    anndata = pytest.importorskip("anndata")
+    import pandas as pd
+
+    x = np.load("x.npy")
+    a = anndata.AnnData(x.astype(np.float32))
+    a.obs["batch"] = pd.Categorical(np.arange(x.shape[0]) % 4)
+    a.obs["score"] = np.arange(x.shape[0]) / 7.0
+    a.write_h5ad("x.h5ad")
+    base = ["transform", "f.h5", "x.h5ad", "--chunk-rows", 60, "--rows", "30:270", "-q"]
+    assert run(base + ["-o", "local.h5ad"]).exit_code == 0
+    res = run(base + ["-o", "remote.h5ad", "--dask-scheduler", shell_cluster])
+    assert res.exit_code == 0, res.output
+    assert open("remote.h5ad", "rb").read() == open("local.h5ad", "rb").read()
+    out = anndata.read_h5ad("remote.h5ad")
+    assert out.obs.equals(a.obs.iloc[30:270]) and out.uns["rfsgen"]["rows_start"] == 30

@@ -5,6 +5,8 @@ import warnings
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import scipy.sparse as sp
 from click.testing import CliRunner
 
@@ -58,7 +60,7 @@ def test_outputs_open_with_anndata_in_memory_and_backed(tmp_path, rows, layout):
     want = rfsgen.transform(rfsgen.load_features(tmp_path / "f.h5"), rows[5:25], layout="dense")
     got = a.X.toarray() if sp.issparse(a.X) else a.X
     assert a.shape == (20, 200) and np.array_equal(got, want)  # CSR drops exact zeros, -0.0 among them
-    assert list(a.obs_names[:2]) == ["5", "6"] and list(a.var_names[-1:]) == ["199"]  # absolute row numbers
+    assert list(a.obs_names[:2]) == ["5", "6"] and list(a.var_names[-1:]) == ["skeletonfeatures199"]  # absolute row numbers
     b = _read_h5ad(out, backed="r")
     assert b.shape == (20, 200)
     part = b.X[3:7]
@@ -101,3 +103,284 @@ def test_in_memory_sparse_rows_give_sparse_features(rows, tmp_path):
     assert dense_of_sparse.tobytes() == rfsgen.transform(fs, rows, layout="dense").tobytes()
     k = rfsgen.kernel(rfsgen.parse_skeleton(COORDINATE), sp.csr_matrix(rows))
     assert np.array_equal(k, rfsgen.kernel(rfsgen.parse_skeleton(COORDINATE), rows))
+
+
+def test_provenance_is_in_uns_and_shards_with_it_merge_to_the_unsharded_file(tmp_path, rows):
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / "all.h5ad", "-q"]).exit_code == 0
+    a = _read_h5ad(tmp_path / "all.h5ad")
+    prov = a.uns["rfsgen"]
+    with h5py.File(tmp_path / "all.h5ad", "r") as f:
+        for key in ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop",
+                    "columns", "layout"):
+            v = f.attrs[key]
+            assert prov[key] == (v.item() if isinstance(v, np.generic) else v), key
+    assert (prov["rows_start"], prov["rows_stop"], prov["columns"], prov["layout"]) == (0, 30, 200, "csr")
+    for k in range(3):
+        assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / f"s{k}.h5ad",
+                    "--shard", f"{k}/3", "-q"]).exit_code == 0
+    assert _read_h5ad(tmp_path / "s1.h5ad").uns["rfsgen"]["rows_start"] == 10
+    res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in (2, 0, 1)), "-o", tmp_path / "m.h5ad", "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "m.h5ad").read_bytes() == (tmp_path / "all.h5ad").read_bytes()
+    assert _read_h5ad(tmp_path / "m.h5ad").uns["rfsgen"]["rows_stop"] == 30
+
+
+@pytest.mark.parametrize("how", ["value", "extra", "missing", "type"])
+def test_a_shard_with_edited_provenance_in_uns_is_refused(tmp_path, rows, how):
+    for k in range(2):
+        assert run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / f"s{k}.h5",
+                    "--shard", f"{k}/2", "-q"]).exit_code == 0
+    with h5py.File(tmp_path / "s1.h5", "r+") as f:
+        g = f["uns/rfsgen"]
+        if how == "value":
+            del g["input"]
+            g["input"] = "elsewhere.npy"
+            g["input"].attrs["encoding-type"], g["input"].attrs["encoding-version"] = "string", "0.2.0"
+        elif how == "extra":
+            g["note"] = 1
+        elif how == "missing":
+            del g["rows_stop"]
+        else:
+            del g["rows_start"]
+            g["rows_start"] = 15.0
+    res = run(["merge", tmp_path / "s0.h5", tmp_path / "s1.h5", "-o", tmp_path / "m.h5"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "s1.h5: 'uns/rfsgen" in res.output and "re-create it with 'rfsgen transform'" in res.output
+    assert not (tmp_path / "m.h5").exists()
+
+
+def test_rfsgen_transform_takes_anndata_objects_their_layers_and_backed_x(tmp_path, rows):
+    fs = rfsgen.load_features(tmp_path / "f.h5")
+    want = rfsgen.transform(fs, rows, layout="dense")
+    a = _read_h5ad(tmp_path / "x.h5ad")
+    assert np.array_equal(rfsgen.transform(fs, a).toarray(), want)
+    assert np.array_equal(rfsgen.transform(fs, a, layer="counts", layout="dense"),
+                          rfsgen.transform(fs, np.abs(rows), layout="dense"))
+    assert np.array_equal(rfsgen.transform(fs, tmp_path / "x.h5ad", layer="counts", layout="dense"),
+                          rfsgen.transform(fs, np.abs(rows), layout="dense"))
+    b = _read_h5ad(tmp_path / "x.h5ad", backed="r")  # X: anndata's backed CSR dataset
+    assert np.array_equal(rfsgen.transform(fs, b, layout="dense"), want)
+    b.file.close()
+    d = anndata.AnnData(rows)
+    d.write_h5ad(tmp_path / "d.h5ad")
+    bd = _read_h5ad(tmp_path / "d.h5ad", backed="r")  # X: an h5py dataset
+    assert rfsgen.transform(fs, bd, layout="dense").tobytes() == want.tobytes()
+    bd.file.close()
+
+
+@pytest.mark.parametrize("layer, obj, kind, text", [
+    ("nope", "adata", rfsgen.InputError, "<AnnData>: has no layer 'nope' (layers: 'counts')"),
+    ("counts", "array", rfsgen.UsageError, "layer='counts' is for AnnData inputs"),
+    ("counts", "npy", rfsgen.UsageError, "layer='counts' is for AnnData inputs (or an .h5ad path"),
+    (None, "nox", rfsgen.InputError, "<AnnData>: has no X"),
+])
+def test_layer_mistakes_are_one_line_errors(tmp_path, rows, layer, obj, kind, text):
+    fs = rfsgen.load_features(tmp_path / "f.h5")
+    x = {"adata": lambda: _read_h5ad(tmp_path / "x.h5ad"), "array": lambda: rows,
+         "npy": lambda: tmp_path / "x.npy", "nox": lambda: anndata.AnnData(obs={"a": np.arange(3)})}[obj]()
+    with pytest.raises(kind) as e:
+        rfsgen.transform(fs, x, layer=layer)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_skeleton_features_takes_anndata_and_a_layer(tmp_path, rows):
+    from rfsgen.sklearn import SkeletonFeatures
+
+    a = _read_h5ad(tmp_path / "x.h5ad")
+    est = SkeletonFeatures(COORDINATE, n_components=64, random_state=0)
+    z = est.fit_transform(a)
+    assert np.array_equal(z, SkeletonFeatures(COORDINATE, n_components=64, random_state=0).fit_transform(rows))
+    b = _read_h5ad(tmp_path / "x.h5ad", backed="r")
+    assert np.array_equal(est.transform(b), z)
+    b.file.close()
+    on_counts = SkeletonFeatures(COORDINATE, n_components=64, random_state=0, layer="counts").fit(a)
+    assert np.array_equal(on_counts.transform(a), est.transform(np.abs(rows)))
+    with pytest.raises(ValueError, match="has no layer 'raw'"):
+        SkeletonFeatures(COORDINATE, n_components=64, layer="raw").fit(a)
+    with pytest.raises(ValueError, match="layer='counts' is for AnnData inputs"):
+        on_counts.transform(rows)
+
+
+def _annotated(tmp_path, n=40, width=12):
+    """An .h5ad with obs columns of every kind rfsgen carries, and a feature file for it."""
+    import pandas as pd
+
+    x = sp.random(n, width, density=0.3, format="csr", rng=np.random.default_rng(1))
+    a = anndata.AnnData(x)
+    a.obs_names = [f"c{i}" for i in range(n)]
+    a.obs["cell_type"] = pd.Categorical(np.array(["T", "B", "NK"])[np.arange(n) % 3])
+    a.obs["batch"] = np.arange(n) // 10
+    a.obs["score"] = np.linspace(0, 1, n)
+    a.obs["count"] = pd.array([None if i % 7 == 0 else i for i in range(n)], dtype="Int64")
+    a.obs["flag"] = np.arange(n) % 2 == 0
+    a.obs["label"] = [f"l{i}" for i in range(n)]
+    a.obs["grade"] = pd.Categorical(np.arange(n) % 4, ordered=True)
+    a.write_h5ad(tmp_path / "a.h5ad")
+    (tmp_path / "s.yaml").write_text(COORDINATE)
+    assert run(["sample", tmp_path / "s.yaml", "--width", width, "-n", 50, "-o", tmp_path / "fa.h5", "-q"]).exit_code == 0
+    return a
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_obs_columns_are_carried_through_rows_shards_and_merge(tmp_path, layout):
+    a = _annotated(tmp_path)
+    f, x = tmp_path / "fa.h5", tmp_path / "a.h5ad"
+    assert run(["transform", f, x, "-o", tmp_path / "all.h5ad", "--layout", layout, "-q"]).exit_code == 0
+    out = _read_h5ad(tmp_path / "all.h5ad")
+    assert out.obs.equals(a.obs) and list(out.obs.columns) == list(a.obs.columns)
+    assert run(["transform", f, x, "-o", tmp_path / "r.h5ad", "--rows", "13:29", "--layout", layout]).exit_code == 0
+    assert _read_h5ad(tmp_path / "r.h5ad").obs.equals(a.obs.iloc[13:29])
+    for k in range(3):
+        assert run(["transform", f, x, "-o", tmp_path / f"s{k}.h5ad", "--shard", f"{k}/3", "--layout", layout,
+                    "-q"]).exit_code == 0
+    shard = _read_h5ad(tmp_path / "s1.h5ad")
+    assert shard.obs.equals(a.obs.iloc[13:26]) and list(shard.obs["cell_type"].cat.categories) == ["B", "NK", "T"]
+    res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in (1, 2, 0)), "-o", tmp_path / "m.h5ad", "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "m.h5ad").read_bytes() == (tmp_path / "all.h5ad").read_bytes()
+    if layout == "dense":
+        res = run(["merge", *(tmp_path / f"s{k}.h5ad" for k in range(3)), "-o", tmp_path / "v.h5ad", "--virtual"])
+        assert res.exit_code == 0, res.output
+        assert _read_h5ad(tmp_path / "v.h5ad").obs.equals(a.obs)
+
+
+@pytest.mark.parametrize("how", ["value", "string", "category", "mask", "dropped", "order"])
+def test_a_shard_with_edited_obs_columns_is_refused(tmp_path, how):
+    _annotated(tmp_path)
+    for k in range(2):
+        assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / f"s{k}.h5ad",
+                    "--shard", f"{k}/2", "-q"]).exit_code == 0
+    with h5py.File(tmp_path / "s1.h5ad", "r+") as f:
+        obs = f["obs"]
+        if how == "value":
+            obs["batch"][3] = 99
+        elif how == "string":
+            obs["label"][0] = "changed"
+        elif how == "category":
+            obs["cell_type/categories"][0] = "X"
+        elif how == "mask":
+            obs["count/mask"][1] = not obs["count/mask"][1]
+        elif how == "dropped":
+            del obs["score"]
+        else:
+            obs.attrs["column-order"] = np.array(list(obs.attrs["column-order"])[::-1], dtype=object)
+    res = run(["merge", tmp_path / "s0.h5ad", tmp_path / "s1.h5ad", "-o", tmp_path / "m.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "s1.h5ad" in res.output and not (tmp_path / "m.h5ad").exists()
+    want = {"value": "do not match the checksum", "string": "do not match the checksum",
+            "category": "different obs columns", "mask": "do not match the checksum",
+            "dropped": "has no 'obs/score'",
+            "order": "different obs columns"}[how]
+    assert want in res.output, res.output
+
+
+def test_shards_of_inputs_with_different_obs_columns_do_not_merge(tmp_path):
+    a = _annotated(tmp_path)
+    assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "s0.h5ad", "--rows", "0:20",
+                "-q"]).exit_code == 0
+    del a.obs["batch"]
+    a.write_h5ad(tmp_path / "a.h5ad")
+    assert run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "s1.h5ad", "--rows", "20:40",
+                "-q"]).exit_code == 0
+    res = run(["merge", tmp_path / "s0.h5ad", tmp_path / "s1.h5ad", "-o", tmp_path / "m.h5ad"])
+    assert res.exit_code == 2 and "have different obs columns" in res.output
+
+
+def test_an_obs_column_rfsgen_cannot_carry_is_a_one_line_error(tmp_path):
+    _annotated(tmp_path)
+    with h5py.File(tmp_path / "a.h5ad", "r+") as f:
+        f["obs"].create_group("nested").attrs["encoding-type"] = "dataframe"
+        f["obs"].attrs["column-order"] = np.array(list(f["obs"].attrs["column-order"]) + ["nested"], dtype=object)
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert "a.h5ad:/obs/nested: the obs column 'nested' is encoded as 'dataframe'" in res.output
+    assert "del adata.obs" in res.output and not (tmp_path / "o.h5ad").exists()
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_obsm_writes_the_features_into_a_copy_of_the_input(tmp_path, layout):
+    a = _annotated(tmp_path)
+    a.layers["counts"] = a.X.copy() * 2
+    a.write_h5ad(tmp_path / "a.h5ad")
+    before = (tmp_path / "a.h5ad").read_bytes()
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", "--obsm", "X_rfsgen",
+               "--layout", layout])
+    assert res.exit_code == 0 and "(obsm['X_rfsgen'])" in res.output, res.output
+    assert (tmp_path / "a.h5ad").read_bytes() == before  # the input is not touched
+    o = _read_h5ad(tmp_path / "o.h5ad")
+    assert o.obs.equals(a.obs) and list(o.var_names) == list(a.var_names) and (o.X != a.X).nnz == 0
+    assert (o.layers["counts"] != a.layers["counts"]).nnz == 0
+    want = rfsgen.transform(rfsgen.load_features(tmp_path / "fa.h5"), a.X, layout="dense")
+    got = o.obsm["X_rfsgen"]
+    assert np.array_equal(got.toarray() if sp.issparse(got) else got, want)
+    prov = o.uns["rfsgen"]["X_rfsgen"]
+    assert (prov["rows_stop"], prov["columns"], prov["layout"]) == (40, 50, layout)
+    # A second feature set goes beside the first; a taken key is refused before any work.
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "o.h5ad", "-o", tmp_path / "o2.h5ad", "--obsm", "X_two"])
+    assert res.exit_code == 0 and set(_read_h5ad(tmp_path / "o2.h5ad").obsm) == {"X_rfsgen", "X_two"}
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "o.h5ad", "-o", tmp_path / "o3.h5ad", "--obsm", "X_rfsgen"])
+    assert res.exit_code == 2 and "already holds 'obsm/X_rfsgen'; choose another --obsm KEY" in res.output
+    assert not (tmp_path / "o3.h5ad").exists()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--rows", "0:5"], "it cannot take --rows or --shard"),
+    (["--shard", "0/2"], "it cannot take --rows or --shard"),
+    (["--obsm", "a/b"], "give a name without '/'"),
+])
+def test_obsm_mistakes_are_one_line_errors(tmp_path, args, text):
+    _annotated(tmp_path)
+    opts = args if "--obsm" in args else ["--obsm", "X_r", *args]
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", *opts])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and text in res.output, res.output
+    np.save(tmp_path / "x.npy", np.ones((3, 12)))
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5ad", "--obsm", "X_r"])
+    assert res.exit_code == 2 and "the input must be an .h5ad file" in res.output
+
+
+def test_inspect_states_the_density_of_a_coordinate_feature_file(tmp_path, rows):
+    res = run(["inspect", tmp_path / "f.h5"])
+    line = next(t for t in res.output.splitlines() if t.startswith("density"))
+    assert "columns almost surely non-zero; the others vanish where their sphere 'coordinate'" in line
+    assert line.endswith("--layout auto writes csr")
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.h5ad", "-o", tmp_path / "o.h5ad"]).exit_code == 0
+    with h5py.File(tmp_path / "o.h5ad", "r") as f:
+        assert f.attrs["layout"] == "csr"
+
+
+@pytest.fixture(scope="module")
+def annotated_shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("annotated")
+    _annotated(d)
+    for k in range(2):
+        assert run(["transform", d / "fa.h5", d / "a.h5ad", "-o", d / f"s{k}.h5ad", "--shard", f"{k}/2",
+                    "-q"]).exit_code == 0
+    return d
+
+
+_PARTS = ["cell_type/codes", "cell_type/categories", "batch", "score", "count/values", "count/mask", "flag", "label",
+          "grade/codes"]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(part=st.sampled_from(_PARTS), shard=st.integers(0, 1), pos=st.integers(0, 19), data=st.data())
+def test_any_edited_obs_value_in_a_shard_is_found(annotated_shards, tmp_path_factory, part, shard, pos, data):
+    import shutil
+
+    d = tmp_path_factory.mktemp("edit")
+    for k in range(2):
+        shutil.copy(annotated_shards / f"s{k}.h5ad", d / f"s{k}.h5ad")
+    with h5py.File(d / f"s{shard}.h5ad", "r+") as f:
+        ds = f["obs"][part]
+        i = pos % ds.shape[0]
+        old = ds[i]
+        if h5py.check_string_dtype(ds.dtype) is not None:
+            new = old.decode() + data.draw(st.text("xyzé", min_size=1, max_size=3), label="suffix")
+        elif ds.dtype.kind == "b":
+            new = not old
+        else:
+            new = old + data.draw(st.sampled_from([1, -1, 2]), label="delta")
+        ds[i] = new
+    res = run(["merge", d / "s0.h5ad", d / "s1.h5ad", "-o", d / "m.h5ad"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert f"s{shard}.h5ad" in res.output and not (d / "m.h5ad").exists()

@@ -37,7 +37,8 @@ def shards(n, *extra, features="f.h5", prefix="p"):
     return names
 
 
-@pytest.mark.parametrize("extra", [[], ["--layout", "dense"], ["--dtype", "float64", "--compression", "gzip"],
+@pytest.mark.parametrize("extra", [["--layout", "csr"], ["--layout", "dense"],
+                                   ["--layout", "csr", "--dtype", "float64", "--compression", "gzip"],
                                    ["--layout", "dense", "--compression", "lzf"]], ids=["csr", "dense", "csr-gzip",
                                                                                         "dense-lzf"])
 def test_merged_file_is_the_unsharded_file_byte_for_byte(setup, extra):
@@ -53,9 +54,9 @@ def test_merged_file_is_the_unsharded_file_byte_for_byte(setup, extra):
 
 
 def test_a_row_range_merges_with_its_rows_names_and_attributes(setup):
-    assert run(["transform", "f.h5", "x.npy", "-o", "mid.h5", "--rows", "10:90", "-q"]).exit_code == 0
+    assert run(["transform", "f.h5", "x.npy", "-o", "mid.h5", "--rows", "10:90", "-q", "--layout", "csr"]).exit_code == 0
     for a, b in (("10:40", "a.h5"), ("40:41", "b.h5"), ("41:90", "c.h5")):
-        assert run(["transform", "f.h5", "x.npy", "-o", b, "--rows", a, "-q"]).exit_code == 0
+        assert run(["transform", "f.h5", "x.npy", "-o", b, "--rows", a, "-q", "--layout", "csr"]).exit_code == 0
     assert run(["merge", "c.h5", "a.h5", "b.h5", "-o", "m.h5", "-q"]).exit_code == 0
     with h5py.File("m.h5", "r") as m, h5py.File("mid.h5", "r") as u:
         assert dict(m.attrs) == dict(u.attrs) and m.attrs["rows_start"] == 10
@@ -72,18 +73,19 @@ def test_virtual_merge_of_dense_shards(setup):
     with h5py.File("v.h5", "r") as v, h5py.File("all.h5", "r") as u:
         assert v["X"].is_virtual and np.array_equal(v["X"][()], u["X"][()])
         assert list(v["obs/_index"][()]) == list(u["obs/_index"][()])
-    res = run(["merge", *shards(2, prefix="c"), "-o", "v2.h5", "--virtual"])
+    res = run(["merge", *shards(2, "--layout", "csr", prefix="c"), "-o", "v2.h5", "--virtual"])
     assert res.exit_code == 2 and "--virtual needs dense shards" in res.output
 
 
 def test_shards_that_do_not_belong_together_are_refused(setup):
-    parts = shards(3)
-    other = shards(3, features="g.h5", prefix="g")
+    csr = ("--layout", "csr")
+    parts = shards(3, *csr)
+    other = shards(3, *csr, features="g.h5", prefix="g")
     dense = shards(3, "--layout", "dense", prefix="d")
-    f64 = shards(3, "--dtype", "float64", prefix="e")
+    f64 = shards(3, *csr, "--dtype", "float64", prefix="e")
     np.save("y.npy", np.load("x.npy"))
-    assert run(["transform", "f.h5", "y.npy", "-o", "y1.h5", "--shard", "1/3", "-q"]).exit_code == 0
-    assert run(["transform", "f.h5", "x.npy", "-o", "wide.h5", "--rows", "30:70", "-q"]).exit_code == 0
+    assert run(["transform", "f.h5", "y.npy", "-o", "y1.h5", "--shard", "1/3", "-q", *csr]).exit_code == 0
+    assert run(["transform", "f.h5", "x.npy", "-o", "wide.h5", "--rows", "30:70", "-q", *csr]).exit_code == 0
     bad = {
         (parts[0], parts[2]): r"rows 34:68 are in no shard \(between p0.h5 \(rows 0:34\) and p2.h5 \(rows 68:103\)\)",
         (parts[0], "wide.h5", parts[2]): r"p0.h5 \(rows 0:34\) and wide.h5 \(rows 30:70\) overlap in rows 30:34",

@@ -183,3 +183,100 @@ def test_a_small_csr_output_is_small_and_its_shards_merge_to_its_bytes(files, tm
         transform_file(files / "f.h5", files / "x.npy", tmp_path / f"s{a}.h5", layout="csr", rows=f"{a}:{b}")
     merge_files([tmp_path / "s0.h5", tmp_path / "s7.h5"], tmp_path / "m.h5")
     assert (tmp_path / "m.h5").read_bytes() == (tmp_path / "all.h5").read_bytes()
+
+
+def test_a_sparse_csr_output_is_sized_to_its_stored_values(tmp_path):
+    """The README's AnnData example (500 sparse rows x 4096 columns, ~11k stored values):
+    chunks follow the values stored, not rows x columns (8.6 MB before); chunk sizes,
+    shards and merge still give the same bytes."""
+    import os
+
+    import scipy.sparse as sp
+
+    from rfsgen.merge import merge_files
+    from rfsgen.skeleton import parse_skeleton
+
+    counts = sp.random(500, 200, density=0.05, format="csr", rng=np.random.default_rng(0))
+    sp.save_npz(tmp_path / "x.npz", counts)
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: auto}\nnodes:\n"
+                          "  - {name: s, base: sphere, scheme: coordinate, zero: uniform}\n"
+                          "  - {name: out, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [s]}\n")
+    save_features(sample(skel.bind(200), 4096, seed=0), tmp_path / "f.h5")
+    outs = []
+    for k, chunk in enumerate((None, 7, 100)):
+        out = tmp_path / f"o{k}.h5"
+        info = transform_file(tmp_path / "f.h5", tmp_path / "x.npz", out, layout="csr", chunk_rows=chunk)
+        outs.append(out.read_bytes())
+    assert outs[1] == outs[0] and outs[2] == outs[0]
+    nnz = info["nnz"]
+    assert nnz < 100_000
+    with h5py.File(tmp_path / "o0.h5") as f:
+        block = f["X/data"].chunks[0]
+        assert block == f["X/indices"].chunks[0] and block // 2 < nnz <= block
+    assert os.path.getsize(tmp_path / "o0.h5") < 8 * block + 300_000  # names: ~200 KB
+    for a, b in ((0, 3), (3, 250), (250, 500)):
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npz", tmp_path / f"s{a}.h5", layout="csr", rows=f"{a}:{b}")
+    merge_files([tmp_path / f"s{a}.h5" for a in (250, 0, 3)], tmp_path / "m.h5")
+    assert (tmp_path / "m.h5").read_bytes() == outs[0]
+
+
+def test_a_small_dense_stream_is_one_chunk_of_its_rows(files, tmp_path):
+    """A stream of unknown length (or a compressed dense output) is chunked; fewer rows
+    than a block make one chunk of exactly those rows, whatever the chunk size."""
+    import io
+
+    x = np.load(files / "x.npy")[:32]
+    outs = []
+    for chunk in (None, 5):
+        buf = io.BytesIO()
+        np.save(buf, x)
+        buf.seek(0)
+        out = tmp_path / f"d{chunk}.h5"
+        transform_file(files / "f.h5", "-", out, layout="dense", chunk_rows=chunk, stdin=io.BufferedReader(buf))
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    with h5py.File(tmp_path / "dNone.h5") as f:
+        assert f["X"].chunks == (32, 150)
+
+
+_COORDINATE = ("rfsgen: 1\ninput: {width: auto}\nnodes:\n"
+               "  - {name: s, base: sphere, scheme: coordinate, zero: uniform}\n"
+               "  - {name: out, activation: {name: polynomial, degree: 2, c: 0.5}, inputs: [s]}\n")
+
+
+@pytest.mark.parametrize("skeleton, layout", [("tabular-circle", "dense"), ("cifar-deep", "dense"),
+                                              ("shallow-gaussian", "dense"), ("coordinate", "csr")])
+def test_auto_layout_follows_the_expected_density(skeleton, layout):
+    from rfsgen.output import auto_layout, expected_density
+    from rfsgen.skeleton import parse_skeleton
+
+    skel = parse_skeleton(_COORDINATE).bind(30) if skeleton == "coordinate" else load_skeleton(skeleton_path(skeleton))
+    fs = sample(skel, 200, seed=1)
+    d = expected_density(fs)
+    assert auto_layout(fs) == d["layout"] == layout and d["columns"] == 200
+    if layout == "dense":  # circle, gaussian-like and sphere 'pair' factors are never zero
+        assert d["density"] == 1.0 and d["nonzero_columns"] == 200
+    else:  # only the constant columns of the polynomial never vanish
+        lengths = np.diff(fs.ptr)
+        assert d["nonzero_columns"] == int((lengths == 0).sum()) and d["density"] < 0.5
+
+
+def test_layout_auto_is_the_default_and_writes_what_an_explicit_layout_writes(files, tmp_path):
+    from click.testing import CliRunner
+
+    from rfsgen.cli import main
+    from rfsgen.skeleton import parse_skeleton
+
+    def run(*args):
+        res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+
+    save_features(sample(parse_skeleton(_COORDINATE).bind(8), 40, seed=2), tmp_path / "c.h5")
+    for feats, layout in ((files / "f.h5", "dense"), (tmp_path / "c.h5", "csr")):
+        run("transform", feats, files / "x.npy", "-o", tmp_path / "auto.h5", "-q", "--overwrite")
+        run("transform", feats, files / "x.npy", "-o", tmp_path / "explicit.h5", "-q", "--overwrite", "--layout", layout)
+        assert (tmp_path / "auto.h5").read_bytes() == (tmp_path / "explicit.h5").read_bytes()
+        out = transform_file(feats, files / "x.npy", tmp_path / "py.h5", overwrite=True)  # Python: auto too
+        with h5py.File(tmp_path / "py.h5") as f:
+            assert f.attrs["layout"] == layout and (layout == "dense") == isinstance(f["X"], h5py.Dataset)
+        assert out["rows"] == 45

@@ -244,7 +244,7 @@ def test_cli_csr_matches_memory_and_is_chunk_invariant(files):
     outs = []
     for i, chunk in enumerate((40, 7, 1)):
         out = files / f"o{i}.h5"
-        res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--chunk-rows", chunk])
+        res = run(["transform", files / "f.h5", files / "rows.npy", "-o", out, "--chunk-rows", chunk, "--layout", "csr"])
         assert res.exit_code == 0, res.stderr
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] == outs[2]
@@ -397,7 +397,8 @@ def test_dense_layout_rows_slice_and_stdin(files):
         np.testing.assert_array_equal(f["X"][()], full[5:12])
     buf = io.BytesIO()
     np.save(buf, np.load(files / "rows.npy"))
-    res = CliRunner().invoke(main, ["transform", str(files / "f.h5"), "-", "-o", str(files / "s.h5")], input=buf.getvalue())
+    res = CliRunner().invoke(main, ["transform", str(files / "f.h5"), "-", "-o", str(files / "s.h5"), "--layout", "csr"],
+                           input=buf.getvalue())
     assert res.exit_code == 0, res.stderr
     same = transform(load(files / "f.h5"), np.load(files / "rows.npy"))  # float32, in memory
     assert (read_csr(files / "s.h5") != same).nnz == 0
@@ -556,7 +557,7 @@ def test_values_too_large_for_float32_are_an_error():
 
 @pytest.mark.parametrize("args", [
     ["sample", "{skel}", "-n", "20000", "-o", "{out}/o.h5"],
-    ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5"],
+    ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "csr"],
     ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "dense"],
     ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "dense", "--compression", "gzip"],
     ["kernel", "{skel}", "{rows}", "-o", "{out}/K.npy"],

@@ -16,7 +16,9 @@ from . import main, translate_errors, _emit_json
 @click.option("--overwrite", is_flag=True, help="Replace the --plot-cooccurrence file if it exists.")
 @translate_errors
 def inspect_cmd(features, as_json, plot_path, overwrite):
-    """Summarise a feature file: columns, draws, dedup ratio, terms, node usage.
+    """Summarise a feature file: columns, draws, dedup ratio, terms, node usage,
+    the expected density of its features and the layout 'transform --layout auto'
+    writes for them.
 
     \b
     Example:
@@ -32,7 +34,12 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
 
         with atomic_path(plot_path, overwrite, inputs=[features]) as tmp:
             plot_cooccurrence(fs, tmp, title=f"{fs.skeleton.path}: {fs.columns} features")
+    from ..output import expected_density
+
     info = describe(fs, features)
+    dens = expected_density(fs)
+    info["expected_density"] = dens["density"]  # what --layout auto decides from (rfsgen.output.auto_layout)
+    info["auto_layout"] = dens["layout"]
     if as_json:
         _emit_json(info)
         return
@@ -68,6 +75,16 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
             ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
              + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
         ]
+    if "eof" in info:
+        text = f"{dens['density']:.3f} expected (the expected non-zeros of a row over the columns)"
+    else:
+        sure, D = dens["nonzero_columns"], dens["columns"]
+        d = dens["density"]
+        shown = f"{d:.3f}" if d >= 0.001 or d == 0 else f"{d:.2g}"
+        text = (f"at least {shown} expected ({sure} of {D} columns almost surely non-zero"
+                + ("; the others vanish where their sphere 'coordinate' or brownian inputs are zero" if sure < D else "")
+                + ")")
+    rows.append(("density", f"{text}; --layout auto writes {dens['layout']}"))
     rows.append(("command", info["command"]))
     for k, v in rows:
         click.echo(f"{k:<12} {v}")

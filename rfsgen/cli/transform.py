@@ -13,8 +13,10 @@ from ._budget import max_memory_option
 @click.argument("features", type=click.Path(dir_okay=False))
 @click.argument("input", metavar="INPUT")
 @click.option("-o", "--output", required=True, help="Output HDF5 file.")
-@click.option("--layout", type=click.Choice(["csr", "dense"]), default="csr", show_default=True,
-              help="csr: group X in the anndata/scipy CSR encoding; dense: 2-D dataset X.")
+@click.option("--layout", type=click.Choice(["auto", "csr", "dense"]), default="auto", show_default=True,
+              help="csr: group X in the anndata/scipy CSR encoding; dense: 2-D dataset X; auto: dense when at least "
+                   "half the feature file's columns are almost surely non-zero, else csr ('rfsgen inspect' says "
+                   "which).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True,
               help="HDF5 compression (these features compress poorly; off by default).")
@@ -27,12 +29,14 @@ from ._budget import max_memory_option
                    "is written here, in row order, and is the same file as a local run's. At most 4 chunks are on "
                    "the cluster at a time, so memory stays bounded. Needs the 'dask' extra here and rfsgen on the "
                    "workers.")
+@click.option("--obsm", metavar="KEY", help="For an .h5ad INPUT: write a copy of it (X, obs, var, layers, ... as they "
+              "are) with the features of every row as obsm[KEY] and their provenance as uns['rfsgen'][KEY].")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
 def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
-                  overwrite, quiet):
+                  obsm, overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
     INPUT may be .npy (memory-mapped), .npz[:key] (a scipy.sparse.save_npz
@@ -46,12 +50,15 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
       rfsgen transform feats.h5 rows.npy -o out.h5 --rows 0:50000
       rfsgen transform feats.h5 rows.npy -o part-3.h5 --shard 3/8
       rfsgen transform feats.h5 cells.h5ad -o cell-features.h5
+      rfsgen transform feats.h5 cells.h5ad -o cells-with-features.h5ad --obsm X_rfsgen
       rfsgen transform feats.h5 sparse.npz -o out.h5
       cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
       rfsgen transform feats.h5 rows.npy -o out.h5 --dask-scheduler tcp://10.0.0.5:8786
     """
     options = dict(layout=layout, dtype=dtype, compression=compression, chunk_rows=chunk_rows, rows=rows,
                    shard=shard, overwrite=overwrite)
+    if obsm is not None:
+        options["obsm"] = obsm
     if dask_scheduler:
         try:
             from ..dask import transform_file
@@ -69,4 +76,6 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
         click.echo(f"rfsgen: warning: {info['clipped']} values outside the feature file's domain were clipped to it "
                    "(recorded as the output's 'clipped_values' attribute)", err=True)
     if not quiet:
-        click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {output}", err=True)
+        where = f"{output} (obsm['{info['obsm']}'])" if info.get("obsm") else output
+        click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {where}",
+                   err=True)

@@ -10,8 +10,11 @@ import numpy as np
 import scipy.sparse as sp
 
 with h5py.File(sys.argv[1], "r") as f:
-    g = f["X"]
-    psi = sp.csr_matrix((g["data"][()], g["indices"][()], g["indptr"][()]), shape=tuple(g.attrs["shape"]))
+    g = f["X"]  # dense or CSR (transform --layout auto picks dense for the demo's features)
+    if isinstance(g, h5py.Dataset):
+        psi = sp.csr_matrix(g[()])
+    else:
+        psi = sp.csr_matrix((g["data"][()], g["indices"][()], g["indptr"][()]), shape=tuple(g.attrs["shape"]))
 exact = np.load(sys.argv[2])
 approx = (psi @ psi.T).toarray().astype(np.float64)
 err = approx - exact
