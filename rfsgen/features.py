@@ -647,7 +647,7 @@ def _load(p, f) -> FeatureSet:
                                "re-create it with 'rfsgen sample'")
     params = _params_attr(p, attrs)
     try:  # the guarded YAML loader of every skeleton (alias bombs, size limits)
-        skel = parse_skeleton(src, skeleton_path, width=width, params=params)
+        skel = parse_skeleton(src, skeleton_path, width=width, params=params, warn=False)
     except LimitError:  # a valid skeleton over this run's memory budget: the budget's message
         raise
     except RfsgenError as e:

@@ -447,8 +447,12 @@ def _shipped_hint(path: str) -> str:
 
 
 def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None,
-                   activations=None, params=None) -> Skeleton:
+                   activations=None, params=None, warn: bool = True) -> Skeleton:
     """Parse skeleton YAML ``text``; ``path`` is used in error messages.
+
+    ``warn=False`` skips the :class:`~rfsgen.errors.VarianceWarning` check (a feature
+    file's skeleton was checked when it was sampled; the check builds activations'
+    series, which a transform never needs).
 
     ``activations`` maps names to activations made in Python by
     ``rfsgen.make_activation(fn, name=...)``; nodes use them as ``activation: NAME``.
@@ -499,7 +503,8 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
         raise _params.blame(e, path, sites) from None
     if width is not None and skel.width != width:
         return skel.bind(width)  # a fixed-width file: same skeleton or an InputError
-    _warn_variance(skel)
+    if warn:
+        _warn_variance(skel)
     return skel
 
 
@@ -512,8 +517,8 @@ def _warn_variance(skel: Skeleton) -> None:
     if not skel.bound:
         return
     # Cheap tests first: most skeletons have no such activation, or only C = 1 bases.
-    if not any(n.activation.derivative_at_one == float("inf") for n in skel.internal_nodes) \
-            or not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups):
+    if not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups) \
+            or not any(n.activation.derivative_at_one == float("inf") for n in skel.internal_nodes):
         return
     big = np.zeros(len(skel.nodes), dtype=bool)  # reaches an input node with C > 1
     for n in skel.nodes:  # children first
