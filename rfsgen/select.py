@@ -543,7 +543,8 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
     record["score_kept_mean"] = float(v[keep].mean())
     record["score_pool_mean"] = float(v.mean())
     out = subset(fs, keep, column_weight=weight)
-    out.stats = {**{k: val for k, val in fs.stats.items() if k != "selection"}, "selection": record}
+    # The pool's sampler statistics describe the pool's draws, not the kept columns: kept apart.
+    out.stats = {"selection": record, **({"pool_stats": fs.stats} if fs.stats else {})}
     out.command = command or fs.command
     return out
 
@@ -552,3 +553,28 @@ def _top(v: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` largest values of ``v``; ties go to the lower index (stable)."""
     order = np.argsort(-v, kind="stable")
     return order[:k]
+
+
+def select_file(features, rows, labels, output, n_features: int, *, method: str = "eerf", rho=None,
+                task: str = "auto", seed: int = 0, pool_factor: int = POOL_FACTOR, scheme: str = "rfs",
+                label_column: int | None = None, chunk_rows=None, overwrite: bool = False, progress=None,
+                command: str = "") -> FeatureSet:
+    """``rfsgen select``: :func:`select` from the feature file (or skeleton) ``features``,
+    written atomically to the feature file ``output`` (checked before any work: an existing
+    ``output`` without ``overwrite`` is an :class:`~rfsgen.errors.OutputExistsError`)."""
+    from . import __version__
+    from .errors import OutputExistsError
+    from .features import save
+
+    if Path(output).exists() and not overwrite:
+        raise OutputExistsError(f"{output}: already exists; pass overwrite=True to replace it",
+                                cli=f"{output}: already exists; pass --overwrite to replace it")
+    fs = select(features, rows, labels, n_features, method=method, rho=rho, task=task, seed=seed,
+                chunk_rows=chunk_rows, progress=progress, pool_factor=pool_factor, scheme=scheme,
+                label_column=label_column, command=command)
+    fs.tool_version = __version__
+    fs.stats["selection"]["rows_file"] = os.fspath(rows) if isinstance(rows, (str, os.PathLike)) else "in memory"
+    if isinstance(labels, (str, os.PathLike)):
+        fs.stats["selection"]["labels_file"] = os.fspath(labels)
+    save(fs, output, overwrite=overwrite, inputs=[features, rows] + ([labels] if labels is not None else []))
+    return fs
