@@ -188,7 +188,7 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
         bad = ~np.isfinite(labels)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{where}: label {i} is {labels[i]!r}; every label must be a finite number or a class name "
+            raise DataError(f"{where}: label {i} is {float(labels[i])!r}; every label must be a finite number or a class name "
                             "(drop the unlabelled rows)")
     if task == "auto":
         task = "regression" if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)) else "classification"
@@ -198,11 +198,11 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
                              "--task classification")
         y = labels.astype(np.float64)
         if y.min() == y.max():
-            raise DataError(f"{where}: every label is {y[0]!r}; regression needs labels that vary")
+            raise DataError(f"{where}: every label is {float(y[0])!r}; regression needs labels that vary")
         return "regression", None, y
     classes, codes = np.unique(labels, return_inverse=True)
     if classes.size < 2:
-        raise DataError(f"{where}: every label is class {classes[0]!r}: selection needs at least two classes "
+        raise DataError(f"{where}: every label is class {classes[0].item()!r}: selection needs at least two classes "
                         "(or --task regression for numeric labels)")
     return "classification", classes, codes.astype(np.int64)
 
@@ -234,12 +234,14 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
     budget.check(8.0 * (C + 2) * N0, f"the selection's statistics ({C + 2} x {N0} columns)",
                  "select from a smaller pool or with fewer classes")
     tr = Transformer(_unit(fs), np.float64)
+    n = codes.size
+    if chunk_rows is not None:  # a chunk never needs more rows than there are labels (= rows)
+        chunk_rows = max(1, min(int(chunk_rows), -(-n // BLOCK) * BLOCK))
     rows_per = default_chunk_rows(N0, tr.row_bytes + 8 * (C + N0), tr.what, chunk_rows)
     rows_per = max(BLOCK, rows_per // BLOCK * BLOCK)  # whole blocks: the summation order is fixed
     by_class = np.zeros((C, N0))
     total = np.zeros(N0)
     squares = np.zeros(N0)
-    n = codes.size
     with open_input(rows) as src:
         width = fs.skeleton.width + (label_column is not None)
         if label_column is not None:
@@ -540,6 +542,7 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         record.update(rho=r, divergence=chi2_divergence(q, p), kept_mass=float(kept.sum()))
     else:
         keep = np.sort(_top(v, n_features))
+    record["kept"] = keep.tolist()  # the pool's column numbers, increasing
     record["score_kept_mean"] = float(v[keep].mean())
     record["score_pool_mean"] = float(v.mean())
     out = subset(fs, keep, column_weight=weight)
