@@ -402,3 +402,26 @@ def test_the_selection_page_runs_in_sequence(tmp_path, cifar_rows):
         cmd = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euo", "pipefail", "-c", body]
         res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, f"{body}\n--- stderr:\n{res.stderr[-3000:]}"
+
+
+# ----------------------------------------------------------------------------- scikit-learn
+def test_skeleton_features_select_uses_y(gauss):
+    pytest.importorskip("sklearn")
+    from sklearn.base import clone
+
+    from rfsgen.sklearn import SkeletonFeatures
+
+    skel, x, y, _ = gauss
+    est = SkeletonFeatures(GAUSS, n_components=9, random_state=4, select="lkrf", pool_factor=5, dtype="float64")
+    z = est.fit_transform(x, y)
+    pool = rfsgen.sample(skel, 45, seed=4)
+    want = select(pool, x, y, 9, method="lkrf")
+    assert z.shape == (300, 9) and np.array_equal(est.features_.column_weight, want.column_weight)
+    assert np.array_equal(z, rfsgen.transform(want, x, layout="dense", dtype="float64"))
+    assert np.array_equal(clone(est).fit(x, y).transform(x), z)
+    with pytest.raises(ValueError, match="needs y"):
+        clone(est).fit(x)
+    with pytest.raises(ValueError, match="select must be"):
+        SkeletonFeatures(GAUSS, select="best").fit(x, y)
+    assert SkeletonFeatures(GAUSS, select="corr").__sklearn_tags__().target_tags.required
+    assert not SkeletonFeatures(GAUSS).__sklearn_tags__().target_tags.required
