@@ -506,6 +506,10 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         raise UsageError(f"rho (--rho) applies to method lkrf, not {method}")
     if rho is not None and not (isinstance(rho, (int, float, np.floating)) and math.isfinite(rho) and rho >= 0):
         raise UsageError(f"rho (--rho) must be a finite number >= 0, got {rho!r}")
+    if str(rows) == "-" and (label_column is not None or not isinstance(pool, (FeatureSet, str, os.PathLike))
+                             or str(pool).lower().endswith((".yaml", ".yml"))):
+        raise UsageError("rows from standard input ('-') are read once; with --label-column or a skeleton as the pool "
+                         "give the rows as a file")
     if (labels is None) == (label_column is None):
         raise UsageError("give labels (a labels file or array) or a label column of the rows, not both or neither")
     if label_column is not None:
@@ -518,9 +522,9 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
     fs, provenance = _pool(pool, n_features, pool_factor, seed, scheme, rows, label_column)
     N0 = fs.columns
     if n_features > N0:
+        k = int(pool_factor) if isinstance(pool_factor, (int, np.integer)) and pool_factor >= 1 else POOL_FACTOR
         raise UsageError(f"the pool has {count(N0, 'column')}, fewer than the {n_features} to keep; sample a pool of "
-                         f"{POOL_FACTOR} x D = {POOL_FACTOR * n_features} columns ('rfsgen sample SKELETON -n "
-                         f"{POOL_FACTOR * n_features}')")
+                         f"{k} x D = {k * n_features} columns ('rfsgen sample SKELETON -n {k * n_features}')")
     if method == "lkrf" and fs.eof is not None:
         raise UsageError("method lkrf weights the kept columns, and EOF feature files take no column weights; "
                          "use eerf or corr for an EOF pool")

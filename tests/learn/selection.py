@@ -104,9 +104,18 @@ def main(argv=None):
             picks = {}
             for method in ("eerf", "corr", "eerf-norm"):
                 picks[method] = (np.sort(_top(scores(st, method), D)), None)
+            # Variants explored for the goal (not library methods): corr among the columns of
+            # below-median variance, and a random D of them (to tell selection from the filter).
+            n = float(st.rows)
+            var = st.squares / n - (st.total / n) ** 2
+            low = (var < np.median(var)) & (var > 1e-12)
+            picks["corr, low-variance half"] = (np.sort(_top(np.where(low, scores(st, "corr"), -1.0), D)), None)
+            rng = np.random.default_rng(seed)
+            picks["random, low-variance half"] = (np.sort(rng.choice(np.flatnonzero(low), D, replace=False)), None)
             v = scores(st, "eerf")
             p = pool.weight / pool.weight.sum()
             rhos = [a.pool_factor - 1.0] + [float(r) for r in a.rhos.split(",") if r]
+            rhos = rhos if a.rhos != "none" else rhos[:1]
             lk = {}
             for rho in dict.fromkeys(rhos):
                 q = lkrf_weights(v, p, rho)
