@@ -114,8 +114,7 @@ def main(argv=None):
             picks["random, low-variance half"] = (np.sort(rng.choice(np.flatnonzero(low), D, replace=False)), None)
             v = scores(st, "eerf")
             p = pool.weight / pool.weight.sum()
-            rhos = [a.pool_factor - 1.0] + [float(r) for r in a.rhos.split(",") if r]
-            rhos = rhos if a.rhos != "none" else rhos[:1]
+            rhos = [a.pool_factor - 1.0] + [float(r) for r in a.rhos.split(",") if r and r != "none"]
             lk = {}
             for rho in dict.fromkeys(rhos):
                 q = lkrf_weights(v, p, rho)
