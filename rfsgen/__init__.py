@@ -47,6 +47,7 @@ _EXPORTS = {
     "open_input": "inputs",
     "kernel": "kernel",
     "sample": "sampler",
+    "select": "select",
     "Skeleton": "skeleton", "load_skeleton": "skeleton", "parse_skeleton": "skeleton",
     "shipped_skeletons": "skeleton",
     "Transformer": "transform", "transform": "transform", "transform_file": "transform",
@@ -72,12 +73,12 @@ def __dir__():
 
 
 class _Package(type(__import__("sys"))):
-    """``rfsgen.kernel`` and ``rfsgen.transform`` name functions and also submodules.
+    """``rfsgen.kernel``, ``rfsgen.transform`` and ``rfsgen.select`` name functions and also submodules.
     Importing a submodule makes the import system set the package attribute to the
     module; keep the public function instead (the module stays in ``sys.modules``)."""
 
     def __setattr__(self, name, value):
-        if name in ("kernel", "transform") and isinstance(value, type(__import__("sys"))):
+        if name in ("kernel", "transform", "select") and isinstance(value, type(__import__("sys"))):
             return
         super().__setattr__(name, value)
 

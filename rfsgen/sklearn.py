@@ -108,6 +108,13 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     layer : str or None
         For ``anndata.AnnData`` inputs: the layer the rows are read from (None: ``X``).
         An AnnData (backed too) may be passed wherever ``X`` is.
+    select : {None, "eerf", "lkrf", "corr", "eerf-norm"}
+        None: the sampled features as they are.  Otherwise ``fit`` uses ``y``: it samples a
+        pool of ``pool_factor * n_components`` columns and keeps ``n_components`` of them by
+        their alignment with ``y`` (:func:`rfsgen.select`; ``corr`` suits standardised
+        linear models best).
+    pool_factor : int
+        With ``select``: the pool's size as a multiple of ``n_components``.
 
     Attributes
     ----------
@@ -120,7 +127,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False, params=None, layer=None):
+                 sparse_output=False, params=None, layer=None, select=None, pool_factor=10):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
@@ -129,6 +136,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         self.sparse_output = sparse_output
         self.params = params
         self.layer = layer
+        self.select = select
+        self.pool_factor = pool_factor
 
     def set_params(self, **kwargs):
         """As scikit-learn's, and ``params__NAME=value`` sets one skeleton parameter
@@ -151,19 +160,26 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         if self.params is not None and not isinstance(self.params, dict):
             raise ValueError(f"params must be a dict of skeleton parameter names to numbers, or None, "
                              f"got {self.params!r}")
+        from .select import METHODS
+
+        if self.select is not None and self.select not in METHODS:
+            raise ValueError(f"select must be None or one of {', '.join(METHODS)}, got {self.select!r}")
+        if self.select is not None and (isinstance(self.pool_factor, bool) or not isinstance(
+                self.pool_factor, (int, np.integer)) or self.pool_factor < 1):
+            raise ValueError(f"pool_factor must be a positive integer, got {self.pool_factor!r}")
 
     def fit(self, X, y=None):
         """Bind the skeleton to ``X``'s width and sample ``n_components`` features.
 
         ``X``: array-like or scipy.sparse ``(n_samples, n_features)``, finite values.
         """
-        return self._fit(X, check_domain=True)
+        return self._fit(X, check_domain=True, y=y)
 
     def fit_transform(self, X, y=None, **fit_params):
-        """``fit(X).transform(X)``, checking the rows' domain once (in the transform)."""
-        return self._fit(X, check_domain=False).transform(X)
+        """``fit(X, y).transform(X)``, checking the rows' domain once (in the transform)."""
+        return self._fit(X, check_domain=False, y=y).transform(X)
 
-    def _fit(self, X, check_domain: bool):
+    def _fit(self, X, check_domain: bool, y=None):
         from .sampler import sample
 
         self._check_params()
@@ -174,6 +190,9 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         except UsageError as e:
             raise type(e)(f"X has {X.shape[1]} feature(s), which the skeleton cannot take: {e}") from None
         self.skeleton_ = skel
+        if self.select is not None:
+            self.features_ = self._select(skel, X, y)
+            return self
         if self.scheme == "eof":  # rows outside the box are clipped (and counted), not refused
             from . import eof
 
@@ -185,6 +204,28 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             _check_domain(skel, X)
         self.features_ = sample(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme)
         return self
+
+    def _select(self, skel, X, y):
+        """``n_components`` of a pool of ``pool_factor * n_components`` columns, chosen by ``y``."""
+        from .select import select
+
+        if y is None:
+            raise ValueError(f"SkeletonFeatures(select={self.select!r}) needs y in fit: the columns are chosen by "
+                             "their alignment with the labels")
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError(f"y has shape {y.shape}; expected ({X.shape[0]},), one label per row of X")
+        if self.scheme == "eof":
+            from . import eof
+
+            _, lo, hi, source, margin = eof.box(skel, rows=X)
+            pool = eof.sample(skel, columns=int(self.pool_factor * self.n_components), seed=_seed(self.random_state),
+                              domain=(lo, hi), margin=margin, domain_source=source)
+        else:
+            from .sampler import sample
+
+            pool = sample(skel, int(self.pool_factor * self.n_components), _seed(self.random_state), scheme=self.scheme)
+        return select(pool, X, y, int(self.n_components), method=self.select)
 
     def transform(self, X):
         """Features of ``X``: float ``(n_samples, n_components)``, dense or CSR."""
@@ -221,6 +262,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.target_tags.required = self.select is not None
         tags.transformer_tags.preserves_dtype = [self.dtype] if self.dtype in _DTYPES else []
         return tags
 

@@ -196,7 +196,7 @@ def main():
 
 
 # One module per command (as rasterio's rio does); importing them registers the commands.
-from . import approx, inspect, kernel, merge, sample, skeleton, transform  # noqa: E402,F401  (pyflakes: registers)
+from . import approx, inspect, kernel, merge, sample, select, skeleton, transform  # noqa: E402,F401  (pyflakes: registers)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

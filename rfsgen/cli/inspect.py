@@ -65,6 +65,8 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
             ("features", f"{info['features']} distinct term sets"),
             ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
             ("constant", f"weight {info['constant_weight']:.6f}"),
+            ("weights", "count / draws per column" if info["column_weights"] == "counts"
+             else "float column weights (/column_weight)"),
             ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
             # A feature set made in code and saved may carry no sampler statistics.
             ("factors", (f"mean {info['mean_factors_per_draw']:.4f} per draw before combining"
