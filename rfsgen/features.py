@@ -24,6 +24,9 @@ checksummed and written with ``track_times=False`` so files are byte-identical::
     /term_code       int      code (continuous: offset into /omega)
     /term_power      int      power
     /omega           float64  continuous omegas, flat
+    /column_weight   float64  optional: each column's weight (a float, e.g. LKRF's learned weights,
+                              rfsgen.select); present only when set, with the root attribute
+                              column_weights = "float".  Without it a column's weight is count/draws.
 
 Integer datasets use the narrowest dtype that holds their values (a few bytes
 per term) and are shuffled and gzip-compressed.
@@ -66,6 +69,9 @@ class FeatureSet:
     command: str = ""
     tool_version: str = ""
     eof: object = None  # rfsgen.eof.Columns for scheme 'eof' (level and index vectors), else None
+    #: Optional float64 (D,): each column's weight, replacing count / draws (float column
+    #: weights: finite, >= 0, summing to at most MAX_WEIGHT_SUM; None for sampled files).
+    column_weight: np.ndarray | None = None
 
     @property
     def columns(self) -> int:
@@ -73,7 +79,9 @@ class FeatureSet:
 
     @property
     def weight(self) -> np.ndarray:
-        """float64 (D,): count / draws; sums to 1."""
+        """float64 (D,): ``column_weight`` when set, else count / draws (which sums to 1)."""
+        if self.column_weight is not None:
+            return np.asarray(self.column_weight, dtype=np.float64)
         return self.count / float(self.draws)
 
     @property
@@ -253,6 +261,11 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
         attrs["input_width"] = int(fs.skeleton.width)
     if fs.eof is not None:
         attrs["eof"] = json.dumps(fs.eof.meta, sort_keys=True)
+    if fs.column_weight is not None:
+        problem = weight_problem(fs.column_weight, fs.columns, fs.eof is not None)
+        if problem:
+            raise ValueError(f"FeatureSet.column_weight: {problem}")
+        attrs["column_weights"] = "float"
     for k, v in attrs.items():
         f.attrs[k] = v
     datasets = [
@@ -267,6 +280,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
         ("term_power", _narrow(fs.power), True),
         ("omega", fs.omega.astype(np.float64), False),
     ]
+    if fs.column_weight is not None:  # absent otherwise: files without weights keep their bytes
+        datasets.append(("column_weight", np.asarray(fs.column_weight, dtype=np.float64), False))
     total = sum(d.nbytes for _, d, _ in datasets) or 1
     done = 0
     with ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="rfsgen-write") as pool:
@@ -305,7 +320,9 @@ def _node_from_deltas(d: np.ndarray, ptr: np.ndarray) -> np.ndarray:
 ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws", "scheme", "skeleton_path",
          "skeleton_sha256", "nodes", "command", "stats")
 #: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
-OPTIONAL_ATTRS = ("input_width", "eof")  # eof: JSON of an EOF file's grid and domain (rfsgen.eof)
+OPTIONAL_ATTRS = ("input_width", "eof", "column_weights")  # eof: JSON of an EOF file's grid and domain
+# (rfsgen.eof); column_weights: "float" when the file has the /column_weight dataset (so the seal covers
+# whether a file is weighted, and the dataset cannot be removed or added unnoticed)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
@@ -367,6 +384,13 @@ MAX_UNIT_POWER = 2**50
 #: Sampled omegas are sqrt(count) * N(0, 1) (< 2^40) or count * Cauchy (count <= 2^62;
 #: |Cauchy| > 2^98 has probability 2e-30 per draw).  omega = 1e308 used to give NaN.
 MAX_OMEGA = 2.0**160
+#: Bound on the sum of float column weights (/column_weight).  A column's output scale is
+#: sqrt(weight) (times sqrt(2) for cos/sin columns), so weights summing to at most 2^20 keep
+#: every scale at most 2^10.5 (~1448): each output value is at most 2^10.5 times its value
+#: under weight 1, and the transform's overflow plan (Transformer._plan_huge) accounts for the
+#: scale, so finite inputs give finite outputs as for count weights.  Selection's weights
+#: (rfsgen.select) sum to 1.
+MAX_WEIGHT_SUM = 2.0**20
 #: Most entries of the 'output_degree_histogram' statistic (degrees are capped at 2^62).
 MAX_HISTOGRAM = 1 << 16
 #: Largest stored size of one root attribute (a command line is at most a few MB).
@@ -379,6 +403,27 @@ ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
 BYTES_PER_COLUMN = 64
 BYTES_PER_TERM = 80
 BYTES_PER_OMEGA = 24
+
+
+def weight_problem(w, columns: int, eof: bool = False) -> str | None:
+    """What is wrong with ``w`` as float column weights of ``columns`` columns (None if nothing):
+    float64 of shape (columns,), finite, >= 0, summing to at most :data:`MAX_WEIGHT_SUM`."""
+    w = np.asarray(w)
+    if eof:
+        return "EOF feature files take no float column weights (their features are unweighted)"
+    if w.dtype != np.float64:
+        return f"dtype {w.dtype}; expected float64"
+    if w.shape != (columns,):
+        return f"shape {w.shape}; expected ({columns},), one weight per column"
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        return f"column {j} has weight {float(w[j])!r}; weights are finite and >= 0"
+    with np.errstate(over="ignore"):  # 1e308 + 1e308: inf, over the bound
+        total = float(w.sum())
+    if total > MAX_WEIGHT_SUM:
+        return f"the weights add up to {total:.6g}, over 2^20"
+    return None
 
 
 def is_feature_file(path) -> bool:
@@ -501,7 +546,7 @@ def _check_dataset(p, f, name, matrix=False):
     ds = f[name]
     if not isinstance(ds, h5py.Dataset):
         raise _bad(p, f"'{name}' is not a dataset")
-    float_ = name == "omega"
+    float_ = name in ("omega", "column_weight")
     dcpl = ds.id.get_create_plist()
     layout = dcpl.get_layout()
     if layout == h5d.VIRTUAL:
@@ -584,6 +629,14 @@ def _load(p, f) -> FeatureSet:
                                    "re-create it with 'rfsgen sample'")
     if enc not in ("plain", "delta-within-column"):
         raise _bad(p, f"unknown term_node encoding {enc!r}")
+    weighted = "column_weight" in f
+    if weighted != ("column_weights" in attrs):
+        raise _bad(p, "a 'column_weight' dataset without the 'column_weights' attribute" if weighted
+                   else "attribute 'column_weights' without the 'column_weight' dataset")
+    if weighted:
+        sizes["column_weight"] = _check_dataset(p, f, "column_weight")
+        if _attr(p, attrs, "column_weights") != "float":
+            raise _bad(p, f"attribute 'column_weights' is {_plain(attrs['column_weights'])!r}; expected 'float'")
     if ("eof" in attrs) != (int(version) == _eof().FORMAT_VERSION):
         raise _bad(p, f"format version {int(version)} with{'' if 'eof' in attrs else 'out'} an 'eof' attribute")
 
@@ -609,7 +662,7 @@ def _load(p, f) -> FeatureSet:
     if sizes["skeleton"] > 4 * MAX_SOURCE_BYTES:  # UTF-8: at most 4 bytes per character
         raise _bad(p, f"dataset 'skeleton' declares {sizes['skeleton']} bytes, over the skeleton limit of "
                       f"{MAX_SOURCE_BYTES} characters")
-    for k in COLUMN_DATASETS:
+    for k in COLUMN_DATASETS + (("column_weight",) if weighted else ()):
         if sizes[k] != columns:
             raise _bad(p, f"dataset '{k}' declares {sizes[k]} values for {columns} columns (attribute 'columns')")
     terms = sizes["term_node"]
@@ -689,6 +742,12 @@ def _load(p, f) -> FeatureSet:
     fs.omega = omega
     if "eof" in attrs:
         fs.eof = _eof().from_file(p, fs, _attr(p, attrs, "eof"), _eof().read(p, f, columns))
+    if weighted:
+        w = _read_data(p, f, "column_weight", columns)
+        problem = weight_problem(w, columns, fs.eof is not None)
+        if problem:
+            raise _bad(p, f"dataset 'column_weight': {problem}")
+        fs.column_weight = w
     return fs
 
 
@@ -874,7 +933,8 @@ def describe(fs: FeatureSet, path=None) -> dict:
     Stable keys: columns, draws, features, seed, scheme, dedup_ratio, constant_weight,
     mean_terms, max_terms, terms_histogram, mean_factors_per_draw, complexity,
     output_degree_histogram, input_nodes_used, input_nodes, top_input_nodes,
-    bytes_per_column, file_bytes, kinds, tool_version, command.
+    bytes_per_column, file_bytes, kinds, tool_version, command, column_weights ("counts":
+    count / draws; "float": the file's /column_weight).
     """
     import os
 
@@ -900,6 +960,7 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "scheme": fs.scheme,
         "dedup_ratio": fs.draws / max(fs.columns, 1),
         "constant_weight": float(fs.weight[const].sum()) if const.size else 0.0,
+        "column_weights": "counts" if fs.column_weight is None else "float",
         "kinds": {"real": int((fs.kind == 0).sum()), "cos": int((fs.kind == 1).sum()), "sin": int((fs.kind == 2).sum())},
         "mean_terms": float(lengths.mean()) if fs.columns else 0.0,
         "max_terms": int(lengths.max()) if fs.columns else 0,

@@ -622,3 +622,134 @@ def test_every_valid_kind_loads_as_written(tmp_path):
             x = rows_for(s, 3, seed=2)
             assert transform(got, x, layout="dense").tobytes() == transform(fs, x, layout="dense").tobytes()
     assert n >= 25
+
+
+# ----------------------------------------------------------------------------- float column weights (issues 25, 28)
+# One definition: an optional float64 dataset /column_weight (with the sealed root attribute
+# column_weights = "float") replaces count / draws as each column's weight; files without it
+# keep their bytes.
+import hashlib
+
+from rfsgen.features import MAX_WEIGHT_SUM, weight_problem
+
+#: SHA-256 of files written before float column weights existed (tool_version and command
+#: pinned); the writer must keep these bytes for files without weights.
+UNWEIGHTED_SHA256 = {
+    "gauss-laplace": "f873cccf1f8548036389bd83484d07702b251d1718173135e8b27909386abcf5",
+    "circle-step": "23d2dc2b0c0fe386e35d3da252ffa15f2f390e8a884f766b60590a1bc51e03e1",
+}
+
+
+def _pinned(name):
+    fs = sample(parse_skeleton(SMALL_SKELETONS[name], f"{name}.yaml"), 40, seed=7)
+    fs.tool_version = fs.command = "pinned"
+    return fs
+
+
+@pytest.mark.parametrize("name", sorted(UNWEIGHTED_SHA256))
+def test_files_without_column_weights_keep_their_bytes(tmp_path, name):
+    fs = _pinned(name)
+    save(fs, tmp_path / "f.h5")
+    assert hashlib.sha256((tmp_path / "f.h5").read_bytes()).hexdigest() == UNWEIGHTED_SHA256[name]
+    back = load(tmp_path / "f.h5")
+    assert back.column_weight is None and np.array_equal(back.weight, fs.count / fs.draws)
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert "column_weight" not in f and "column_weights" not in f.attrs
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    """A gauss-laplace file with float weights (Dirichlet, summing to 1), and its feature set."""
+    fs = _pinned("gauss-laplace")
+    fs.column_weight = np.random.default_rng(1).dirichlet(np.ones(fs.columns))
+    path = tmp_path_factory.mktemp("w") / "w.h5"
+    save(fs, path)
+    return path, fs
+
+
+def test_column_weights_survive_save_and_load_and_scale_the_output(weighted, tmp_path):
+    from conftest import rows_for
+    from rfsgen.features import describe
+
+    path, fs = weighted
+    back = load(path)
+    assert back.column_weight.dtype == np.float64 and np.array_equal(back.column_weight, fs.column_weight)
+    assert np.array_equal(back.weight, fs.column_weight) and _same(back, fs)
+    assert describe(back, path)["column_weights"] == "float" and describe(_pinned("gauss-laplace"))["column_weights"] == "counts"
+    with h5py.File(path, "r") as f:
+        ds = f["column_weight"]
+        assert f.attrs["column_weights"] == "float" and ds.fletcher32 and ds.dtype == np.float64
+    # The output scale follows: column j is sqrt(w_j / (count_j / draws)) times the unweighted one.
+    x = rows_for(fs.skeleton, 5, seed=2)
+    plain = _pinned("gauss-laplace")
+    z, z0 = (transform(s, x, layout="dense", dtype="float64") for s in (back, plain))
+    np.testing.assert_allclose(z, z0 * np.sqrt(fs.column_weight / plain.weight), rtol=1e-12, atol=1e-300)
+    save(back, tmp_path / "again.h5")  # a loaded weighted set writes the same bytes again
+    assert (tmp_path / "again.h5").read_bytes() == path.read_bytes()
+
+
+def test_column_weights_pickle_with_the_feature_set(weighted):
+    import pickle
+
+    _, fs = weighted
+    assert np.array_equal(pickle.loads(pickle.dumps(fs)).weight, fs.column_weight)
+
+
+@pytest.mark.parametrize("weights, message", [
+    (lambda w: np.where(np.arange(w.size) == 3, np.nan, w), "column 3 has weight nan"),
+    (lambda w: np.where(np.arange(w.size) == 0, -1e-9, w), "column 0 has weight -1e-09"),
+    (lambda w: np.where(np.arange(w.size) == 1, np.inf, w), "column 1 has weight inf"),
+    (lambda w: w * 2.0**21, "add up to"),
+    (lambda w: np.full(w.size, 1e308), "add up to inf"),
+    (lambda w: w[:-1], "declares"),
+    (lambda w: np.concatenate([w, w]), "declares"),
+    (lambda w: np.stack([w, w], axis=1), "expected a 1-D float array"),
+    (lambda w: (w * 100).astype(np.int64), "expected a 1-D float array"),
+    (lambda w: w.astype(np.float32), "dtype float32; expected float64"),
+])
+def test_forged_column_weights_are_refused_in_one_line(weighted, tmp_path, weights, message):
+    path, fs = weighted
+    bad = F.forge(path, tmp_path / "bad.h5", F.write_dataset("column_weight", weights(fs.column_weight), compress=False))
+    with pytest.raises(FeatureFileError) as e:
+        load(bad)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value) and message in str(e.value)
+    assert "'column_weight'" in str(e.value)
+
+
+def test_column_weight_dataset_and_attribute_go_together(weighted, tmp_path):
+    path, fs = weighted
+    unweighted = tmp_path / "u.h5"
+    save(_pinned("gauss-laplace"), unweighted)
+    cases = [
+        (F.forge(path, tmp_path / "a.h5", F.del_attr("column_weights")), "without the 'column_weights' attribute"),
+        (F.forge(path, tmp_path / "b.h5", lambda f: f.__delitem__("column_weight")), "without the 'column_weight' dataset"),
+        (F.forge(path, tmp_path / "c.h5", F.set_attr("column_weights", "int")), "expected 'float'"),
+        (F.forge(unweighted, tmp_path / "d.h5", lambda f: f.create_dataset("column_weight", data=fs.column_weight)),
+         "without the 'column_weights' attribute"),
+        (F.forge(path, tmp_path / "e.h5", F.set_attr("column_weights", "counts"), seal=False), "checksum"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(FeatureFileError) as e:
+            load(bad)
+        assert "\n" not in str(e.value) and message in str(e.value), (bad, str(e.value))
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+    [0.0, -0.0, 5e-324, 2.0**20, 2.0**20 + 1, -1.0])), min_size=0, max_size=5))
+def test_generated_column_weights_load_finite_or_fail_in_one_line(weighted, tmp_path_factory, values):
+    path, fs = weighted
+    w = fs.column_weight.copy()
+    w[:len(values)] = values
+    bad = F.forge(path, tmp_path_factory.mktemp("g") / "g.h5", F.write_dataset("column_weight", w, compress=False))
+    expected_ok = weight_problem(w, fs.columns) is None
+    assert expected_ok == (np.isfinite(w).all() and (w >= 0).all() and w.sum() <= MAX_WEIGHT_SUM)
+    assert _oracle(bad) == ("loaded" if expected_ok else "refused")
+
+
+def test_weights_are_checked_when_written(tmp_path):
+    fs = _pinned("gauss-laplace")
+    fs.column_weight = np.full(fs.columns, np.nan)
+    with pytest.raises(ValueError, match="column 0 has weight nan"):
+        save(fs, tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()
