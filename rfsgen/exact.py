@@ -129,6 +129,7 @@ class Plan:
     p_high: float  # probability that a draw is not enumerated (the sampled part's weight)
     enumerable: np.ndarray  # bool (N,): input nodes whose single factors are enumerated
     min_out_degree: int  # output degrees below this are never sampled (all enumerated)
+    enumerable_columns: int = 0  # columns of degrees 0 .. degrees (more than ``columns`` when a subset is taken)
 
     @property
     def columns(self) -> int:
@@ -145,9 +146,11 @@ class Plan:
         return keep
 
 
-def plan(skel: Skeleton, t, columns: int) -> Plan:
+def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
     """The enumerated columns of ``skel`` (the skeleton the sampler walks) under the
-    wide-input rule for a budget of ``columns``."""
+    wide-input rule for a budget of ``columns``; ``seed`` chooses the subset of degree-1
+    columns of wide inputs (its own generator, apart from the blocks')."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0, 1))))
     from .sampler import _Batch, _canonicalise, _keys, _unique_keys
 
     n_nodes = len(skel.nodes)
@@ -187,7 +190,14 @@ def plan(skel: Skeleton, t, columns: int) -> Plan:
     p_all = p0 + float(p1[enumerable].sum())
     budget = int(MAX_EXACT_SHARE * columns)
     degrees, batch, weight = 1, *build(rows)
-    if weight.size > budget:  # wide inputs: degree 1 is sampled (stratified), degree 0 alone is exact
+    subset = weight.size
+    if weight.size > budget and budget >= 2 and weight[0] > 0 and batch.ptr[1] == 0:
+        # Wide inputs: the constant stays exact, and budget - 1 of the degree-1 columns are
+        # chosen by systematic sampling with probabilities proportional to their weights
+        # (Horvitz-Thompson: a chosen column's weight is divided by its probability).
+        pick, w = _pps(weight[1:], budget - 1, rng)
+        batch, weight = _select(batch, np.concatenate(([0], 1 + pick))), np.concatenate((weight[:1], w))
+    elif weight.size > budget:  # degree 1 is sampled (stratified), degree 0 alone is exact
         degrees, enumerable[:] = 0, False
         p_all = p0
         batch, weight = build(rows[:1])
@@ -202,7 +212,27 @@ def plan(skel: Skeleton, t, columns: int) -> Plan:
         kids = t.children[t.child_ptr[out.id]:t.child_ptr[out.id + 1]]
         if degrees >= 1 and enumerable[kids].all():
             min_out = 2  # output degree 1: one factor at an enumerated node
-    return Plan(degrees, batch, weight, p_high if p_high > NO_MASS else 0.0, enumerable, min_out)
+    return Plan(degrees, batch, weight, p_high if p_high > NO_MASS else 0.0, enumerable, min_out, subset)
+
+
+def _pps(w: np.ndarray, m: int, rng: np.random.Generator):
+    """``m`` of the items with weights ``w`` (float64 > 0, more than ``m`` of them), by
+    systematic sampling in their order with inclusion probabilities ``pi`` proportional to
+    ``w`` (capped at 1, the rest rescaled): the chosen indices (int64, increasing) and
+    their weights ``w / pi``, so that the chosen items' weighted sum is unbiased."""
+    pi = np.zeros(w.size)
+    full = np.zeros(w.size, dtype=bool)
+    while True:  # items whose share would exceed 1 are taken surely
+        left = m - int(full.sum())
+        pi[~full] = left * w[~full] / w[~full].sum()
+        over = ~full & (pi >= 1.0)
+        if not over.any():
+            break
+        full |= over
+    pi[full] = 1.0
+    edges = np.floor(np.concatenate(([0.0], np.cumsum(pi))) + rng.random())
+    pick = np.flatnonzero(edges[1:] > edges[:-1])
+    return pick, w[pick] / pi[pick]
 
 
 def _empty():

@@ -929,7 +929,7 @@ def sample(
     if scheme == "exact":
         from .exact import _select, plan
 
-        exact = plan(skeleton_for_walk, t, columns)
+        exact = plan(skeleton_for_walk, t, columns, seed)
         if exact.columns:  # the enumerated columns come first; sampled draws that hit them add to them
             keys = _keys(exact.batch, 0)
             _, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
