@@ -204,6 +204,7 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
         if weight.size > budget:  # D = 1: nothing enumerated
             degrees, p_all = -1, 0.0
             batch, weight = _empty(), np.zeros(0)
+        subset = weight.size
     p_high = max(0.0, 1.0 - p_all)
     out = skel.nodes[skel.output]
     min_out = 0

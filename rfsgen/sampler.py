@@ -1073,7 +1073,8 @@ def _exact_featureset(skeleton, t, cols, counts, drawn, spent, seed, stats, exac
     weight[:e] += exact.weight
     counts = counts.copy()
     counts[:e] += 1
-    stats.update(exact_degrees=exact.degrees, exact_columns=e, exact_weight=float(exact.weight.sum()),
+    stats.update(exact_degrees=exact.degrees, exact_columns=e, exact_of=exact.enumerable_columns,
+                 exact_weight=float(exact.weight.sum()),
                  sampled_weight=exact.p_high, walked_draws=int(spent))
     fs = _build_featureset(skeleton, t, cols, counts, drawn + e, seed, "exact", stats)
     fs.column_weight = weight
