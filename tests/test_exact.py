@@ -313,3 +313,25 @@ def test_cli_too_many_columns_for_an_enumerated_skeleton(tmp_path):
     assert r.exit_code == 1
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "ask for at most" in lines[0], r.output
+
+
+def test_the_docs_page_blocks_run(tmp_path, cifar_rows):
+    """docs/exact-degrees.md: every sh block runs in a scratch directory with skeletons/ and
+    rows.npy (as the README's blocks do, tests/test_readme.py)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import ROOT
+
+    blocks = re.findall(r"^```sh\n(.*?)^```", (ROOT / "docs" / "exact-degrees.md").read_text(), re.S | re.M)
+    assert blocks
+    (tmp_path / "skeletons").symlink_to(ROOT / "skeletons")
+    np.save(tmp_path / "rows.npy", cifar_rows[:24].astype(np.float32))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    for body in blocks:
+        res = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, f"{body}\n--- stderr:\n{res.stderr[-3000:]}"
