@@ -887,7 +887,9 @@ def sample(
     thread count, ``NUMBA_NUM_THREADS``) walk blocks (:func:`block_sizes`) in
     parallel; the result is the same for every thread count.  The draws are made in
     blocks of a fixed size, so the first D columns of a larger sample are those of a
-    sample of D columns with the same seed.
+    sample of D columns with the same seed (not for ``scheme="exact"``, whose enumerated
+    columns depend on D: :mod:`rfsgen.exact`; its feature set has float
+    ``column_weight``, and the limits above count every draw walked, rejected ones included).
     """
     skeleton.require_bound("sampling")
     if scheme != "rfs":
@@ -936,6 +938,8 @@ def sample(
             cols.known.add(u1, u2, np.arange(u1.size, dtype=np.int64))
             _take(exact.batch, t, first, cols)
             cols.found = u1.size
+            if progress:
+                progress(int(u1.size))
         if exact.p_high == 0.0 and exact.columns < columns:
             raise SamplerError(
                 f"skeleton '{skeleton.path}' has only {exact.columns} distinct features (its draws of degree 0 and 1, "
