@@ -422,6 +422,7 @@ class _Batch:
     continuous: np.ndarray  # bool (n,): draw has a continuous term (never merged)
     factors: np.ndarray  # float64 (n,): base factors drawn before combining
     degree: np.ndarray  # int64 (n,): degree drawn at the output node
+    single: np.ndarray | None = None  # int64 (n,): node of a draw's only base factor, -1 otherwise (scheme exact)
 
 
 def _stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -431,8 +432,13 @@ def _stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
     return (rng.permutation(n) + rng.random()) / n
 
 
-def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, stratify: bool = False) -> _Batch:
+def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, stratify: bool = False,
+          min_degree: int = 0, track_single: bool = False) -> _Batch:
     """``n_draws`` draws.
+
+    ``min_degree`` (scheme ``exact``, with ``stratify``): output degrees are drawn from their
+    law conditioned on being at least this (the stratified quantiles mapped into the upper
+    part of the distribution).  ``track_single`` fills the batch's ``single``.
 
     ``stratify`` (the ``strat`` scheme): randomness that no two items of one draw share
     is drawn as stratified samples across the block instead of iid -- degrees of items
@@ -474,7 +480,11 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
                 # Items alone in their draw at this level (every item at the output node)
                 # take their degrees at stratified quantiles; the rest draw as in rfs.
                 st = (m == 1) & alone[sel]
-                degree[sel[st]] = act.degrees_at(rng, _stratified_uniforms(rng, int(st.sum())))
+                u = _stratified_uniforms(rng, int(st.sum()))
+                if first and min_degree > 0:
+                    lo = float(act._cdf[min_degree - 1]) / (float(act._cdf[-1]) if act.tail is None else 1.0)
+                    u = lo + u * (1.0 - lo)
+                degree[sel[st]] = act.degrees_at(rng, u)
                 sel, m = sel[~st], m[~st]
                 if not sel.size:
                     continue
@@ -483,7 +493,7 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
             out_degree[draw] = degree
             first = False
         draw, node, mult = _choose_children(t, rng, draw, node, degree, alone & (degree == 1) if stratify else None)
-    return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify)
+    return _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify, track_single)
 
 
 def _degrees(act, rng, mult) -> np.ndarray:
@@ -584,7 +594,7 @@ def _stratified_codes(rng, node, ncodes):
     return code
 
 
-def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=False) -> _Batch:
+def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=False, track_single=False) -> _Batch:
     n_nodes = len(skel.nodes)
     if leaves:
         draw, node, mult = (np.concatenate(x) for x in zip(*leaves))
@@ -592,6 +602,11 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
     else:
         draw = node = mult = np.zeros(0, dtype=np.int64)
     factors = np.bincount(draw, weights=mult, minlength=n_draws)
+    single = None
+    if track_single:  # a draw with one factor has one leaf item, of multiplicity one
+        single = np.full(n_draws, -1, dtype=np.int64)
+        one = np.flatnonzero(factors[draw] == 1)
+        single[draw[one]] = node[one]
     parts = []
     omegas = []
     omega_size = 0
@@ -628,7 +643,7 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
     omega = np.concatenate(omegas) if omegas else np.zeros(0)
     batch = _Batch(
         kind=np.zeros(n_draws, dtype=np.uint8), ptr=ptr, node=v, code=c, power=p, omega=omega,
-        continuous=has_cont, factors=factors, degree=out_degree,
+        continuous=has_cont, factors=factors, degree=out_degree, single=single,
     )
     _canonicalise(skel, t, batch, phase)
     return batch
@@ -778,6 +793,8 @@ class _Block:
     factors: float
     factors_sq: float
     degree_hist: np.ndarray  # int64 (65,)
+    raw: np.ndarray | None = None  # int64 (n,): scheme exact: each kept draw's place among the walked ones
+    raw_size: int = 0  # draws walked (kept and rejected)
 
 
 def _block_rng(seed: int, k: int) -> np.random.Generator:
@@ -870,7 +887,9 @@ def sample(
     thread count, ``NUMBA_NUM_THREADS``) walk blocks (:func:`block_sizes`) in
     parallel; the result is the same for every thread count.  The draws are made in
     blocks of a fixed size, so the first D columns of a larger sample are those of a
-    sample of D columns with the same seed.
+    sample of D columns with the same seed (not for ``scheme="exact"``, whose enumerated
+    columns depend on D: :mod:`rfsgen.exact`; its feature set has float
+    ``column_weight``, and the limits above count every draw walked, rejected ones included).
     """
     skeleton.require_bound("sampling")
     if scheme != "rfs":
@@ -908,24 +927,50 @@ def sample(
     # for may bring one more (its sin half), so there is room for -n + 1 columns.
     slots = columns + 1 if scheme == "orf" else columns
     cols = _Columns(slots)
+    exact = None
+    if scheme == "exact":
+        from .exact import _select, plan
+
+        exact = plan(skeleton_for_walk, t, columns, seed)
+        if exact.columns:  # the enumerated columns come first; sampled draws that hit them add to them
+            keys = _keys(exact.batch, 0)
+            _, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
+            cols.known.add(u1, u2, np.arange(u1.size, dtype=np.int64))
+            _take(exact.batch, t, first, cols)
+            cols.found = u1.size
+            if progress:
+                progress(int(u1.size))
+        if exact.p_high == 0.0 and exact.columns < columns:
+            raise SamplerError(
+                f"skeleton '{skeleton.path}' has only {exact.columns} distinct features (its draws of degree 0 and 1, "
+                f"enumerated by --scheme exact): ask for at most {exact.columns}")
 
     def walk(k: int, start: int, size: int) -> _Block:
         rng = _block_rng(seed, k)
+        raw = None
         if scheme == "orf":
             b = _pair(_walk(skeleton_for_walk, t, rng, size // 2))
+        elif exact is not None:
+            # Draws not enumerated: output degrees conditioned to reach them, the rest rejected.
+            b = _walk(skeleton_for_walk, t, rng, size, stratify=True, min_degree=exact.min_out_degree,
+                      track_single=exact.degrees >= 1)
+            raw = np.flatnonzero(exact.accept(b.factors, b.single))
+            b = _select(b, raw)
         else:
             b = _walk(skeleton_for_walk, t, rng, size, stratify=scheme == "strat")
         keys = _keys(b, start)
         inv, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
         return _Block(b, inv, first, u1, u2, np.bincount(inv, minlength=u1.size), float(b.factors.sum()),
-                      float(np.square(b.factors).sum()), np.bincount(np.minimum(b.degree, 64), minlength=65))
+                      float(np.square(b.factors).sum()), np.bincount(np.minimum(b.degree, 64), minlength=65),
+                      raw, size)
 
     counts = np.zeros(slots, dtype=np.int64)
     factors = 0.0
     factors_sq = 0.0
     degree_hist = np.zeros(65, dtype=np.int64)
     drawn = 0
-    last_new = 0  # draws consumed when the latest new column was found
+    spent = 0  # draws walked (scheme exact: rejected ones included; the limits below count these)
+    last_new = 0  # draws walked when the latest new column was found
     # orf blocks are whole orthogonal sets (seconds each): walk no more of them than needed.
     ahead = 1 if scheme == "orf" else threads + 1
     # Blocks in flight beside the one being consumed, as many as the memory budget holds
@@ -978,41 +1023,66 @@ def sample(
                     audit.append((int(b.kind[d]), list(zip(b.node[a:z].tolist(), b.code[a:z].tolist(), b.power[a:z].tolist()))))
             cols.known.add(blk.u1[new_u], blk.u2[new_u], uid[new_u])
             cols.found += new_u.size
+            raw_at = (lambda i: i) if blk.raw is None else (lambda i: int(blk.raw[i]))
             if new_u.size:  # the draw that found the latest new column
-                last_new = drawn + int(rows[-1]) + 1
+                last_new = spent + raw_at(int(rows[-1])) + 1
             drawn += limit
+            spent += (raw_at(limit - 1) + 1 if limit else 0) if truncated else blk.raw_size
             if progress:
                 progress(int(new_u.size))
             if cols.found >= columns:
                 break
-            stalled = drawn - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
-            if stalled or drawn >= cap_draws:
+            stalled = spent - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
+            if stalled or spent >= cap_draws:
                 why = "it has too few distinct features" if stalled else f"the sampler stops at {cap_draws} draws"
                 raise SamplerError(
-                    f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws "
+                    f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {spent} draws "
                     f"({_space_text(space)}); {why} for -n {columns}: ask for at most {cols.found}"
                 )
-            history_drawn.append(drawn)
+            history_drawn.append(spent)
             history_found.append(cols.found)
-            if drawn >= PROJECT_AFTER and max_draws is None:
+            if spent >= PROJECT_AFTER and max_draws is None:
                 # New columns only get rarer: even at an upper bound of the rate of the latter
                 # half of the draws so far, reaching D would take more draws than are left.
-                h = bisect_left(history_drawn, drawn // 2)
+                h = bisect_left(history_drawn, spent // 2)
                 k = cols.found - history_found[h]
-                rate = (k + 3 * math.sqrt(k) + 3) / max(drawn - history_drawn[h], 1)
+                rate = (k + 3 * math.sqrt(k) + 3) / max(spent - history_drawn[h], 1)
                 need = (columns - cols.found) / rate
-                if need > cap_draws - drawn:
+                if need > cap_draws - spent:
                     raise SamplerError(
-                        f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {drawn} draws "
+                        f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {spent} draws "
                         f"({_space_text(space)}): at its rate of new columns, -n {columns} would need more than "
-                        f"{drawn + need:.3g} draws, over the sampler's limit of {cap_draws}; ask for at most {cols.found}"
+                        f"{spent + need:.3g} draws, over the sampler's limit of {cap_draws}; ask for at most {cols.found}"
                     )
+    q = max(drawn, 1)
     stats = {
-        "mean_factors_per_draw": factors / drawn,
-        "var_factors_per_draw": factors_sq / drawn - (factors / drawn) ** 2,
+        "mean_factors_per_draw": factors / q,
+        "var_factors_per_draw": factors_sq / q - (factors / q) ** 2,
         "output_degree_histogram": np.trim_zeros(degree_hist, "b").tolist(),
     }
-    return _build_featureset(skeleton, t, cols, counts, drawn, seed, scheme, stats)
+    if exact is None:
+        return _build_featureset(skeleton, t, cols, counts, drawn, seed, scheme, stats)
+    return _exact_featureset(skeleton, t, cols, counts, drawn, spent, seed, stats, exact)
+
+
+def _exact_featureset(skeleton, t, cols, counts, drawn, spent, seed, stats, exact) -> FeatureSet:
+    """Scheme ``exact``'s feature set: float column weights, the enumerated columns'
+    exact weights plus the sampled part's ``p_high * count / q``.  The file's counts keep
+    their meaning of draws (>= 1, adding up to ``draws``): an enumerated column counts one
+    more than its sampled draws, so ``draws`` = sampled draws + enumerated columns."""
+    e = exact.columns
+    found = cols.found
+    sampled = counts[:found].astype(np.float64)
+    weight = exact.p_high * sampled / max(drawn, 1)
+    weight[:e] += exact.weight
+    counts = counts.copy()
+    counts[:e] += 1
+    stats.update(exact_degrees=exact.degrees, exact_columns=e, exact_of=exact.enumerable_columns,
+                 exact_weight=float(exact.weight.sum()),
+                 sampled_weight=exact.p_high, walked_draws=int(spent))
+    fs = _build_featureset(skeleton, t, cols, counts, drawn + e, seed, "exact", stats)
+    fs.column_weight = weight
+    return fs
 
 
 def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, scheme, stats) -> FeatureSet:

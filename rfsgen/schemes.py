@@ -37,9 +37,10 @@ from .bases import make_base
 from .errors import UsageError
 from .skeleton import InputNode, InternalNode, Layer, Skeleton
 
-SCHEMES = ("rfs", "rr", "orf", "strat")
-#: Schemes that walk the skeleton as written (strat changes how the walk draws, not what it walks).
-WALK_AS_WRITTEN = ("rfs", "strat")
+SCHEMES = ("rfs", "rr", "orf", "strat", "exact")
+#: Schemes that walk the skeleton as written (strat and exact change how the walk draws, not
+#: what it walks; exact enumerates degrees 0 and 1, :mod:`rfsgen.exact`).
+WALK_AS_WRITTEN = ("rfs", "strat", "exact")
 
 
 def rr_nodes(skel: Skeleton) -> list:

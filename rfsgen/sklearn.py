@@ -91,7 +91,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         Number of feature columns D.
     random_state : int, numpy RandomState or None
         Seed of the sampler (an int ``s`` samples exactly ``rfsgen sample --seed s``).
-    scheme : {"rfs", "strat", "rr", "orf", "eof"}
+    scheme : {"rfs", "strat", "exact", "rr", "orf", "eof"}
         The sampling scheme (see ``rfsgen sample --help``).  ``eof`` (a skeleton of one
         laplace or brownian node): the node's stated ``domain:``, else the box of the
         fitted rows widened by 5% (:mod:`rfsgen.eof`).

@@ -97,8 +97,8 @@ def test_reproduction_runs_on_a_small_configuration(tmp_path):
                        "--rows", "32", "--budgets", "256,512", "--no-plot"])
     assert rc == 0
     out = json.loads((tmp_path / "figure3.json").read_text())
-    assert {r["scheme"] for r in out["shallow-gaussian"]} == {"rfs", "strat", "rr", "orf"}
-    assert {r["scheme"] for r in out["cifar-deep"]} == {"rfs", "strat", "rr"}
+    assert {r["scheme"] for r in out["shallow-gaussian"]} == {"rfs", "strat", "exact", "rr", "orf"}
+    assert {r["scheme"] for r in out["cifar-deep"]} == {"rfs", "strat", "exact", "rr"}
     assert figure3.main(["--data", str(tmp_path / "missing.npy"), "--out", str(tmp_path)]) == 2
 
 

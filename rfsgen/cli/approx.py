@@ -18,7 +18,7 @@ from ._params import set_option
               help="Rows drawn at random per trial (the kernel matrices are SUBSET x SUBSET).")
 @click.option("--rows", help="Draw only from rows START:STOP of INPUT.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--scheme", "schemes", multiple=True, type=click.Choice(["rfs", "strat", "rr", "orf", "eof"]),
+@click.option("--scheme", "schemes", multiple=True, type=click.Choice(["rfs", "strat", "exact", "rr", "orf", "eof"]),
               help="Schemes to compare (repeatable; default rfs).  eof is compared with the kernel it "
                    "converges to, on the node's stated domain or the input rows' box (5% margin).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")

@@ -15,9 +15,11 @@ from ._params import set_option
 @click.option("-n", "--columns", type=int, help="Number of output columns D (unique features); required "
               "except for --scheme eof --level N.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generator.")
-@click.option("--scheme", type=click.Choice(["rfs", "strat", "rr", "orf", "eof"]), default="rfs", show_default=True,
+@click.option("--scheme", type=click.Choice(["rfs", "strat", "exact", "rr", "orf", "eof"]), default="rfs", show_default=True,
               help="rfs: the compositional scheme; strat: rfs with stratified degrees, child picks and "
-                   "sphere codes (unbiased, lower error); rr / orf: Rahimi-Recht / orthogonal random features "
+                   "sphere codes (unbiased, lower error); exact: strat with the features of degree 0 and 1 "
+                   "enumerated with their exact probabilities as float column weights (half of -n at most; "
+                   "docs/exact-degrees.md); rr / orf: Rahimi-Recht / orthogonal random features "
                    "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes); without such a node, "
                    "orf draws every gaussian input node's frequencies orthogonally; orf ends only on "
                    "whole (cos, sin) pairs, so an odd -n (or a pair that passes -n) gives -n + 1 columns; eof: entropic optimal features of a skeleton whose kernel is one "

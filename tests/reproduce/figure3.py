@@ -29,7 +29,7 @@ from rfsgen import load_skeleton, open_input  # noqa: E402
 from rfsgen.approx import approx, format_table, parse_budgets, plot  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subset.npz"
-EXPERIMENTS = [("shallow-gaussian", ("rfs", "strat", "rr", "orf")), ("cifar-deep", ("rfs", "strat", "rr"))]
+EXPERIMENTS = [("shallow-gaussian", ("rfs", "strat", "exact", "rr", "orf")), ("cifar-deep", ("rfs", "strat", "exact", "rr"))]
 
 
 def main(argv=None):
