@@ -118,6 +118,23 @@ def test_page_blocks_run_in_sequence(tmp_path, page):
         assert res.returncode == 0, (f"{_name(page)}, the {lang} block at line {line}{earlier}:\n{body}\n"
                                      f"--- stdout:\n{res.stdout[-2000:]}\n--- stderr:\n{res.stderr[-3000:]}")
         active = active or (lang == "sh" and ACTIVATE.search(body) is not None)
+    # A recipe that starts services (the Dask cluster) stops them cleanly before it ends.
+    tracebacks = [f.name for f in scratch.glob("*.log") if "Traceback" in f.read_text(errors="replace")]
+    assert not tracebacks, f"{_name(page)}: tracebacks in {', '.join(tracebacks)}"
+    left = _processes_in(scratch)
+    assert not left, f"{_name(page)}: processes still running in the page's directory: {left}"
+
+
+def _processes_in(directory: Path) -> list:
+    """Command lines of this user's processes whose working directory is ``directory``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")) == directory.resolve():
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
 
 
 def _sh(cmd, cwd, **env):
