@@ -119,8 +119,9 @@ def test_page_blocks_run_in_sequence(tmp_path, page):
                                      f"--- stdout:\n{res.stdout[-2000:]}\n--- stderr:\n{res.stderr[-3000:]}")
         active = active or (lang == "sh" and ACTIVATE.search(body) is not None)
     # A recipe that starts services (the Dask cluster) stops them cleanly before it ends.
-    tracebacks = [f.name for f in scratch.glob("*.log") if "Traceback" in f.read_text(errors="replace")]
-    assert not tracebacks, f"{_name(page)}: tracebacks in {', '.join(tracebacks)}"
+    logs = {f.name: f.read_text(errors="replace") for f in scratch.glob("*.log")}
+    tracebacks = {name: text[text.index("Traceback"):][:3000] for name, text in logs.items() if "Traceback" in text}
+    assert not tracebacks, f"{_name(page)}: tracebacks in the logs: {tracebacks}"
     left = _processes_in(scratch)
     assert not left, f"{_name(page)}: processes still running in the page's directory: {left}"
 
