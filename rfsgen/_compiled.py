@@ -30,7 +30,8 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
     import numba
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
-from ._vector import gather, product, transpose_out
+from . import _vector
+from ._vector import angle_tile, gather, product, transpose_out
 
 
 def threads() -> int:
@@ -685,50 +686,65 @@ def known_insert(table, u1, u2, ids):  # pragma: no cover - compiled
 # differ between its AVX2 and AVX-512 paths.  These loops fix the order of every
 # operation and take cos/sin from the C library, so the bytes are the same on every
 # x86-64 CPU, for any chunk of rows.
-ROW_TILE = 8  # rows sharing each load of a frequency row
-ATOM_BLOCK = 64  # atoms (of one node) summed together: 8 x 64 accumulators stay in L1
+ROW_TILE = _vector.ANGLE_ROWS  # rows of one register tile of angles
+ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
+OMEGA_BLOCK = 24576  # float64 frequency values per cache block (192 KiB: L2)
+
+
+def atom_block(w: int) -> int:
+    """Atoms per block of one node for :func:`phases` (a multiple of 8): their
+    frequencies, w values each, fill about one cache block of OMEGA_BLOCK values."""
+    return max(8, OMEGA_BLOCK // max(w, 1) // 8 * 8)
 
 
 def phases(xp, blk_start, blk_end, blk_node, omt, re, im) -> None:
     """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
 
     ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
-    blocks ``blk_start[b]:blk_end[b]`` (at most ATOM_BLOCK atoms, all of node
-    ``blk_node[b]``); ``omt`` float64 ``(w, a)`` holds the scaled frequencies, one
-    column per atom.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order,
-    with separate multiply and add (no fused multiply-add), so it equals the numpy
-    expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
-    CPU, the tiling or the number of rows; the loops only reorder independent sums
-    (tiles of rows x blocks of atoms, the inner loop over atoms vectorised).
-    Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library), float64 ``(m, a)``.
+    blocks ``blk_start[b]:blk_end[b]`` (all of node ``blk_node[b]``); ``omt`` float64
+    ``(w, a)`` holds the scaled frequencies, one column per atom.  Each sum runs from
+    0.0 over c = 0, 1, ..., w - 1 in that order, with separate multiply and add (no
+    fused multiply-add), so it equals the numpy expression ``acc = 0.0; for c: acc =
+    acc + xp[:, node, c] * omt[c]`` whatever the CPU, the tiling or the number of
+    rows.  The loops only choose which independent sums run together: register
+    tiles of ROW_TILE rows x 8 atoms (:func:`rfsgen._vector.angle_tile`, vectorised
+    across atoms), inside cache blocks of ROW_BLOCK rows x about OMEGA_BLOCK
+    frequency values.  Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library),
+    float64 ``(m, a)``.
     """
-    on_rows(_phases, xp.shape[0], xp, blk_start, blk_end, blk_node, omt, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+    m, g, w = xp.shape
+    # 8 zero columns past the last atom: a tile reads 8 columns from any atom.
+    omp = np.zeros((w, omt.shape[1] + 8))
+    omp[:, :omt.shape[1]] = omt
+    x2 = xp.reshape(m, g * w)
+    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, omp, re, im, align=ROW_TILE, min_rows=ROW_TILE)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases(xp, blk_start, blk_end, blk_node, omt, re, im, start, stop):  # pragma: no cover - compiled
-    w = xp.shape[2]
-    acc = np.empty((ROW_TILE, ATOM_BLOCK))
-    for r0 in range(start, stop, ROW_TILE):
-        nr = min(ROW_TILE, stop - r0)
-        for b in range(blk_start.size):
-            k0 = blk_start[b]
-            kb = blk_end[b] - k0
-            g = blk_node[b]
-            for i in range(nr):
-                for t in range(kb):
-                    acc[i, t] = 0.0
-            for c in range(w):
-                row = omt[c, k0:k0 + kb]
-                for i in range(nr):
-                    xv = xp[r0 + i, g, c]
-                    a = acc[i]
-                    for t in range(kb):
-                        a[t] = a[t] + xv * row[t]
-            for i in range(nr):
-                for t in range(kb):
-                    re[r0 + i, k0 + t] = np.cos(acc[i, t])
-                    im[r0 + i, k0 + t] = np.sin(acc[i, t])
+def _phases(x2, w, blk_start, blk_end, blk_node, omt, re, im, start, stop):  # pragma: no cover - compiled
+    tb = np.empty((ROW_TILE, 8))
+    nb = blk_start.size
+    per_block = max(8, OMEGA_BLOCK // max(w, 1))
+    for q0 in range(start, stop, ROW_BLOCK):
+        q1 = min(stop, q0 + ROW_BLOCK)
+        b0 = 0
+        while b0 < nb:
+            b1 = b0 + 1  # blocks b0:b1 form one cache block of frequencies
+            while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+                b1 += 1
+            for r0 in range(q0, q1, ROW_TILE):
+                nr = min(ROW_TILE, q1 - r0)
+                for b in range(b0, b1):
+                    k1 = blk_end[b]
+                    col0 = blk_node[b] * w
+                    for k in range(blk_start[b], k1, 8):
+                        angle_tile(x2, r0, nr, col0, w, omt, k, tb)
+                        kn = min(8, k1 - k)
+                        for i in range(nr):
+                            for t in range(kn):
+                                re[r0 + i, k + t] = np.cos(tb[i, t])
+                                im[r0 + i, k + t] = np.sin(tb[i, t])
+            b0 = b1
 
 
 def cis(theta, re, im) -> None:

@@ -583,18 +583,19 @@ def phases_of(xp, gi, om, out=None):
     """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
     (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each, written into ``out``
     (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given."""
-    from ._compiled import ATOM_BLOCK, phases
+    from ._compiled import atom_block, phases
 
     m, a = xp.shape[0], gi.size
+    step = atom_block(xp.shape[2])
     gi = np.asarray(gi, dtype=np.int64)
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
     order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
     sg = gi[order]
     starts = []
     for lo, hi in zip(*_runs(sg)):
-        starts.extend(range(lo, hi, ATOM_BLOCK))
+        starts.extend(range(lo, hi, step))
     starts = np.array(starts, dtype=np.int64)
-    ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right"))
+    ends = np.minimum(starts + step, np.searchsorted(sg, sg[starts], side="right"))
     re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
     # In node order (as the transform builds its atoms) the values go straight into the
     # result; otherwise into node-ordered temporaries, scattered back below.
