@@ -31,6 +31,7 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from . import _vector
+from ._sincos import sincos, sincos_into
 from ._vector import angle_tile, gather, product, transpose_out
 
 
@@ -684,80 +685,129 @@ def known_insert(table, u1, u2, ids):  # pragma: no cover - compiled
 # numpy's matrix product goes through BLAS, whose summation order depends on the matrix
 # shape and on the kernel OpenBLAS picks for the CPU; numpy's own float64 exp/log also
 # differ between its AVX2 and AVX-512 paths.  These loops fix the order of every
-# operation and take cos/sin from the C library, so the bytes are the same on every
+# operation and take cos/sin from rfsgen._sincos, so the bytes are the same on every
 # x86-64 CPU, for any chunk of rows.
 ROW_TILE = _vector.ANGLE_ROWS  # rows of one register tile of angles
 ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
 OMEGA_BLOCK = 24576  # float64 frequency values per cache block (192 KiB: L2)
+SUM_BLOCK = 256  # terms of a sum per pass: a tile's rows (6 x 256 values) stay in L1
 
 
 def atom_block(w: int) -> int:
     """Atoms per block of one node for :func:`phases` (a multiple of 8): their
-    frequencies, w values each, fill about one cache block of OMEGA_BLOCK values."""
-    return max(8, OMEGA_BLOCK // max(w, 1) // 8 * 8)
+    frequencies, min(w, SUM_BLOCK) values each (one run of terms), fill about one cache
+    block of OMEGA_BLOCK values."""
+    return max(8, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // 8 * 8)
 
 
-def phases(xp, blk_start, blk_end, blk_node, omt, re, im) -> None:
-    """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
-
-    ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
-    blocks ``blk_start[b]:blk_end[b]`` (all of node ``blk_node[b]``); ``omt`` float64
-    ``(w, a)`` holds the scaled frequencies, one column per atom.  Each sum runs from
-    0.0 over c = 0, 1, ..., w - 1 in that order, with separate multiply and add (no
-    fused multiply-add), so it equals the numpy expression ``acc = 0.0; for c: acc =
-    acc + xp[:, node, c] * omt[c]`` whatever the CPU, the tiling or the number of
-    rows.  The loops only choose which independent sums run together: register
-    tiles of ROW_TILE rows x 8 atoms (:func:`rfsgen._vector.angle_tile`, vectorised
-    across atoms), inside cache blocks of ROW_BLOCK rows x about OMEGA_BLOCK
-    frequency values.  Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library),
-    float64 ``(m, a)``.
-    """
-    m, g, w = xp.shape
-    # 8 zero columns past the last atom: a tile reads 8 columns from any atom.
-    omp = np.zeros((w, omt.shape[1] + 8))
-    omp[:, :omt.shape[1]] = omt
-    x2 = xp.reshape(m, g * w)
-    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, omp, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+def pack_panels(omt, blk_start, blk_end):
+    """The frequencies of :func:`phases` packed like a matrix product's panels:
+    returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:tile0[b + 1]``,
+    8 atoms each from ``blk_start[b]``) and ``pan`` float64 ``(tiles, w, 8)``: a tile's
+    frequencies as one contiguous run (the columns of ``omt`` (w, a) are a page apart
+    for wide inputs); lanes past a block's end are 0 (computed, never stored)."""
+    n_tiles = -(-(blk_end - blk_start) // 8)
+    tile0 = np.zeros(blk_start.size + 1, np.int64)
+    np.cumsum(n_tiles, out=tile0[1:])
+    pan = np.zeros((int(tile0[-1]), omt.shape[0], 8))
+    _pack(omt, blk_start, blk_end, tile0, pan)
+    return tile0, pan
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases(x2, w, blk_start, blk_end, blk_node, omt, re, im, start, stop):  # pragma: no cover - compiled
-    tb = np.empty((ROW_TILE, 8))
+def _pack(omt, blk_start, blk_end, tile0, pan):  # pragma: no cover - compiled
+    for b in range(blk_start.size):
+        for i_t in range(tile0[b], tile0[b + 1]):
+            k = blk_start[b] + 8 * (i_t - tile0[b])
+            for c in range(omt.shape[0]):
+                for t in range(min(8, blk_end[b] - k)):
+                    pan[i_t, c, t] = omt[c, k + t]
+
+
+def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im) -> None:
+    """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
+
+    ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
+    blocks ``blk_start[b]:blk_end[b]`` (all of node ``blk_node[b]``); ``tile0, pan``
+    hold the scaled frequencies ``omt`` float64 ``(w, a)`` as :func:`pack_panels`
+    packs them.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with
+    separate multiply and add (no fused multiply-add), so it equals the numpy
+    expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
+    CPU, the tiling or the number of rows.  The loops only choose which independent
+    sums run together: register tiles of ROW_TILE rows x 8 atoms
+    (:func:`rfsgen._vector.angle_tile`, vectorised across atoms), over runs of
+    SUM_BLOCK terms (a partial sum is stored and continued: exact), inside cache
+    blocks of ROW_BLOCK rows x about OMEGA_BLOCK frequency values.  Writes
+    ``re = cos(theta)``, ``im = sin(theta)`` (:func:`rfsgen._sincos.sincos_into`),
+    float64 ``(m, a)``.
+    """
+    m, g, w = xp.shape
+    x2 = xp.reshape(m, g * w)
+    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop):  # pragma: no cover - compiled
     nb = blk_start.size
-    per_block = max(8, OMEGA_BLOCK // max(w, 1))
+    kc = min(w, SUM_BLOCK)
+    per_block = max(8, OMEGA_BLOCK // max(kc, 1))
+    # groups of blocks b0:b1 sharing a cache block of frequencies; the largest sets
+    # the size of the partial-sum buffer
+    most = 1
+    b0 = 0
+    while b0 < nb:
+        b1 = b0 + 1
+        while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+            b1 += 1
+        most = max(most, tile0[b1] - tile0[b0])
+        b0 = b1
+    part = np.empty((ROW_BLOCK // ROW_TILE, most, ROW_TILE, 8))
+    cb = np.empty(ROW_TILE * 8)
+    sb = np.empty(ROW_TILE * 8)
     for q0 in range(start, stop, ROW_BLOCK):
         q1 = min(stop, q0 + ROW_BLOCK)
         b0 = 0
         while b0 < nb:
-            b1 = b0 + 1  # blocks b0:b1 form one cache block of frequencies
+            b1 = b0 + 1
             while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
                 b1 += 1
+            for c0 in range(0, w, kc):  # the sums in runs of kc terms, continued exactly
+                nc = min(kc, w - c0)
+                for r0 in range(q0, q1, ROW_TILE):
+                    nr = min(ROW_TILE, q1 - r0)
+                    ri = (r0 - q0) // ROW_TILE
+                    for b in range(b0, b1):
+                        col0 = blk_node[b] * w + c0
+                        for i_t in range(tile0[b], tile0[b + 1]):
+                            angle_tile(x2, r0, nr, col0, nc, pan[i_t], c0, part[ri, i_t - tile0[b0]], c0 == 0)
             for r0 in range(q0, q1, ROW_TILE):
                 nr = min(ROW_TILE, q1 - r0)
+                ri = (r0 - q0) // ROW_TILE
                 for b in range(b0, b1):
+                    k0 = blk_start[b]
                     k1 = blk_end[b]
-                    col0 = blk_node[b] * w
-                    for k in range(blk_start[b], k1, 8):
-                        angle_tile(x2, r0, nr, col0, w, omt, k, tb)
+                    for i_t in range(tile0[b], tile0[b + 1]):
+                        k = k0 + 8 * (i_t - tile0[b])
+                        sincos_into(part[ri, i_t - tile0[b0]].reshape(ROW_TILE * 8), nr * 8, cb, sb)
                         kn = min(8, k1 - k)
                         for i in range(nr):
                             for t in range(kn):
-                                re[r0 + i, k + t] = np.cos(tb[i, t])
-                                im[r0 + i, k + t] = np.sin(tb[i, t])
+                                re[r0 + i, k + t] = cb[i * 8 + t]
+                                im[r0 + i, k + t] = sb[i * 8 + t]
             b0 = b1
 
 
 def cis(theta, re, im) -> None:
-    """``re = cos(theta)``, ``im = sin(theta)`` elementwise (C library), float64 ``(m, a)``."""
+    """``re = cos(theta)``, ``im = sin(theta)`` elementwise (:mod:`rfsgen._sincos`), float64
+    ``(m, a)`` C order."""
     on_rows(_cis, theta.shape[0], theta, re, im, min_rows=_rows_for(theta.shape[1]))
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _cis(theta, re, im, start, stop):  # pragma: no cover - compiled
+    n = theta.shape[1]
     for r in range(start, stop):
-        for k in range(theta.shape[1]):
-            re[r, k] = np.cos(theta[r, k])
-            im[r, k] = np.sin(theta[r, k])
+        sincos_into(theta[r], n, re[r], im[r])
 
 
 # ----------------------------------------------------------------------------- orthogonal rows
@@ -834,10 +884,9 @@ def _log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sig
                 ph += power[q] * math.atan2(zi, zr)
             if zero:
                 v = 0.0
-            elif imag[c]:
-                v = sign[c] * math.exp(lg) * math.sin(ph)
             else:
-                v = sign[c] * math.exp(lg) * math.cos(ph)
+                sp, cp = sincos(ph)
+                v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
             out[r, cols[c]] = v
 
 

@@ -184,20 +184,22 @@ ANGLE_ROWS = 6
 
 
 @intrinsic
-def angle_tile(typingctx, x, r0, nr, col0, w, omt, k0, dst):
-    """``dst[i, t] = sum_c x[r0 + min(i, nr - 1), col0 + c] * omt[c, k0 + t]`` for
-    i < ANGLE_ROWS, t < 8: one register tile of angles (rows x atoms).
+def angle_tile(typingctx, x, r0, nr, col0, w, omt, k0, dst, init):
+    """``dst[i, t] (+)= sum_c x[r0 + min(i, nr - 1), col0 + c] * omt[k0 + c, t]`` for
+    i < ANGLE_ROWS, t < 8, c < w: one register tile of angles (rows x atoms).
 
-    Each sum starts from 0.0 and adds ``x * omt`` for c = 0, 1, ..., w - 1 in that
-    order with a separate IEEE multiply and add (no fast-math flags, so LLVM never
-    contracts them into a fused multiply-add), whatever the target: every value is
-    the fixed-order scalar sum, bit for bit.  Rows past ``nr`` repeat the last row
-    (computed, and the caller ignores them); ``omt`` must have 8 readable columns
-    from ``k0``.  ``x``, ``omt``, ``dst`` float64 C-ordered 2-D arrays.
+    Each sum starts from 0.0 (``init``) or from the partial sum in ``dst`` and adds
+    ``x * omt`` for c = 0, 1, ..., w - 1 in that order with a separate IEEE multiply
+    and add (no fast-math flags, so LLVM never contracts them into a fused
+    multiply-add), whatever the target: every value is the fixed-order scalar sum,
+    bit for bit, and a sum split over several calls (stored and reloaded between
+    them, exactly) is the same sum.  Rows past ``nr`` repeat the last row (computed,
+    and the caller ignores them).  ``x``, ``omt`` (rows of 8 frequencies, one per
+    atom of the tile), ``dst`` float64 C-ordered 2-D arrays.
     """
     if not (_is_matrix(x, types.float64) and _is_matrix(omt, types.float64) and _is_matrix(dst, types.float64)):
         return None
-    sig = types.void(x, r0, nr, col0, w, omt, k0, dst)
+    sig = types.void(x, r0, nr, col0, w, omt, k0, dst, init)
 
     def codegen(context, builder, signature, args):
         t = signature.args
@@ -209,18 +211,20 @@ def angle_tile(typingctx, x, r0, nr, col0, w, omt, k0, dst):
         k0v = _index(context, builder, args[6], t[6])
         zero = context.get_constant(intp, 0)
         one = context.get_constant(intp, 1)
-        om_arr = context.make_array(t[5])(context, builder, args[5])
-        om_stride = cgutils.unpack_tuple(builder, om_arr.strides, 2)[0]
-        om_base = builder.bitcast(_item_ptr(context, builder, t[5], args[5], zero, k0v), ir.IntType(8).as_pointer())
+        om_base = _item_ptr(context, builder, t[5], args[5], k0v, zero)
         xrows = []
         for i in range(ANGLE_ROWS):
             ci = context.get_constant(intp, i)
             off = builder.select(builder.icmp_signed("<", ci, last), ci, last)
             xrows.append(_item_ptr(context, builder, t[0], args[0], builder.add(r0v, off), c0))
         zv = ir.Constant(_V64, [0.0] * LANES)
-        accs = [cgutils.alloca_once_value(builder, zv) for _ in range(ANGLE_ROWS)]
+        first = context.cast(builder, args[8], t[8], types.boolean)
+        accs = []
+        for i in range(ANGLE_ROWS):
+            old = _load_row(context, builder, t[7], args[7], context.get_constant(intp, i))
+            accs.append(cgutils.alloca_once_value(builder, builder.select(first, zv, old)))
         with cgutils.for_range_slice(builder, zero, wv, one, inc=True) as (c, _):
-            optr = builder.gep(om_base, [builder.mul(om_stride, c)])
+            optr = builder.gep(om_base, [builder.mul(c, context.get_constant(intp, LANES))])
             ov = builder.load(builder.bitcast(optr, _V64.as_pointer()), align=8)
             for i in range(ANGLE_ROWS):
                 xv = builder.load(builder.gep(xrows[i], [c]), align=8)

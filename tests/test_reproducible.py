@@ -4,9 +4,10 @@ thread count, chunk size or sharding.
 Two kinds of check, neither of which passes merely because it ran on one CPU:
 
 * the compiled loops are compared bit for bit with a fixed-order reference written
-  one IEEE operation at a time (numpy elementwise operations and the C library's
-  cos/sin through :mod:`math`), which defines the result independently of any
-  machine;
+  one IEEE operation at a time (numpy elementwise operations, and rfsgen's own
+  cos/sin, :mod:`rfsgen._sincos`, itself checked against a high-precision
+  reference in tests/test_sincos.py), which defines the result independently of
+  any machine;
 * whole jobs (every scheme and base kind, float32/float64, csr/dense) are run in
   subprocesses that imitate other CPUs: numba compiling for another target
   (``NUMBA_CPU_NAME``), OpenBLAS using another kernel (``OPENBLAS_CORETYPE``) and
@@ -33,22 +34,25 @@ from rfsgen.transform import transform, transform_file
 HASHES = ROOT / "tests" / "tools" / "repro_hashes.py"
 
 
-@pytest.mark.parametrize("m, a", [(13, 21), (3, 150), (17, 70)])
-def test_phases_follow_the_fixed_order_reference(m, a):
-    """Row tiles, atom blocks and several nodes (unsorted) change nothing: every angle
-    is the left-to-right sum from 0.0, then the C library's cos and sin."""
+@pytest.mark.parametrize("m, a, w", [(13, 21, 37), (3, 150, 37), (17, 70, 37), (14, 40, 600), (5, 9, 1)])
+def test_phases_follow_the_fixed_order_reference(m, a, w):
+    """Row tiles, atom blocks, runs of terms (w > 256 is summed in parts, continued
+    exactly) and several nodes (unsorted) change nothing: every angle is the
+    left-to-right sum from 0.0, then rfsgen's own cos and sin (tests/test_sincos.py
+    checks those against a high-precision reference)."""
+    from rfsgen._sincos import sincos
     from rfsgen.bases import phases_of
 
     rng = np.random.default_rng(m)
-    xp = rng.standard_normal((m, 3, 37)) * 3
+    xp = rng.standard_normal((m, 3, w)) * 3
     node = rng.integers(0, 3, a)
-    om = rng.standard_normal((a, 37))
+    om = rng.standard_normal((a, w))
     re, im = phases_of(xp, node, om)
     acc = np.zeros((m, a))
-    for c in range(37):  # left to right from 0.0, one multiply and one add per step
+    for c in range(w):  # left to right from 0.0, one multiply and one add per step
         acc = acc + xp[:, node, c] * om[:, c]
-    assert re.tobytes() == np.array([[math.cos(v) for v in row] for row in acc]).tobytes()
-    assert im.tobytes() == np.array([[math.sin(v) for v in row] for row in acc]).tobytes()
+    assert re.tobytes() == np.array([[sincos(v)[1] for v in row] for row in acc]).tobytes()
+    assert im.tobytes() == np.array([[sincos(v)[0] for v in row] for row in acc]).tobytes()
 
 
 def _dot8(a, b):
