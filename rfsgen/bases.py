@@ -582,9 +582,14 @@ def _phase_plan(gi, omega, scale=None):
 
 
 def _build_plan(gi, omega, scale):
+    from . import budget
     from ._compiled import atom_block, pack_panels
 
     a, w = omega.shape
+    # the packed copy (each node's atoms padded to a multiple of 8) next to the frequencies
+    budget.check(8.0 * w * (a + 8 * max(1, np.unique(gi).size)) + 16.0 * a * w,
+                 f"the packed frequencies of {a} atoms of width {w}",
+                 "sample fewer features (-n) or split the columns into several feature files")
     with np.errstate(over="ignore", invalid="ignore"):
         om = omega * scale if scale is not None else omega
         l1 = float(np.abs(om).sum(axis=1).max()) if a else 0.0
