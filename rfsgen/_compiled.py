@@ -690,6 +690,7 @@ def known_insert(table, u1, u2, ids):  # pragma: no cover - compiled
 ROW_TILE = _vector.ANGLE_ROWS  # rows of one register tile of angles
 ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
 OMEGA_BLOCK = 24576  # float64 frequency values per cache block (192 KiB: L2)
+SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
 SUM_BLOCK = 256  # terms of a sum per pass: a tile's rows (6 x 256 values) stay in L1
 
 
@@ -724,7 +725,7 @@ def _pack(omt, blk_start, blk_end, tile0, pan):  # pragma: no cover - compiled
                     pan[i_t, c, t] = omt[c, k + t]
 
 
-def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im) -> None:
+def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, sparse=None) -> None:
     """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
 
     ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
@@ -740,10 +741,55 @@ def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im) -> None:
     blocks of ROW_BLOCK rows x about OMEGA_BLOCK frequency values.  Writes
     ``re = cos(theta)``, ``im = sin(theta)`` (:func:`rfsgen._sincos.sincos_into`),
     float64 ``(m, a)``.
+
+    A single node (G = 1) over rows with fewer than 1 in SPARSE_RATIO values nonzero,
+    when ``finite`` (no infinite frequency), sums over the nonzero values only: the
+    same bits at a cost that follows the stored values, not the width.  ``sparse``
+    forces either way (tests); the sparse way needs atoms in node order.
     """
     m, g, w = xp.shape
     x2 = xp.reshape(m, g * w)
+    if sparse is None:
+        sparse = g == 1 and finite and m * w > 0 and np.count_nonzero(x2) * SPARSE_RATIO < m * w
+    if sparse:
+        # Rows with mostly zeros (sparse inputs: text, counts): each sum runs over the
+        # row's nonzero values only, in column order.  A zero term adds +-0.0 to a sum
+        # that is never -0.0 (it starts at +0.0, and x + y is -0.0 only for two -0.0),
+        # so leaving it out changes no bit, as long as no frequency is infinite (0 * inf
+        # would be NaN): ``finite`` says so.
+        rows, cols = np.nonzero(x2)
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
+        vals = x2[rows, cols]
+        on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, tile0[-1], pan, re, im,
+                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[0] * 8))
+        return
     on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_sparse(ptr, cols, vals, n_tiles, pan, re, im, start, stop):  # pragma: no cover - compiled
+    """:func:`phases` for one node over whole rows from their nonzero values: row r's
+    values ``vals[ptr[r]:ptr[r + 1]]`` in columns ``cols[...]`` (increasing); tile i
+    of ``pan`` holds atoms 8 i ... 8 i + 7 (one node, blocks of multiples of 8)."""
+    a = re.shape[1]
+    acc = np.empty(n_tiles * 8)
+    cb = np.empty(n_tiles * 8)
+    sb = np.empty(n_tiles * 8)
+    for r in range(start, stop):
+        for k in range(n_tiles * 8):
+            acc[k] = 0.0
+        for q in range(ptr[r], ptr[r + 1]):
+            c = cols[q]
+            v = vals[q]
+            for i_t in range(n_tiles):
+                o = pan[i_t, c]
+                for t in range(8):
+                    acc[i_t * 8 + t] = acc[i_t * 8 + t] + v * o[t]
+        sincos_into(acc, a, cb, sb)
+        for k in range(a):
+            re[r, k] = cb[k]
+            im[r, k] = sb[k]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

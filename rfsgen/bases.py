@@ -640,11 +640,12 @@ def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
         im[r, bad] = s[0]
 
 
-def phases_of(xp, gi, om, out=None, plan=None):
+def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
     """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
     (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each, written into ``out``
     (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given.  ``plan``
-    (from :func:`_phase_plan`) replaces ``om``."""
+    (from :func:`_phase_plan`) replaces ``om``; ``sparse`` forces the sums over nonzero
+    values only (True) or over every value (False), the same bits either way."""
     from ._compiled import phases
 
     if plan is None:
@@ -656,7 +657,7 @@ def phases_of(xp, gi, om, out=None, plan=None):
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
         phases(np.ascontiguousarray(xp, dtype=np.float64), plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
-               re_s, im_s)
+               re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im

@@ -25,6 +25,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT, SKELETONS
 from rfsgen import load_skeleton, sample, save_features
@@ -53,6 +55,43 @@ def test_phases_follow_the_fixed_order_reference(m, a, w):
         acc = acc + xp[:, node, c] * om[:, c]
     assert re.tobytes() == np.array([[sincos(v)[1] for v in row] for row in acc]).tobytes()
     assert im.tobytes() == np.array([[sincos(v)[0] for v in row] for row in acc]).tobytes()
+
+
+@settings(max_examples=25, derandomize=True, deadline=None)
+@given(m=st.integers(1, 20), a=st.integers(1, 40), w=st.integers(1, 600), density=st.floats(0.0, 0.3),
+       seed=st.integers(0, 2**32 - 1))
+def test_sums_over_nonzero_values_give_the_dense_bits(m, a, w, density, seed):
+    """Sparse rows: leaving out the zero terms (signed zeros among them) changes no bit,
+    and the automatic choice (dense or sparse by the share of nonzeros) gives the same."""
+    from rfsgen.bases import phases_of
+
+    rng = np.random.default_rng(seed)
+    xp = rng.standard_normal((m, 1, w)) * 10.0 ** rng.integers(-5, 5, (m, 1, w))
+    xp[rng.random((m, 1, w)) >= density] = 0.0
+    xp[rng.random((m, 1, w)) < 0.05] = -0.0
+    om = rng.standard_normal((a, w)) * 10.0 ** rng.integers(-3, 3, (a, 1))
+    node = np.zeros(a, np.int64)
+    dense = phases_of(xp, node, om, sparse=False)
+    for how in (True, None):
+        got = phases_of(xp, node, om, sparse=how)
+        assert got[0].tobytes() == dense[0].tobytes() and got[1].tobytes() == dense[1].tobytes()
+
+
+def test_a_csr_row_gives_the_bits_of_the_dense_row():
+    import scipy.sparse as sp
+
+    from rfsgen import parse_skeleton
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 3000}\nnodes:\n  - {name: x, base: gaussian, scale: 0.1}\n"
+                          "output: x\n", "g.yaml")
+    fs = sample(skel, 300, seed=3)
+    x = sp.random(40, 3000, density=0.01, format="csr", dtype=np.float32, random_state=2)
+    dense = transform(fs, x.toarray(), layout="dense", dtype="float64")
+    assert transform(fs, x, layout="dense", dtype="float64").tobytes() == dense.tobytes()
+    half = x.toarray()
+    half[:, :1500] = 1.0  # dense rows: the every-value path
+    both = transform(fs, np.concatenate([x.toarray(), half]), layout="dense", dtype="float64", chunk_rows=40)
+    assert both[:40].tobytes() == dense.tobytes()
 
 
 def _dot8(a, b):

@@ -687,7 +687,7 @@ def main(argv=None):
     ap.add_argument("--data", default=None, help=".npy of channel-planar uint8 CIFAR rows (default: shared data)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the script itself")
-    ap.add_argument("--rks-rows", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
+    ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
     args = ap.parse_args(argv)
     args.columns, args.rows, args.repeats = 10_000, 10_000, 5
     args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
@@ -702,8 +702,9 @@ def main(argv=None):
         args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
         args.eof_rows, args.eof_columns = 2000, 256
-    if args.rks_rows:
-        args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows = args.rks_rows, 10 * args.rks_rows, args.rks_rows
+    if args.rks_rows_given:
+        n = args.rks_rows_given
+        args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows = n, 10 * n, n
     only = [s for s in args.only.split(",") if s]
     bad = [s for s in only if s not in SECTIONS]
     if bad:
