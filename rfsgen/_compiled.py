@@ -701,28 +701,40 @@ def atom_block(w: int) -> int:
     return max(8, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // 8 * 8)
 
 
-def pack_panels(omt, blk_start, blk_end):
-    """The frequencies of :func:`phases` packed like a matrix product's panels:
-    returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:tile0[b + 1]``,
-    8 atoms each from ``blk_start[b]``) and ``pan`` float64 ``(tiles, w, 8)``: a tile's
-    frequencies as one contiguous run (the columns of ``omt`` (w, a) are a page apart
-    for wide inputs); lanes past a block's end are 0 (computed, never stored)."""
+def pack_panels(omega, order, scale, blk_start, blk_end):
+    """The scaled frequencies of :func:`phases` packed like a matrix product's panels.
+
+    ``omega`` float64 ``(a, w)``: atom ``order[k]``'s frequencies are those of sorted
+    atom k, each multiplied by ``scale`` (one IEEE multiply, as ``omega * scale``).
+    Returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:tile0[b + 1]``,
+    8 sorted atoms each from ``blk_start[b]``), ``pan`` float64 ``(tiles, w, 8)``: a
+    tile's frequencies as one contiguous run (an atom's are w apart in ``omega``);
+    lanes past a block's end are 0 (computed, never stored); and the largest L1 norm
+    of a scaled row (a bound on the angles; inf if a product overflowed)."""
     n_tiles = -(-(blk_end - blk_start) // 8)
     tile0 = np.zeros(blk_start.size + 1, np.int64)
     np.cumsum(n_tiles, out=tile0[1:])
-    pan = np.zeros((int(tile0[-1]), omt.shape[0], 8))
-    _pack(omt, blk_start, blk_end, tile0, pan)
-    return tile0, pan
+    pan = np.zeros((int(tile0[-1]), omega.shape[1], 8))
+    l1 = _pack(omega, order, float(scale), blk_start, blk_end, tile0, pan)
+    return tile0, pan, l1
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pack(omt, blk_start, blk_end, tile0, pan):  # pragma: no cover - compiled
+def _pack(omega, order, scale, blk_start, blk_end, tile0, pan):  # pragma: no cover - compiled
+    w = omega.shape[1]
+    l1 = 0.0
     for b in range(blk_start.size):
         for i_t in range(tile0[b], tile0[b + 1]):
             k = blk_start[b] + 8 * (i_t - tile0[b])
-            for c in range(omt.shape[0]):
-                for t in range(min(8, blk_end[b] - k)):
-                    pan[i_t, c, t] = omt[c, k + t]
+            for t in range(min(8, blk_end[b] - k)):
+                row = omega[order[k + t]]
+                s = 0.0
+                for c in range(w):
+                    v = row[c] * scale
+                    pan[i_t, c, t] = v
+                    s += abs(v)
+                l1 = max(l1, s) if s == s else math.inf
+    return l1
 
 
 def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, sparse=None) -> None:

@@ -587,12 +587,9 @@ def _build_plan(gi, omega, scale):
 
     a, w = omega.shape
     # the packed copy (each node's atoms padded to a multiple of 8) next to the frequencies
-    budget.check(8.0 * w * (a + 8 * max(1, np.unique(gi).size)) + 16.0 * a * w,
+    budget.check(8.0 * w * (a + 8 * max(1, np.unique(gi).size)),
                  f"the packed frequencies of {a} atoms of width {w}",
                  "sample fewer features (-n) or split the columns into several feature files")
-    with np.errstate(over="ignore", invalid="ignore"):
-        om = omega * scale if scale is not None else omega
-        l1 = float(np.abs(om).sum(axis=1).max()) if a else 0.0
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
     order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
     sg = gi[order]
@@ -602,7 +599,7 @@ def _build_plan(gi, omega, scale):
         starts.extend(range(lo, hi, step))
     starts = np.array(starts, dtype=np.int64)
     ends = np.minimum(starts + step, np.searchsorted(sg, sg[starts], side="right")).astype(np.int64)
-    tile0, pan = pack_panels(np.ascontiguousarray(om[order].T), starts, ends)
+    tile0, pan, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
     return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, l1)
 
 
