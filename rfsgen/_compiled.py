@@ -702,38 +702,35 @@ def atom_block(w: int) -> int:
 
 
 def pack_panels(omega, order, scale, blk_start, blk_end):
-    """The scaled frequencies of :func:`phases` packed like a matrix product's panels.
+    """The scaled frequencies of :func:`phases`, one row per term and a column per atom.
 
-    ``omega`` float64 ``(a, w)``: atom ``order[k]``'s frequencies are those of sorted
-    atom k, each multiplied by ``scale`` (one IEEE multiply, as ``omega * scale``).
-    Returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:tile0[b + 1]``,
-    8 sorted atoms each from ``blk_start[b]``), ``pan`` float64 ``(tiles, w, 8)``: a
-    tile's frequencies as one contiguous run (an atom's are w apart in ``omega``);
-    lanes past a block's end are 0 (computed, never stored); and the largest L1 norm
-    of a scaled row (a bound on the angles; inf if a product overflowed)."""
+    ``omega`` float64 ``(a, w)``: sorted atom k has the frequencies of atom
+    ``order[k]``, each multiplied by ``scale`` (one IEEE multiply, as ``omega *
+    scale``).  Returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:
+    tile0[b + 1]``, 8 sorted atoms each from ``blk_start[b]``), ``omt`` float64
+    ``(w, a + 8)`` (8 zero columns at the end: a tile reads 8 columns from any atom;
+    lanes past a block's end are computed, never stored), and the largest L1 norm of
+    a scaled row (a bound on the angles; inf if a product overflowed)."""
     n_tiles = -(-(blk_end - blk_start) // 8)
     tile0 = np.zeros(blk_start.size + 1, np.int64)
     np.cumsum(n_tiles, out=tile0[1:])
-    pan = np.zeros((int(tile0[-1]), omega.shape[1], 8))
-    l1 = _pack(omega, order, float(scale), blk_start, blk_end, tile0, pan)
-    return tile0, pan, l1
+    omt = np.zeros((omega.shape[1], omega.shape[0] + 8))
+    l1 = _pack(omega, order, float(scale), omt)
+    return tile0, omt, l1
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pack(omega, order, scale, blk_start, blk_end, tile0, pan):  # pragma: no cover - compiled
+def _pack(omega, order, scale, omt):  # pragma: no cover - compiled
     w = omega.shape[1]
     l1 = 0.0
-    for b in range(blk_start.size):
-        for i_t in range(tile0[b], tile0[b + 1]):
-            k = blk_start[b] + 8 * (i_t - tile0[b])
-            for t in range(min(8, blk_end[b] - k)):
-                row = omega[order[k + t]]
-                s = 0.0
-                for c in range(w):
-                    v = row[c] * scale
-                    pan[i_t, c, t] = v
-                    s += abs(v)
-                l1 = max(l1, s) if s == s else math.inf
+    for k in range(order.size):
+        row = omega[order[k]]
+        s = 0.0
+        for c in range(w):
+            v = row[c] * scale
+            omt[c, k] = v
+            s += abs(v)
+        l1 = max(l1, s) if s == s else math.inf
     return l1
 
 
@@ -742,8 +739,7 @@ def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, s
 
     ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
     blocks ``blk_start[b]:blk_end[b]`` (all of node ``blk_node[b]``); ``tile0, pan``
-    hold the scaled frequencies ``omt`` float64 ``(w, a)`` as :func:`pack_panels`
-    packs them.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with
+    are the tiles and the scaled frequencies ``(w, a + 8)`` from :func:`pack_panels`.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with
     separate multiply and add (no fused multiply-add), so it equals the numpy
     expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
     CPU, the tiling or the number of rows.  The loops only choose which independent
@@ -774,7 +770,7 @@ def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, s
         np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
         vals = x2[rows, cols]
         on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, tile0[-1], pan, re, im,
-                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[0] * 8))
+                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[1]))
         return
     on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROW_TILE, min_rows=ROW_TILE)
 
@@ -782,22 +778,20 @@ def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, s
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases_sparse(ptr, cols, vals, n_tiles, pan, re, im, start, stop):  # pragma: no cover - compiled
     """:func:`phases` for one node over whole rows from their nonzero values: row r's
-    values ``vals[ptr[r]:ptr[r + 1]]`` in columns ``cols[...]`` (increasing); tile i
-    of ``pan`` holds atoms 8 i ... 8 i + 7 (one node, blocks of multiples of 8)."""
+    values ``vals[ptr[r]:ptr[r + 1]]`` in columns ``cols[...]`` (increasing); ``pan``
+    is the ``(w, a + 8)`` frequencies, one contiguous row per term."""
     a = re.shape[1]
-    acc = np.empty(n_tiles * 8)
-    cb = np.empty(n_tiles * 8)
-    sb = np.empty(n_tiles * 8)
+    acc = np.empty(a)
+    cb = np.empty(a)
+    sb = np.empty(a)
     for r in range(start, stop):
-        for k in range(n_tiles * 8):
+        for k in range(a):
             acc[k] = 0.0
         for q in range(ptr[r], ptr[r + 1]):
-            c = cols[q]
+            o = pan[cols[q]]
             v = vals[q]
-            for i_t in range(n_tiles):
-                o = pan[i_t, c]
-                for t in range(8):
-                    acc[i_t * 8 + t] = acc[i_t * 8 + t] + v * o[t]
+            for k in range(a):
+                acc[k] = acc[k] + v * o[k]
         sincos_into(acc, a, cb, sb)
         for k in range(a):
             re[r, k] = cb[k]
@@ -837,7 +831,8 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
                     for b in range(b0, b1):
                         col0 = blk_node[b] * w + c0
                         for i_t in range(tile0[b], tile0[b + 1]):
-                            angle_tile(x2, r0, nr, col0, nc, pan[i_t], c0, part[ri, i_t - tile0[b0]], c0 == 0)
+                            k = blk_start[b] + 8 * (i_t - tile0[b])
+                            angle_tile(x2, r0, nr, col0, nc, pan, c0, k, part[ri, i_t - tile0[b0]], c0 == 0)
             for r0 in range(q0, q1, ROW_TILE):
                 nr = min(ROW_TILE, q1 - r0)
                 ri = (r0 - q0) // ROW_TILE

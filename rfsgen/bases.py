@@ -552,7 +552,7 @@ class _PhasePlan:
     starts: np.ndarray  # int64: blocks of atoms (of one node each), in sorted order
     ends: np.ndarray
     nodes: np.ndarray
-    tile0: np.ndarray  # packed frequencies (rfsgen._compiled.pack_panels)
+    tile0: np.ndarray  # tiles and scaled frequencies (rfsgen._compiled.pack_panels)
     pan: np.ndarray
     l1: float  # the largest L1 norm of a scaled frequency row (inf when it overflows)
 
@@ -586,8 +586,8 @@ def _build_plan(gi, omega, scale):
     from ._compiled import atom_block, pack_panels
 
     a, w = omega.shape
-    # the packed copy (each node's atoms padded to a multiple of 8) next to the frequencies
-    budget.check(8.0 * w * (a + 8 * max(1, np.unique(gi).size)),
+    # the scaled copy, a column per atom (and 8 more), next to the frequencies
+    budget.check(8.0 * w * (a + 8),
                  f"the packed frequencies of {a} atoms of width {w}",
                  "sample fewer features (-n) or split the columns into several feature files")
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
