@@ -23,7 +23,7 @@ Method (the scheme of fdlibm/FreeBSD's ``sin``/``cos``):
   (degree 13 and 14 minimax, using the tail ``r_lo``), each under 1 ulp;
 * quadrant ``n mod 4`` selects +-sin or +-cos of r.
 
-Accuracy (tests/test_sincos.py, against a 120-digit ``decimal`` reference over
+Accuracy (tests/test_sincos.py, against a 400-digit ``decimal`` reference over
 random angles in every binade up to 1e300 and the worst cases for reduction): the
 error stays below 1 ulp of float64, so the float32 value of an output column
 (``scale * cos`` rounded once to float32) is the correctly rounded one except when
