@@ -30,7 +30,9 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
     import numba
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
-from ._vector import gather, product, transpose_out
+from . import _vector
+from ._sincos import sincos, sincos_into
+from ._vector import angle_tile, gather, product, transpose_out
 
 
 def threads() -> int:
@@ -683,65 +685,182 @@ def known_insert(table, u1, u2, ids):  # pragma: no cover - compiled
 # numpy's matrix product goes through BLAS, whose summation order depends on the matrix
 # shape and on the kernel OpenBLAS picks for the CPU; numpy's own float64 exp/log also
 # differ between its AVX2 and AVX-512 paths.  These loops fix the order of every
-# operation and take cos/sin from the C library, so the bytes are the same on every
+# operation and take cos/sin from rfsgen._sincos, so the bytes are the same on every
 # x86-64 CPU, for any chunk of rows.
-ROW_TILE = 8  # rows sharing each load of a frequency row
-ATOM_BLOCK = 64  # atoms (of one node) summed together: 8 x 64 accumulators stay in L1
+ROW_TILE = _vector.ANGLE_ROWS  # rows of one register tile of angles
+ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
+OMEGA_BLOCK = 24576  # float64 frequency values per cache block (192 KiB: L2)
+SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
+SUM_BLOCK = 256  # terms of a sum per pass: a tile's rows (6 x 256 values) stay in L1
 
 
-def phases(xp, blk_start, blk_end, blk_node, omt, re, im) -> None:
-    """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
+def atom_block(w: int) -> int:
+    """Atoms per block of one node for :func:`phases` (a multiple of 8): their
+    frequencies, min(w, SUM_BLOCK) values each (one run of terms), fill about one cache
+    block of OMEGA_BLOCK values."""
+    return max(8, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // 8 * 8)
 
-    ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
-    blocks ``blk_start[b]:blk_end[b]`` (at most ATOM_BLOCK atoms, all of node
-    ``blk_node[b]``); ``omt`` float64 ``(w, a)`` holds the scaled frequencies, one
-    column per atom.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order,
-    with separate multiply and add (no fused multiply-add), so it equals the numpy
-    expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
-    CPU, the tiling or the number of rows; the loops only reorder independent sums
-    (tiles of rows x blocks of atoms, the inner loop over atoms vectorised).
-    Writes ``re = cos(theta)``, ``im = sin(theta)`` (C library), float64 ``(m, a)``.
-    """
-    on_rows(_phases, xp.shape[0], xp, blk_start, blk_end, blk_node, omt, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+
+def pack_panels(omega, order, scale, blk_start, blk_end):
+    """The scaled frequencies of :func:`phases`, one row per term and a column per atom.
+
+    ``omega`` float64 ``(a, w)``: sorted atom k has the frequencies of atom
+    ``order[k]``, each multiplied by ``scale`` (one IEEE multiply, as ``omega *
+    scale``).  Returns ``tile0`` int64 ``(b + 1,)`` (block b owns tiles ``tile0[b]:
+    tile0[b + 1]``, 8 sorted atoms each from ``blk_start[b]``), ``omt`` float64
+    ``(w, a + 8)`` (8 zero columns at the end: a tile reads 8 columns from any atom;
+    lanes past a block's end are computed, never stored), and the largest L1 norm of
+    a scaled row (a bound on the angles; inf if a product overflowed)."""
+    n_tiles = -(-(blk_end - blk_start) // 8)
+    tile0 = np.zeros(blk_start.size + 1, np.int64)
+    np.cumsum(n_tiles, out=tile0[1:])
+    omt = np.zeros((omega.shape[1], omega.shape[0] + 8))
+    l1 = _pack(omega, order, float(scale), omt)
+    return tile0, omt, l1
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases(xp, blk_start, blk_end, blk_node, omt, re, im, start, stop):  # pragma: no cover - compiled
-    w = xp.shape[2]
-    acc = np.empty((ROW_TILE, ATOM_BLOCK))
-    for r0 in range(start, stop, ROW_TILE):
-        nr = min(ROW_TILE, stop - r0)
-        for b in range(blk_start.size):
-            k0 = blk_start[b]
-            kb = blk_end[b] - k0
-            g = blk_node[b]
-            for i in range(nr):
-                for t in range(kb):
-                    acc[i, t] = 0.0
-            for c in range(w):
-                row = omt[c, k0:k0 + kb]
-                for i in range(nr):
-                    xv = xp[r0 + i, g, c]
-                    a = acc[i]
-                    for t in range(kb):
-                        a[t] = a[t] + xv * row[t]
-            for i in range(nr):
-                for t in range(kb):
-                    re[r0 + i, k0 + t] = np.cos(acc[i, t])
-                    im[r0 + i, k0 + t] = np.sin(acc[i, t])
+def _pack(omega, order, scale, omt):  # pragma: no cover - compiled
+    w = omega.shape[1]
+    l1 = 0.0
+    for k in range(order.size):
+        row = omega[order[k]]
+        s = 0.0
+        for c in range(w):
+            v = row[c] * scale
+            omt[c, k] = v
+            s += abs(v)
+        l1 = max(l1, s) if s == s else math.inf
+    return l1
+
+
+def phases(xp, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, sparse=None) -> None:
+    """Angles ``theta[r, k] = sum_c xp[r, node(k), c] * omt[c, k]`` and their cos and sin.
+
+    ``xp`` float64 ``(m, G, w)`` C order; atoms are sorted by node and split into
+    blocks ``blk_start[b]:blk_end[b]`` (all of node ``blk_node[b]``); ``tile0, pan``
+    are the tiles and the scaled frequencies ``(w, a + 8)`` from :func:`pack_panels`.  Each sum runs from 0.0 over c = 0, 1, ..., w - 1 in that order, with
+    separate multiply and add (no fused multiply-add), so it equals the numpy
+    expression ``acc = 0.0; for c: acc = acc + xp[:, node, c] * omt[c]`` whatever the
+    CPU, the tiling or the number of rows.  The loops only choose which independent
+    sums run together: register tiles of ROW_TILE rows x 8 atoms
+    (:func:`rfsgen._vector.angle_tile`, vectorised across atoms), over runs of
+    SUM_BLOCK terms (a partial sum is stored and continued: exact), inside cache
+    blocks of ROW_BLOCK rows x about OMEGA_BLOCK frequency values.  Writes
+    ``re = cos(theta)``, ``im = sin(theta)`` (:func:`rfsgen._sincos.sincos_into`),
+    float64 ``(m, a)``.
+
+    A single node (G = 1) over rows with fewer than 1 in SPARSE_RATIO values nonzero,
+    when ``finite`` (no infinite frequency), sums over the nonzero values only: the
+    same bits at a cost that follows the stored values, not the width.  ``sparse``
+    forces either way (tests); the sparse way needs atoms in node order.
+    """
+    m, g, w = xp.shape
+    x2 = xp.reshape(m, g * w)
+    if sparse is None:
+        sparse = g == 1 and finite and m * w > 0 and np.count_nonzero(x2) * SPARSE_RATIO < m * w
+    if sparse:
+        # Rows with mostly zeros (sparse inputs: text, counts): each sum runs over the
+        # row's nonzero values only, in column order.  A zero term adds +-0.0 to a sum
+        # that is never -0.0 (it starts at +0.0, and x + y is -0.0 only for two -0.0),
+        # so leaving it out changes no bit, as long as no frequency is infinite (0 * inf
+        # would be NaN): ``finite`` says so.
+        rows, cols = np.nonzero(x2)
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
+        vals = x2[rows, cols]
+        on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, tile0[-1], pan, re, im,
+                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[1]))
+        return
+    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROW_TILE, min_rows=ROW_TILE)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_sparse(ptr, cols, vals, n_tiles, pan, re, im, start, stop):  # pragma: no cover - compiled
+    """:func:`phases` for one node over whole rows from their nonzero values: row r's
+    values ``vals[ptr[r]:ptr[r + 1]]`` in columns ``cols[...]`` (increasing); ``pan``
+    is the ``(w, a + 8)`` frequencies, one contiguous row per term."""
+    a = re.shape[1]
+    acc = np.empty(a)
+    cb = np.empty(a)
+    sb = np.empty(a)
+    for r in range(start, stop):
+        for k in range(a):
+            acc[k] = 0.0
+        for q in range(ptr[r], ptr[r + 1]):
+            o = pan[cols[q]]
+            v = vals[q]
+            for k in range(a):
+                acc[k] = acc[k] + v * o[k]
+        sincos_into(acc, a, cb, sb)
+        for k in range(a):
+            re[r, k] = cb[k]
+            im[r, k] = sb[k]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop):  # pragma: no cover - compiled
+    nb = blk_start.size
+    kc = min(w, SUM_BLOCK)
+    per_block = max(8, OMEGA_BLOCK // max(kc, 1))
+    # groups of blocks b0:b1 sharing a cache block of frequencies; the largest sets
+    # the size of the partial-sum buffer
+    most = 1
+    b0 = 0
+    while b0 < nb:
+        b1 = b0 + 1
+        while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+            b1 += 1
+        most = max(most, tile0[b1] - tile0[b0])
+        b0 = b1
+    part = np.empty((ROW_BLOCK // ROW_TILE, most, ROW_TILE, 8))
+    cb = np.empty(ROW_TILE * 8)
+    sb = np.empty(ROW_TILE * 8)
+    for q0 in range(start, stop, ROW_BLOCK):
+        q1 = min(stop, q0 + ROW_BLOCK)
+        b0 = 0
+        while b0 < nb:
+            b1 = b0 + 1
+            while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+                b1 += 1
+            for c0 in range(0, w, kc):  # the sums in runs of kc terms, continued exactly
+                nc = min(kc, w - c0)
+                for r0 in range(q0, q1, ROW_TILE):
+                    nr = min(ROW_TILE, q1 - r0)
+                    ri = (r0 - q0) // ROW_TILE
+                    for b in range(b0, b1):
+                        col0 = blk_node[b] * w + c0
+                        for i_t in range(tile0[b], tile0[b + 1]):
+                            k = blk_start[b] + 8 * (i_t - tile0[b])
+                            angle_tile(x2, r0, nr, col0, nc, pan, c0, k, part[ri, i_t - tile0[b0]], c0 == 0)
+            for r0 in range(q0, q1, ROW_TILE):
+                nr = min(ROW_TILE, q1 - r0)
+                ri = (r0 - q0) // ROW_TILE
+                for b in range(b0, b1):
+                    k0 = blk_start[b]
+                    k1 = blk_end[b]
+                    for i_t in range(tile0[b], tile0[b + 1]):
+                        k = k0 + 8 * (i_t - tile0[b])
+                        sincos_into(part[ri, i_t - tile0[b0]].reshape(ROW_TILE * 8), nr * 8, cb, sb)
+                        kn = min(8, k1 - k)
+                        for i in range(nr):
+                            for t in range(kn):
+                                re[r0 + i, k + t] = cb[i * 8 + t]
+                                im[r0 + i, k + t] = sb[i * 8 + t]
+            b0 = b1
 
 
 def cis(theta, re, im) -> None:
-    """``re = cos(theta)``, ``im = sin(theta)`` elementwise (C library), float64 ``(m, a)``."""
+    """``re = cos(theta)``, ``im = sin(theta)`` elementwise (:mod:`rfsgen._sincos`), float64
+    ``(m, a)`` C order."""
     on_rows(_cis, theta.shape[0], theta, re, im, min_rows=_rows_for(theta.shape[1]))
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _cis(theta, re, im, start, stop):  # pragma: no cover - compiled
+    n = theta.shape[1]
     for r in range(start, stop):
-        for k in range(theta.shape[1]):
-            re[r, k] = np.cos(theta[r, k])
-            im[r, k] = np.sin(theta[r, k])
+        sincos_into(theta[r], n, re[r], im[r])
 
 
 # ----------------------------------------------------------------------------- orthogonal rows
@@ -818,10 +937,9 @@ def _log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sig
                 ph += power[q] * math.atan2(zi, zr)
             if zero:
                 v = 0.0
-            elif imag[c]:
-                v = sign[c] * math.exp(lg) * math.sin(ph)
             else:
-                v = sign[c] * math.exp(lg) * math.cos(ph)
+                sp, cp = sincos(ph)
+                v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
             out[r, cols[c]] = v
 
 

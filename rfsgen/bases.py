@@ -528,9 +528,8 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None):
     xp = np.ascontiguousarray(xp, dtype=np.float64)
     omega = np.ascontiguousarray(omega, dtype=np.float64)
     scale = base.param("scale")
-    with np.errstate(over="ignore"):
-        om = omega * scale
-    re, im = phases_of(xp, gi, om, out=out)
+    plan = _phase_plan(gi, omega, scale)
+    re, im = phases_of(xp, gi, None, out=out, plan=plan)
     if xp.shape[0] and gi.size:
         # |theta| <= max|x| * max_k |om_k|_1 bounds every partial sum: when that is
         # small (always, for ordinary rows) no angle overflowed.  Otherwise the rows
@@ -538,12 +537,70 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None):
         # finite angle is never NaN) are recomputed with scaling; the other values keep
         # their bits.
         with np.errstate(over="ignore", invalid="ignore"):
-            l1 = float(np.abs(om).sum(axis=1).max())
             row_max = np.abs(xp).max(axis=(1, 2))
-            over = np.flatnonzero(~(row_max * l1 < SAFE_ANGLE))
+            over = np.flatnonzero(~(row_max * plan.l1 < SAFE_ANGLE))
         if over.size:
             _careful_angles(xp, gi, omega, scale, re, im, over, where)
     return re, im
+
+
+@dataclass
+class _PhasePlan:
+    """What :func:`phases_of` needs besides the rows, built once per (atoms, frequencies)."""
+    order: np.ndarray  # int64 (a,): atoms sorted by node (stable)
+    in_order: bool  # order is the identity
+    starts: np.ndarray  # int64: blocks of atoms (of one node each), in sorted order
+    ends: np.ndarray
+    nodes: np.ndarray
+    tile0: np.ndarray  # tiles and scaled frequencies (rfsgen._compiled.pack_panels)
+    pan: np.ndarray
+    l1: float  # the largest L1 norm of a scaled frequency row (inf when it overflows)
+
+
+_PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)
+
+
+def _phase_plan(gi, omega, scale=None):
+    """The :class:`_PhasePlan` of atoms on nodes ``gi`` with frequencies ``omega`` (a, w)
+    times ``scale``; cached while both arrays live (the transform passes the same ones for
+    every chunk: packing them costs about as much as a chunk of a few rows)."""
+    import weakref
+
+    key = (id(omega), id(gi), scale)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is omega and hit[1]() is gi:
+        return hit[2]
+    plan = _build_plan(np.asarray(gi, dtype=np.int64), omega, scale)
+    try:
+        refs = (weakref.ref(omega, lambda _, k=key: _PLANS.pop(k, None)), weakref.ref(gi))
+    except TypeError:  # not weak-referenceable (a list): no caching
+        return plan
+    if len(_PLANS) >= 16:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = refs + (plan,)
+    return plan
+
+
+def _build_plan(gi, omega, scale):
+    from . import budget
+    from ._compiled import atom_block, pack_panels
+
+    a, w = omega.shape
+    # the scaled copy, a column per atom (and 8 more), next to the frequencies
+    budget.check(8.0 * w * (a + 8),
+                 f"the packed frequencies of {a} atoms of width {w}",
+                 "sample fewer features (-n) or split the columns into several feature files")
+    in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
+    order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
+    sg = gi[order]
+    step = atom_block(w)
+    starts = []
+    for lo, hi in zip(*_runs(sg)):
+        starts.extend(range(lo, hi, step))
+    starts = np.array(starts, dtype=np.int64)
+    ends = np.minimum(starts + step, np.searchsorted(sg, sg[starts], side="right")).astype(np.int64)
+    tile0, pan, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
+    return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, l1)
 
 
 def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
@@ -575,34 +632,31 @@ def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
                 f"largest value there is {mx[k]:g}, scale {scale:g}); rescale the row's columns or lower the "
                 "node's 'scale'"
             )
-        re[r, bad] = np.cos(theta)
-        im[r, bad] = np.sin(theta)
+        c, s = _cis(theta[None, :])
+        re[r, bad] = c[0]
+        im[r, bad] = s[0]
 
 
-def phases_of(xp, gi, om, out=None):
+def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
     """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
     (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each, written into ``out``
-    (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given."""
-    from ._compiled import ATOM_BLOCK, phases
+    (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given.  ``plan``
+    (from :func:`_phase_plan`) replaces ``om``; ``sparse`` forces the sums over nonzero
+    values only (True) or over every value (False), the same bits either way."""
+    from ._compiled import phases
 
-    m, a = xp.shape[0], gi.size
-    gi = np.asarray(gi, dtype=np.int64)
-    in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
-    order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
-    sg = gi[order]
-    starts = []
-    for lo, hi in zip(*_runs(sg)):
-        starts.extend(range(lo, hi, ATOM_BLOCK))
-    starts = np.array(starts, dtype=np.int64)
-    ends = np.minimum(starts + ATOM_BLOCK, np.searchsorted(sg, sg[starts], side="right"))
+    if plan is None:
+        plan = _build_plan(np.asarray(gi, dtype=np.int64), np.ascontiguousarray(om, dtype=np.float64), None)
+    m, a = xp.shape[0], plan.order.size
     re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
     # In node order (as the transform builds its atoms) the values go straight into the
     # result; otherwise into node-ordered temporaries, scattered back below.
-    re_s, im_s = (re, im) if in_order else (np.empty((m, a)), np.empty((m, a)))
+    re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        phases(xp, starts, ends, sg[starts], np.ascontiguousarray(om[order].T), re_s, im_s)
-    if not in_order:
-        re[:, order], im[:, order] = re_s, im_s
+        phases(np.ascontiguousarray(xp, dtype=np.float64), plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
+               re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
+    if not plan.in_order:
+        re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im
 
 
@@ -698,7 +752,7 @@ def _values_brownian(base, xp, gi, codes):
     codes = np.asarray(codes, dtype=np.int64)
     m = (codes // w + 1).astype(np.float64)
     u = xp[:, gi, codes % w]
-    return _cis((m * np.pi) * u)[1] * (1.0 / math.sqrt(3.0)), None  # sin from the C library, as circle
+    return _cis((m * np.pi) * u)[1] * (1.0 / math.sqrt(3.0)), None  # sin from rfsgen._sincos, as circle
 
 
 def _domain(v):

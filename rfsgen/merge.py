@@ -306,6 +306,9 @@ def _check_shard(path: str, f, file_size: int) -> _Shard:
             raise InputError(f"{path}: not an rfsgen transform output (no '{k}' attribute); {_REFUSE}")
         v = _attr(path, f, k)
         attrs[k] = _text(path, v, k) if k in _TEXT_ATTRS else _integer(path, v, k)
+    # the definition of the values (rfsgen.output.OUTPUT_DEFINITION); 1 before it was written
+    attrs["output_definition"] = (_integer(path, _attr(path, f, "output_definition"), "output_definition")
+                                  if "output_definition" in f.attrs else 1)
     if "clipped_values" in f.attrs:  # EOF outputs: how many input values were clipped to the box
         attrs["clipped_values"] = _integer(path, _attr(path, f, "clipped_values"), "clipped_values")
     start, stop, D = attrs["rows_start"], attrs["rows_stop"], attrs["columns"]
@@ -474,6 +477,11 @@ def check_shards(shards: list) -> list:
             ("rfsgen_version", "were written by different rfsgen versions", "transform every shard with one version"),
             ("obs_names", "disagree on where row names come from", "merge shards of one input"))
     for s in shards[1:]:
+        a, b = first.attrs["output_definition"], s.attrs["output_definition"]
+        if a != b:
+            raise InputError(f"{first.path} and {s.path} hold values of different output definitions ({a} vs {b}: "
+                             "rfsgen's cos/sin changed between the versions that wrote them); transform every shard "
+                             "with one rfsgen version")
         for key, what, fix in same:
             a, b = first.record[key], s.record[key]
             if a != b:
@@ -717,7 +725,8 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
             _verify_names(s)
         start, stop = first.start, order[-1].stop
         src = _ShardRows(order)
-        provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input")}
+        provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input",
+                                                  "output_definition")}
         if virtual:
             info = _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress)
         else:

@@ -245,6 +245,12 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
 RECORD_ATTR = "rfsgen_record"
 RECORD_FORMAT = "rfsgen-output-record"
 RECORD_VERSION = 1
+#: The definition of the values in a transform output, written as the root attribute
+#: ``output_definition`` (merge refuses to combine shards of different definitions;
+#: a file without the attribute is definition 1).  1: cos/sin of atom angles from the
+#: C library (rfsgen before issue 26); 2: rfsgen's own cos/sin (rfsgen._sincos), the
+#: same bits on every CPU.  Feature files do not change with it.
+OUTPUT_DEFINITION = 2
 #: The data checksum: XXH64 (seed 0) of each 1 MiB block of a dataset's bytes (the
 #: last block may be shorter), then SHA-256 of the blocks' hashes (8 bytes each,
 #: little-endian), in hex.  Blocks are cut at byte offsets of the whole dataset, so
@@ -451,10 +457,12 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
 def provenance_items(provenance: dict, start: int, n_rows: int, columns: int, layout: str,
                      clipped: int | None = None) -> dict:
     """rfsgen's provenance of an output, in this order: rfsgen_version, features_file,
-    features_sha256, input, rows_start, rows_stop, columns, layout (and clipped_values
-    for an EOF output)."""
+    features_sha256, input, rows_start, rows_stop, columns, layout, output_definition
+    (``provenance``'s, else :data:`OUTPUT_DEFINITION`: a merge keeps its shards') and
+    clipped_values for an EOF output."""
     items = {key: provenance[key] for key in ("rfsgen_version", "features_file", "features_sha256", "input")}
-    items.update(rows_start=int(start), rows_stop=int(start + n_rows), columns=int(columns), layout=layout)
+    items.update(rows_start=int(start), rows_stop=int(start + n_rows), columns=int(columns), layout=layout,
+                 output_definition=int(provenance.get("output_definition", OUTPUT_DEFINITION)))
     if clipped is not None:
         items["clipped_values"] = int(clipped)
     return items

@@ -248,6 +248,33 @@ def test_rows_start_text_is_a_one_line_error(kit, tmp_path):
     assert "attribute 'rows_start' is 'abc', not an integer" in res.output
 
 
+@pytest.mark.parametrize("definition", [None, 1, 3])
+def test_shards_of_different_output_definitions_are_refused(kit, tmp_path, definition):
+    """A shard written before rfsgen's own cos/sin (no attribute: definition 1) or by a
+    later definition does not merge with today's: the values differ in their last bits."""
+    import h5py
+
+    names = kit()
+    with h5py.File(names[1], "r+") as f:
+        assert f.attrs["output_definition"] == 2
+        if definition is None:
+            del f.attrs["output_definition"]
+        else:
+            f.attrs["output_definition"] = definition
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[1])
+    assert "different output definitions" in res.output
+
+
+def test_a_merge_keeps_the_output_definition(kit, tmp_path):
+    import h5py
+
+    names = kit()
+    assert _merge(tmp_path, names).exit_code == 0
+    with h5py.File(tmp_path / "m.h5", "r") as f:
+        assert f.attrs["output_definition"] == 2
+
+
 def test_mismatched_columns_are_refused(kit, tmp_path):
     names = kit()
     damage.set_attr(names[2], "columns", 121)  # the record still says 120

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import skeleton_path
 from rfsgen import load_skeleton, sample, save_features
 from rfsgen._compiled import xxh64
-from rfsgen.output import (CHECKSUM, CHECKSUM_BLOCK, RECORD_ATTR, Checksum, NamesChecksum, canonical_json,
+from rfsgen.output import (CHECKSUM, CHECKSUM_BLOCK, OUTPUT_DEFINITION, RECORD_ATTR, Checksum, NamesChecksum, canonical_json,
                            number_names_digest, seal_of)
 from rfsgen.transform import Transformer, transform_file
 
@@ -138,7 +138,7 @@ def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, c
     rec = _record(outs[0])
     assert set(rec["_attrs"]) == {"encoding-type", "encoding-version", "rfsgen_version", "features_file",
                                   "features_sha256", "input", "rows_start", "rows_stop", "columns", "layout",
-                                  RECORD_ATTR}  # one attribute more than before records
+                                  "output_definition", RECORD_ATTR}  # two more than before records and issue 26
     plain = {k: v for k, v in rec.items() if not k.startswith("_")}
     assert rec["_text"] == canonical_json(plain)
     assert rec["seal"] == seal_of(plain)
@@ -147,6 +147,7 @@ def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, c
                   "layout"):
             v = f.attrs[k]
             assert rec[k] == (v.item() if isinstance(v, np.generic) else v)
+        assert f.attrs["output_definition"] == OUTPUT_DEFINITION == 2
         assert rec["features_sha256"] == hashlib.sha256((files / "f.h5").read_bytes()).hexdigest()
         assert (rec["rows_start"], rec["rows_stop"], rec["shape"]) == (5, 44, [39, 150])
         assert (rec["dtype"], rec["compression"], rec["checksum"]) == (dtype, compression, CHECKSUM)

@@ -4,9 +4,10 @@ thread count, chunk size or sharding.
 Two kinds of check, neither of which passes merely because it ran on one CPU:
 
 * the compiled loops are compared bit for bit with a fixed-order reference written
-  one IEEE operation at a time (numpy elementwise operations and the C library's
-  cos/sin through :mod:`math`), which defines the result independently of any
-  machine;
+  one IEEE operation at a time (numpy elementwise operations, and rfsgen's own
+  cos/sin, :mod:`rfsgen._sincos`, itself checked against a high-precision
+  reference in tests/test_sincos.py), which defines the result independently of
+  any machine;
 * whole jobs (every scheme and base kind, float32/float64, csr/dense) are run in
   subprocesses that imitate other CPUs: numba compiling for another target
   (``NUMBA_CPU_NAME``), OpenBLAS using another kernel (``OPENBLAS_CORETYPE``) and
@@ -24,6 +25,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT, SKELETONS
 from rfsgen import load_skeleton, sample, save_features
@@ -33,22 +36,62 @@ from rfsgen.transform import transform, transform_file
 HASHES = ROOT / "tests" / "tools" / "repro_hashes.py"
 
 
-@pytest.mark.parametrize("m, a", [(13, 21), (3, 150), (17, 70)])
-def test_phases_follow_the_fixed_order_reference(m, a):
-    """Row tiles, atom blocks and several nodes (unsorted) change nothing: every angle
-    is the left-to-right sum from 0.0, then the C library's cos and sin."""
+@pytest.mark.parametrize("m, a, w", [(13, 21, 37), (3, 150, 37), (17, 70, 37), (14, 40, 600), (5, 9, 1)])
+def test_phases_follow_the_fixed_order_reference(m, a, w):
+    """Row tiles, atom blocks, runs of terms (w > 256 is summed in parts, continued
+    exactly) and several nodes (unsorted) change nothing: every angle is the
+    left-to-right sum from 0.0, then rfsgen's own cos and sin (tests/test_sincos.py
+    checks those against a high-precision reference)."""
+    from rfsgen._sincos import sincos
     from rfsgen.bases import phases_of
 
     rng = np.random.default_rng(m)
-    xp = rng.standard_normal((m, 3, 37)) * 3
+    xp = rng.standard_normal((m, 3, w)) * 3
     node = rng.integers(0, 3, a)
-    om = rng.standard_normal((a, 37))
+    om = rng.standard_normal((a, w))
     re, im = phases_of(xp, node, om)
     acc = np.zeros((m, a))
-    for c in range(37):  # left to right from 0.0, one multiply and one add per step
+    for c in range(w):  # left to right from 0.0, one multiply and one add per step
         acc = acc + xp[:, node, c] * om[:, c]
-    assert re.tobytes() == np.array([[math.cos(v) for v in row] for row in acc]).tobytes()
-    assert im.tobytes() == np.array([[math.sin(v) for v in row] for row in acc]).tobytes()
+    assert re.tobytes() == np.array([[sincos(v)[1] for v in row] for row in acc]).tobytes()
+    assert im.tobytes() == np.array([[sincos(v)[0] for v in row] for row in acc]).tobytes()
+
+
+@settings(max_examples=25, derandomize=True, deadline=None)
+@given(m=st.integers(1, 20), a=st.integers(1, 40), w=st.integers(1, 600), density=st.floats(0.0, 0.3),
+       seed=st.integers(0, 2**32 - 1))
+def test_sums_over_nonzero_values_give_the_dense_bits(m, a, w, density, seed):
+    """Sparse rows: leaving out the zero terms (signed zeros among them) changes no bit,
+    and the automatic choice (dense or sparse by the share of nonzeros) gives the same."""
+    from rfsgen.bases import phases_of
+
+    rng = np.random.default_rng(seed)
+    xp = rng.standard_normal((m, 1, w)) * 10.0 ** rng.integers(-5, 5, (m, 1, w))
+    xp[rng.random((m, 1, w)) >= density] = 0.0
+    xp[rng.random((m, 1, w)) < 0.05] = -0.0
+    om = rng.standard_normal((a, w)) * 10.0 ** rng.integers(-3, 3, (a, 1))
+    node = np.zeros(a, np.int64)
+    dense = phases_of(xp, node, om, sparse=False)
+    for how in (True, None):
+        got = phases_of(xp, node, om, sparse=how)
+        assert got[0].tobytes() == dense[0].tobytes() and got[1].tobytes() == dense[1].tobytes()
+
+
+def test_a_csr_row_gives_the_bits_of_the_dense_row():
+    import scipy.sparse as sp
+
+    from rfsgen import parse_skeleton
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 3000}\nnodes:\n  - {name: x, base: gaussian, scale: 0.1}\n"
+                          "output: x\n", "g.yaml")
+    fs = sample(skel, 300, seed=3)
+    x = sp.random(40, 3000, density=0.01, format="csr", dtype=np.float32, random_state=2)
+    dense = transform(fs, x.toarray(), layout="dense", dtype="float64")
+    assert transform(fs, x, layout="dense", dtype="float64").tobytes() == dense.tobytes()
+    half = x.toarray()
+    half[:, :1500] = 1.0  # dense rows: the every-value path
+    both = transform(fs, np.concatenate([x.toarray(), half]), layout="dense", dtype="float64", chunk_rows=40)
+    assert both[:40].tobytes() == dense.tobytes()
 
 
 def _dot8(a, b):

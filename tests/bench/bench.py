@@ -10,6 +10,12 @@ suite.  Measures, on the machine it runs on:
   runs, ``rfsgen --help``;
 * gaussian atoms: mnist-conv.yaml at D = 4096 on 1e4 Fashion-MNIST rows in memory,
   against RBFSampler at the same D;
+* rks (issue 26): plain random Fourier features against RBFSampler at equal D, in
+  memory, alternately: a single gaussian node at d = 784 and 3072 (D = 4096, 16384),
+  a single laplace node at d = 32 (D = 2048, 1e5 rows), a gaussian node on CSR rows
+  (d = 1e4, 1% stored, D = 2048; RBFSampler on the same CSR matrix), mnist-conv and
+  cifar-patches (D = 4096), with the profile of rfsgen's time (angles and cos/sin,
+  products into columns);
 * thread scaling: the in-memory transform at D = 1e4 on 1e4 rows, for both shipped
   skeletons, on 1 thread and on 2, 4, ... up to every core (``numba.set_num_threads``),
   whole and its computation alone (into an output already in memory);
@@ -59,7 +65,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "startup", "gaussian", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
+SECTIONS = ("sample", "startup", "gaussian", "rks", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
             "eof")
 
 
@@ -238,6 +244,76 @@ def bench_gaussian(args, tmp, res):
     print(f"  mnist-conv D={r['columns']} on {r['rows']} rows ({r['gaussian_atoms']} gaussian atoms): rfsgen "
           f"{r['rfsgen_s']:.3f} s ({', '.join(f'{v:.2f}' for v in times['rfsgen'])}), RBFSampler "
           f"{r['rbfsampler_s']:.3f} s, peer/rfsgen = {r['speedup']:.2f}x", flush=True)
+
+
+def _rks_cases(args):
+    """(name, skeleton text or path, input rows, D, RBFSampler gamma) of the rks section."""
+    rng = np.random.default_rng(0)
+    n = args.rks_rows
+
+    def node(d, base, scale):
+        return f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n  - {{name: x, base: {base}, scale: {scale}}}\noutput: x\n"
+
+    cases = []
+    for d in (784, 3072):
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        for D in args.rks_columns:
+            cases.append((f"gaussian d={d} D={D}", node(d, "gaussian", 1 / np.sqrt(d)), x, D, 0.5 / d))
+    x = rng.random((args.rks_laplace_rows, 32)).astype(np.float32)
+    cases.append(("laplace d=32 D=2048", node(32, "laplace", 1.0), x, 2048, 0.5))
+    import scipy.sparse as sp
+
+    xs = sp.random(args.rks_sparse_rows, 10_000, density=0.01, format="csr", dtype=np.float32, random_state=1)
+    cases.append(("gaussian CSR d=1e4 1% D=2048", node(10_000, "gaussian", 0.1), xs, 2048, 0.005))
+    mn = rng.standard_normal((n, 784)).astype(np.float32)
+    cases.append(("mnist-conv D=4096", ROOT / "skeletons" / "mnist-conv.yaml", mn, 4096, 1 / 784))
+    cf = load_rows(args.data, n)[0]
+    cases.append(("cifar-patches D=4096", ROOT / "skeletons" / "cifar-patches.yaml", cf, 4096, 1 / 1728))
+    return cases
+
+
+def bench_rks(args, tmp, res):
+    """Plain random Fourier features (issue 26's goals) against RBFSampler at equal D,
+    alternately, with where rfsgen's time goes (one extra run split into its steps)."""
+    from sklearn.kernel_approximation import RBFSampler
+
+    from rfsgen import load_skeleton, parse_skeleton, sample, transform
+    from rfsgen._compiled import columns as product_columns
+    from rfsgen.transform import Transformer
+
+    out = []
+    for name, skel, x, D, gamma in _rks_cases(args):
+        sk = load_skeleton(skel) if isinstance(skel, Path) else parse_skeleton(skel, "rks.yaml")
+        fs = sample(sk, D, seed=1)
+        transform(fs, x[:64], layout="dense")  # compile / load the cache
+
+        def ours():
+            transform(fs, x, layout="dense")
+
+        def peer():
+            RBFSampler(n_components=D, gamma=gamma, random_state=0).fit(x).transform(x)
+
+        times = alternate({"rfsgen": ours, "rbfsampler": peer}, args.repeats)
+        tr = Transformer(fs, np.float32)
+        dense = x.toarray() if hasattr(x, "toarray") else x
+        t0 = time.perf_counter()
+        src = tr.source(dense)
+        t1 = time.perf_counter()
+        o = np.empty((dense.shape[0], tr.columns), np.float32)
+        product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag, tr.pos, o)
+        t2 = time.perf_counter()
+        r = {"case": name, "rows": int(x.shape[0]), "columns": D, "atoms": int(tr.ir.size), "runs": times,
+             "rfsgen_s": min(times["rfsgen"]), "rbfsampler_s": min(times["rbfsampler"]),
+             "rfsgen_range_s": [min(times["rfsgen"]), max(times["rfsgen"])],
+             "rbfsampler_range_s": [min(times["rbfsampler"]), max(times["rbfsampler"])],
+             "profile_s": {"rows, angles and cos/sin": t1 - t0, "products into columns": t2 - t1}}
+        r["speedup"] = r["rbfsampler_s"] / r["rfsgen_s"]
+        out.append(r)
+        print(f"  {name}, {r['rows']} rows ({r['atoms']} atoms): rfsgen {r['rfsgen_s']:.3f} s "
+              f"({', '.join(f'{v:.2f}' for v in times['rfsgen'])}), RBFSampler {r['rbfsampler_s']:.3f} s "
+              f"({', '.join(f'{v:.2f}' for v in times['rbfsampler'])}), peer/rfsgen = {r['speedup']:.2f}x; profile: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in r["profile_s"].items()), flush=True)
+    res["rks"] = out
 
 
 def bench_threads(args, tmp, res):
@@ -555,6 +631,9 @@ def table(res) -> str:
         g = res["gaussian"]
         lines.append(f"| in-memory mnist-conv, {g['rows']} rows, D = {g['columns']} | {g['rfsgen_s']:.3f} s | "
                      f"RBFSampler {g['rbfsampler_s']:.3f} s | {g['speedup']:.2f} |")
+    for r in res.get("rks", []):
+        lines.append(f"| in-memory {r['case']}, {r['rows']} rows | {r['rfsgen_s']:.3f} s | RBFSampler "
+                     f"{r['rbfsampler_s']:.3f} s | {r['speedup']:.2f} |")
     for r in res.get("threads", []):
         for what in ("transform", "compute"):
             lines.append(f"| in-memory {what} {r['skeleton']}, {r['rows']} rows, D = {r['columns']}, by threads | "
@@ -608,18 +687,24 @@ def main(argv=None):
     ap.add_argument("--data", default=None, help=".npy of channel-planar uint8 CIFAR rows (default: shared data)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the script itself")
+    ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
     args = ap.parse_args(argv)
     args.columns, args.rows, args.repeats = 10_000, 10_000, 5
     args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
     args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 3, 10_000, 4096
     args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
     args.eof_rows, args.eof_columns = 100_000, 2048
+    args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
     if args.quick:
+        args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2
         args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
         args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
         args.eof_rows, args.eof_columns = 2000, 256
+    if args.rks_rows_given:
+        n = args.rks_rows_given
+        args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows = n, 10 * n, n
     only = [s for s in args.only.split(",") if s]
     bad = [s for s in only if s not in SECTIONS]
     if bad:
