@@ -348,8 +348,8 @@ def fletcher32(data):  # pragma: no cover - compiled
 
 
 # XXH64 (https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md), the per-block
-# hash of the outputs' data checksum (rfsgen.output.Checksum): fast enough to run as
-# the data is written, so that the record costs little next to the transform.
+# hash of the data checksum of outputs' records of version 1 (rfsgen.output.BlockChecksum),
+# which merge still verifies.
 _XP1 = np.uint64(0x9E3779B185EBCA87)
 _XP2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _XP3 = np.uint64(0x165667B19E3779F9)
@@ -443,6 +443,170 @@ def xxh64_blocks(words, kind, out, bad, start, stop):  # pragma: no cover - comp
     tail = np.empty(0, dtype=np.uint8)
     for b in range(start, stop):
         out[b], bad[b] = xxh64(words[b], tail, 0, kind)
+
+
+# ----------------------------------------------------------------------------- data checksum (record version 2)
+# The outputs' data checksum (rfsgen.output.CHECKSUM; docs/integrity.md): a sum over
+# every stored value of a keyed mix H(dataset, global row, position in the row, value),
+# in 32-bit lanes that LLVM's loop vectoriser turns into 8-lane AVX2 code.  A sum does
+# not depend on the order, chunking, threads or sharding of the rows, so shards' sums
+# add up to the merged file's.  Every integer step is wrapped in a uint32 cast: numba
+# widens uint32 arithmetic to 64 bits, which is neither the definition nor vectorises.
+_U32 = np.uint32
+_MASK32 = np.uint64(0xFFFFFFFF)
+_NO_FLOAT = np.uint32(0)  # a finiteness mask that checks nothing
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fmix_a(x):  # pragma: no cover - compiled
+    """murmur3's fmix32: a bijection of uint32."""
+    x = _U32(x ^ (x >> _U32(16)))
+    x = _U32(x * _U32(0x85EBCA6B))
+    x = _U32(x ^ (x >> _U32(13)))
+    x = _U32(x * _U32(0xC2B2AE35))
+    return _U32(x ^ (x >> _U32(16)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fmix_b(x):  # pragma: no cover - compiled
+    """C. Wellons' lowbias32: another bijection of uint32."""
+    x = _U32(x ^ (x >> _U32(16)))
+    x = _U32(x * _U32(0x7FEB352D))
+    x = _U32(x ^ (x >> _U32(15)))
+    x = _U32(x * _U32(0x846CA68B))
+    return _U32(x ^ (x >> _U32(16)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix64(z):  # pragma: no cover - compiled
+    """SplitMix64's finaliser: a bijection of uint64."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_key(seed, row, segment):  # pragma: no cover - compiled
+    """The 64-bit key of positions ``segment * 2^32 ..`` of row ``row`` (global) of
+    dataset ``seed``: ``mix64(mix64(row XOR seed << 56) + segment)``."""
+    return _mix64(_mix64(np.uint64(row) ^ (np.uint64(seed) << np.uint64(56))) + np.uint64(segment))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _value_mix(lo, hi, k1, k2, q):  # pragma: no cover - compiled
+    """H of one value's 32-bit halves ``lo, hi`` at position ``q`` (mod 2^32) under the
+    row keys ``k1, k2``: ``a = fmix_a((lo ^ k1) + q)``, ``b = fmix_b((hi ^ k2) + q + a)``
+    (mod 2^32), a bijection of ``(lo, hi)`` (a Feistel step: ``a`` gives ``lo`` back,
+    then ``b`` gives ``hi``), so that a changed value always changes ``(a, b)``."""
+    a = _fmix_a(_U32((lo ^ k1) + q))
+    b = _fmix_b(_U32(_U32(_U32(hi ^ k2) + q) + a))
+    return a, b
+
+
+def _halves(v):  # pragma: no cover - replaced by the overload below in compiled code
+    """The 32-bit halves ``(lo, hi)`` of the 64-bit word of ``v`` (see :func:`run_sums`)."""
+    u = int(v) & 0xFFFFFFFFFFFFFFFF
+    return np.uint32(u & 0xFFFFFFFF), np.uint32(u >> 32)
+
+
+@numba.extending.overload(_halves, inline="always")
+def _halves_compiled(v):  # pragma: no cover - compiled
+    # Per type, so that a 32-bit value stays in 32-bit lanes (a uint64 detour keeps
+    # LLVM from narrowing the vector code back to 32 bits).
+    if isinstance(v, numba.types.Integer) and v.bitwidth == 32:
+        if v.signed:
+            return lambda v: (_U32(v), _U32(np.int64(v) >> np.int64(32)))
+        return lambda v: (v, _U32(0))
+    return lambda v: (_U32(np.uint64(v) & _MASK32), _U32(np.uint64(v) >> np.uint64(32)))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _segment(w, q, k1, k2, mlo, mhi):  # pragma: no cover - compiled
+    """The hot loop of :func:`run_sums`: values ``w`` at positions ``q, q + 1, ..``
+    (mod 2^32) under keys ``k1, k2``: contiguous loads, 32-bit lanes, reductions.  A
+    function of its own: inlined where ``q + j < 2^32`` is known, LLVM drops the
+    truncations and runs the whole mix in 64-bit lanes (half the width, no vpmulld)."""
+    A = _U32(0)
+    B = _U32(0)
+    least = _U32(0xFFFFFFFF)
+    for j in range(w.size):
+        lo, hi = _halves(w[j])
+        a, b = _value_mix(lo, hi, k1, k2, _U32(q + _U32(j)))
+        A = _U32(A + a)
+        B = _U32(B + b)
+        least = min(least, _U32(_U32((lo & mlo) ^ mlo) | _U32((hi & mhi) ^ mhi)))
+    return A, B, least
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
+    """The checksum's sums over the values ``w`` (1-D, contiguous) at positions
+    ``first, first + 1, ..`` of row ``row`` of dataset ``seed``.
+
+    Each value is a 64-bit word: a float's bits as ``uint32``/``uint64`` (float32 zero-
+    extended), an integer as int64 (``int32`` sign-extended); ``lo, hi`` its halves.
+    Returns ``(A, B, bad)``: the sums mod 2^32 of :func:`_value_mix`'s ``a`` and ``b``,
+    and whether a word has ``lo & mlo == mlo`` and ``hi & mhi == mhi`` (NaN or
+    infinity: ``mlo`` 0x7F800000 for float32, ``mhi`` 0x7FF00000 for float64; with
+    both masks 0 every word matches, so ``bad`` means nothing)."""
+    A = _U32(0)
+    B = _U32(0)
+    least = _U32(0xFFFFFFFF)
+    n = w.size
+    done = 0
+    p = np.uint64(first)
+    while done < n:
+        q = _U32(p & _MASK32)
+        take = min(n - done, (1 << 32) - int(q))
+        key = row_key(seed, row, p >> np.uint64(32))
+        k1 = _U32(key & _MASK32)
+        k2 = _U32(key >> np.uint64(32))
+        a, b, low = _segment(w[done:done + take], q, k1, k2, mlo, mhi)
+        A = _U32(A + a)
+        B = _U32(B + b)
+        least = min(least, low)
+        done += take
+        p += np.uint64(take)
+    return A, B, least == 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def dense_sums(w, row0, seed, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
+    """:func:`run_sums` of rows ``start:stop`` of ``w`` ((m, D) C order; row ``r`` is
+    the global row ``row0 + r``, its values at positions 0..D-1) into ``out`` (uint32
+    (m, 3): A, B, bad)."""
+    for r in range(start, stop):
+        a, b, bad = run_sums(w[r], seed, row0 + r, 0, mlo, mhi)
+        out[r, 0] = a
+        out[r, 1] = b
+        out[r, 2] = bad
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def csr_sums(data, indices, ptr, row0, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
+    """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
+    (global ``row0 + r``) holds ``data[ptr[r] - ptr[0]:ptr[r + 1] - ptr[0]]`` (the
+    stored values, dataset seed 2) and the same run of ``indices`` (their columns,
+    seed 3), at positions 0, 1, ..; its length (``ptr[r + 1] - ptr[r]``) is one value at
+    position 0 (seed 4).  Columns: data A, B, indices A, B, length A, B, bad (data)."""
+    base = ptr[0]
+    for r in range(start, stop):
+        a = ptr[r] - base
+        b = ptr[r + 1] - base
+        row = row0 + r
+        da, db, bad = run_sums(data[a:b], 2, row, 0, mlo, mhi)
+        ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_FLOAT, _NO_FLOAT)
+        key = row_key(4, row, 0)
+        n = np.uint64(b - a)
+        la, lb = _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32),
+                            _U32(key >> np.uint64(32)), _U32(0))
+        out[r, 0] = da
+        out[r, 1] = db
+        out[r, 2] = ia
+        out[r, 3] = ib
+        out[r, 4] = la
+        out[r, 5] = lb
+        out[r, 6] = bad
 
 
 # ----------------------------------------------------------------------------- sampler walk
