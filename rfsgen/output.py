@@ -250,6 +250,9 @@ class DataChecksum:
         m = ptr.size - 1
         if m <= 0:
             return None
+        n = int(ptr[-1] - ptr[0])
+        if np.any(np.diff(ptr) < 0) or n > min(data.size, indices.size):  # the compiled loop trusts the pointer
+            raise ValueError(f"not a CSR row pointer into {min(data.size, indices.size)} values")
         out = np.empty((m, 7), dtype=np.uint32)
         self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(self.view),
                   np.ascontiguousarray(indices), np.ascontiguousarray(ptr, dtype=np.int64), int(row0), *self.masks,
