@@ -16,7 +16,8 @@ import shutil
 import h5py
 import numpy as np
 
-from rfsgen.output import RECORD_ATTR, DataChecksum, NamesChecksum, canonical_json, seal_of
+from rfsgen.output import (CHECKSUM_V1, RECORD_ATTR, BlockChecksum, DataChecksum, NamesChecksum, canonical_json,
+                           seal_of)
 
 
 # ----------------------------------------------------------------------------- reading the layout
@@ -94,6 +95,24 @@ def edit_record(path, reseal: bool = False, **changes) -> None:
         rec.update(changes)
         if reseal:
             rec["seal"] = seal_of(rec)
+        f.attrs[RECORD_ATTR] = canonical_json(rec)
+
+
+def to_version1(path) -> None:
+    """The shard as rfsgen wrote it before record version 2: the same record with
+    version 1 and :data:`CHECKSUM_V1` (xxh64 of 1 MiB blocks of each of X's datasets'
+    bytes), sealed."""
+    with h5py.File(path, "r+") as f:
+        rec = json.loads(f.attrs[RECORD_ATTR])
+        x = f["X"]
+        items = {"X": x} if isinstance(x, h5py.Dataset) else {f"X/{k}": x[k] for k in ("data", "indices", "indptr")}
+        rec["datasets"] = {}
+        for name, ds in items.items():
+            c = BlockChecksum()
+            c.update(ds[()])
+            rec["datasets"][name] = c.hexdigest()
+        rec.update(version=1, checksum=CHECKSUM_V1)
+        rec["seal"] = seal_of(rec)
         f.attrs[RECORD_ATTR] = canonical_json(rec)
 
 
