@@ -503,56 +503,47 @@ def _value_mix(lo, hi, k1, k2, q):  # pragma: no cover - compiled
     return a, b
 
 
-def _halves(v):  # pragma: no cover - replaced by the overload below in compiled code
-    """The 32-bit halves ``(lo, hi)`` of the 64-bit word of ``v`` (see :func:`run_sums`)."""
-    u = int(v) & 0xFFFFFFFFFFFFFFFF
-    return np.uint32(u & 0xFFFFFFFF), np.uint32(u >> 32)
-
-
-@numba.extending.overload(_halves, inline="always")
-def _halves_compiled(v):  # pragma: no cover - compiled
-    # Per type, so that a 32-bit value stays in 32-bit lanes (a uint64 detour keeps
-    # LLVM from narrowing the vector code back to 32 bits).
-    if isinstance(v, numba.types.Integer) and v.bitwidth == 32:
-        if v.signed:
-            return lambda v: (_U32(v), _U32(np.int64(v) >> np.int64(32)))
-        return lambda v: (v, _U32(0))
-    return lambda v: (_U32(np.uint64(v) & _MASK32), _U32(np.uint64(v) >> np.uint64(32)))
-
-
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _segment(w, q, k1, k2, mlo, mhi):  # pragma: no cover - compiled
-    """The hot loop of :func:`run_sums`: values ``w`` at positions ``q, q + 1, ..``
-    (mod 2^32) under keys ``k1, k2``: contiguous loads, 32-bit lanes, reductions.  A
+def _segment(w, n, q, k1, k2, mlo, nlo, mhi, nhi):  # pragma: no cover - compiled
+    """The hot loop of :func:`run_sums`: words ``j < n`` (``lo = w[2j]``, ``hi = w[2j + 1]``)
+    at positions ``q + j`` (mod 2^32) under keys ``k1, k2``: contiguous loads, 32-bit
+    lanes, reductions.  Returns ``(A, B, least)``: ``least`` is 0 when some half has
+    all the bits of its mask (``nlo``/``nhi`` all ones switch a half's check off).  A
     function of its own: inlined where ``q + j < 2^32`` is known, LLVM drops the
     truncations and runs the whole mix in 64-bit lanes (half the width, no vpmulld)."""
     A = _U32(0)
     B = _U32(0)
     least = _U32(0xFFFFFFFF)
-    for j in range(w.size):
-        lo, hi = _halves(w[j])
+    for j in range(n):
+        lo = w[2 * j]
+        hi = w[2 * j + 1]
         a, b = _value_mix(lo, hi, k1, k2, _U32(q + _U32(j)))
         A = _U32(A + a)
         B = _U32(B + b)
-        least = min(least, _U32(_U32((lo & mlo) ^ mlo) | _U32((hi & mhi) ^ mhi)))
+        least = min(least, min(_U32(_U32((lo & mlo) ^ mlo) | nlo), _U32(_U32((hi & mhi) ^ mhi) | nhi)))
     return A, B, least
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
-    """The checksum's sums over the values ``w`` (1-D, contiguous) at positions
-    ``first, first + 1, ..`` of row ``row`` of dataset ``seed``.
+    """The checksum's sums over one row's run of values, as 64-bit words at positions
+    ``first, first + 1, ..`` of row ``row`` of dataset ``seed`` (docs/integrity.md).
 
-    Each value is a 64-bit word: a float's bits as ``uint32``/``uint64`` (float32 zero-
-    extended), an integer as int64 (``int32`` sign-extended); ``lo, hi`` its halves.
-    Returns ``(A, B, bad)``: the sums mod 2^32 of :func:`_value_mix`'s ``a`` and ``b``,
-    and whether a word has ``lo & mlo == mlo`` and ``hi & mhi == mhi`` (NaN or
-    infinity: ``mlo`` 0x7F800000 for float32, ``mhi`` 0x7FF00000 for float64; with
-    both masks 0 every word matches, so ``bad`` means nothing)."""
+    ``w`` (uint32, 1-D, contiguous) holds the values' bits, taken two 32-bit halves a
+    word (``lo = w[2j]``, ``hi = w[2j + 1]``; an odd last half with ``hi = 0``): float32
+    values and column indices two at a time, float64 values one a word (pass
+    ``view(np.uint32)``: little-endian halves).  Returns ``(A, B, bad)``: the sums mod
+    2^32 of :func:`_value_mix`'s ``a`` and ``b``, and whether a half ``lo`` has ``lo &
+    mlo == mlo`` (likewise ``hi``, ``mhi``): NaN or infinity with ``mlo = mhi =
+    0x7F800000`` (float32) or ``mlo = 0, mhi = 0x7FF00000`` (float64); a mask 0 checks
+    nothing."""
     A = _U32(0)
     B = _U32(0)
     least = _U32(0xFFFFFFFF)
-    n = w.size
+    nlo = _U32(0xFFFFFFFF) if mlo == 0 else _U32(0)
+    nhi = _U32(0xFFFFFFFF) if mhi == 0 else _U32(0)
+    n = (w.size + 1) // 2  # words
+    whole = w.size // 2  # words without an odd last half
     done = 0
     p = np.uint64(first)
     while done < n:
@@ -561,10 +552,17 @@ def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
         key = row_key(seed, row, p >> np.uint64(32))
         k1 = _U32(key & _MASK32)
         k2 = _U32(key >> np.uint64(32))
-        a, b, low = _segment(w[done:done + take], q, k1, k2, mlo, mhi)
+        full = max(0, min(take, whole - done))
+        a, b, low = _segment(w[2 * done:], full, q, k1, k2, mlo, nlo, mhi, nhi)
         A = _U32(A + a)
         B = _U32(B + b)
         least = min(least, low)
+        if full < take:  # an odd last half: a word with a zero high half
+            lo = w[w.size - 1]
+            a, b = _value_mix(lo, _U32(0), k1, k2, _U32(q + _U32(full)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+            least = min(least, _U32(_U32((lo & mlo) ^ mlo) | nlo))
         done += take
         p += np.uint64(take)
     return A, B, least == 0
@@ -572,9 +570,9 @@ def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def dense_sums(w, row0, seed, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
-    """:func:`run_sums` of rows ``start:stop`` of ``w`` ((m, D) C order; row ``r`` is
-    the global row ``row0 + r``, its values at positions 0..D-1) into ``out`` (uint32
-    (m, 3): A, B, bad)."""
+    """:func:`run_sums` of rows ``start:stop`` of ``w`` (uint32 (m, k) C order: each
+    row's values' bits; row ``r`` is the global row ``row0 + r``, its words at
+    positions 0, 1, ..) into ``out`` (uint32 (m, 3): A, B, bad)."""
     for r in range(start, stop):
         a, b, bad = run_sums(w[r], seed, row0 + r, 0, mlo, mhi)
         out[r, 0] = a
@@ -583,18 +581,19 @@ def dense_sums(w, row0, seed, mlo, mhi, out, start, stop):  # pragma: no cover -
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def csr_sums(data, indices, ptr, row0, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
+def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
     """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
-    (global ``row0 + r``) holds ``data[ptr[r] - ptr[0]:ptr[r + 1] - ptr[0]]`` (the
-    stored values, dataset seed 2) and the same run of ``indices`` (their columns,
-    seed 3), at positions 0, 1, ..; its length (``ptr[r + 1] - ptr[r]``) is one value at
-    position 0 (seed 4).  Columns: data A, B, indices A, B, length A, B, bad (data)."""
+    (global ``row0 + r``) holds the values ``ptr[r] - ptr[0]`` up to ``ptr[r + 1] -
+    ptr[0]`` of ``data`` (their bits as uint32, ``dper`` per value; dataset seed 2) and
+    of ``indices`` (as uint32; seed 3); its
+    length (``ptr[r + 1] - ptr[r]``) is one int64 word at position 0 (seed 4).  Columns:
+    data A, B, indices A, B, length A, B, bad (data)."""
     base = ptr[0]
     for r in range(start, stop):
         a = ptr[r] - base
         b = ptr[r + 1] - base
         row = row0 + r
-        da, db, bad = run_sums(data[a:b], 2, row, 0, mlo, mhi)
+        da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi)
         ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_FLOAT, _NO_FLOAT)
         key = row_key(4, row, 0)
         n = np.uint64(b - a)
@@ -607,7 +606,6 @@ def csr_sums(data, indices, ptr, row0, mlo, mhi, out, start, stop):  # pragma: n
         out[r, 4] = la
         out[r, 5] = lb
         out[r, 6] = bad
-
 
 # ----------------------------------------------------------------------------- sampler walk
 # The walk's bookkeeping between its random draws: each loop computes exactly what the

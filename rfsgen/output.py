@@ -168,9 +168,9 @@ CHECKSUM_V1 = "xxh64-1MiB-sha256"
 CHECKSUM_BLOCK = 1 << 20
 #: The dataset numbers (``seed``) keying :data:`CHECKSUM`'s mix.
 _SEEDS = {"X": 1, "X/data": 2, "X/indices": 3, "X/indptr": 4}
-#: Per float dtype: the views as unsigned words and the masks of a NaN/infinity's exponent
-#: in the word's low and high 32-bit halves (see rfsgen._compiled.run_sums).
-_WORDS = {4: (np.uint32, 0x7F800000, 0), 8: (np.uint64, 0, 0x7FF00000)}
+#: Per float width: the masks of a NaN/infinity's exponent in a word's low and high
+#: 32-bit halves (see rfsgen._compiled.run_sums).
+_FINITE = {4: (0x7F800000, 0x7F800000), 8: (0, 0x7FF00000)}
 
 
 def _hex(a: int, b: int) -> str:
@@ -205,8 +205,7 @@ class DataChecksum:
         self.dtype = np.dtype(dtype)
         self.names = ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr")
         self.sums = [0] * (2 * len(self.names))
-        view, mlo, mhi = _WORDS[self.dtype.itemsize]
-        self.view = view
+        mlo, mhi = _FINITE[self.dtype.itemsize]
         self.masks = (np.uint32(mlo), np.uint32(mhi)) if finite else (np.uint32(0), np.uint32(0))
         self.finite = finite
         self.threads = threads
@@ -234,7 +233,7 @@ class DataChecksum:
         m = vals.shape[0]
         if not m or not vals.shape[1]:
             return None
-        w = np.ascontiguousarray(vals).view(self.view)
+        w = np.ascontiguousarray(vals).view(np.uint32)
         out = np.empty((m, 3), dtype=np.uint32)
         self._run(dense_sums, m, vals.shape[1], w, int(row0), 1, *self.masks, out)
         self._add(out[:, :2])
@@ -254,9 +253,13 @@ class DataChecksum:
         if np.any(np.diff(ptr) < 0) or n > min(data.size, indices.size):  # the compiled loop trusts the pointer
             raise ValueError(f"not a CSR row pointer into {min(data.size, indices.size)} values")
         out = np.empty((m, 7), dtype=np.uint32)
-        self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(self.view),
-                  np.ascontiguousarray(indices), np.ascontiguousarray(ptr, dtype=np.int64), int(row0), *self.masks,
-                  out)
+        # Column indices as uint32 (fewer than 2^32 columns: at most sampler.MAX_COLUMNS);
+        # int64 ones (never written: fewer than 2^31 columns) are converted.
+        indices = np.ascontiguousarray(indices)
+        indices = indices.view(np.uint32) if indices.dtype == np.int32 else indices.astype(np.uint32)
+        self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(np.uint32),
+                  self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), int(row0),
+                  *self.masks, out)
         self._add(out[:, :6])
         return self._bad(out, 6)
 

@@ -110,16 +110,19 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-def reference_sums(words, seed: int, row: int, first: int = 0) -> tuple:
+def reference_sums(halves, seed: int, row: int, first: int = 0) -> tuple:
     """docs/integrity.md spelled out in numpy (uint64 lanes, every step masked to 32 bits):
-    the sums ``(A, B)`` of values ``words`` (their 64-bit words, as Python ints or uint64)
-    at positions ``first ..`` of global row ``row`` of dataset ``seed``."""
-    w = np.asarray(words, dtype=np.uint64).reshape(-1)
-    p = first + np.arange(w.size, dtype=np.uint64)
-    seg = p >> np.uint64(32)
-    keys = np.array([_mix64((_mix64(row ^ (seed << 56)) + int(g)) & M64) for g in seg], dtype=np.uint64)
-    k1, k2 = keys & np.uint64(M32), keys >> np.uint64(32)
-    lo, hi, q = w & np.uint64(M32), w >> np.uint64(32), p & np.uint64(M32)
+    the sums ``(A, B)`` of a row's run of values, given as their 32-bit halves (uint32,
+    taken two a word, an odd last one with a zero high half), whose words are at positions
+    ``first ..`` of global row ``row`` of dataset ``seed``."""
+    h = np.asarray(halves, dtype=np.uint32).reshape(-1)
+    if h.size % 2:
+        h = np.append(h, np.uint32(0))
+    lo, hi = h[0::2].astype(np.uint64), h[1::2].astype(np.uint64)
+    p = first + np.arange(lo.size, dtype=np.uint64)
+    keys = np.array([_mix64((_mix64(row ^ (seed << 56)) + int(g)) & M64) for g in p >> np.uint64(32)],
+                    dtype=np.uint64)
+    k1, k2, q = keys & np.uint64(M32), keys >> np.uint64(32), p & np.uint64(M32)
     m = np.uint64(M32)
     with np.errstate(over="ignore"):
         a = _fmix_a(((lo ^ k1) + q) & m)
@@ -127,12 +130,11 @@ def reference_sums(words, seed: int, row: int, first: int = 0) -> tuple:
     return int(a.sum(dtype=np.uint64)) & M32, int(b.sum(dtype=np.uint64)) & M32
 
 
-def _words(values):
-    """Each value's 64-bit word: float bits (float32 zero-extended), integers sign-extended."""
-    v = np.asarray(values)
-    if v.dtype.kind == "f":
-        return v.view(np.uint32 if v.itemsize == 4 else np.uint64).astype(np.uint64)
-    return v.astype(np.int64).view(np.uint64)
+def _halves(values):
+    """The 32-bit halves the checksum takes of values: float bits (a float64's low half
+    first), column indices as unsigned 32-bit integers."""
+    v = np.ascontiguousarray(values)
+    return v.view(np.uint32).reshape(-1) if v.dtype.kind == "f" else v.astype(np.uint32).reshape(-1)
 
 
 def reference_digests(parts: dict, start: int) -> dict:
@@ -140,14 +142,14 @@ def reference_digests(parts: dict, start: int) -> dict:
     out = {}
     if "X" in parts:
         x = parts["X"]
-        sums = [reference_sums(_words(x[r]), 1, start + r) for r in range(x.shape[0])]
-        out["X"] = sums
+        out["X"] = [reference_sums(_halves(x[r]), 1, start + r) for r in range(x.shape[0])]
     else:
         data, indices, indptr = parts["X/data"], parts["X/indices"], parts["X/indptr"]
         rows = range(indptr.size - 1)
-        out["X/data"] = [reference_sums(_words(data[indptr[r]:indptr[r + 1]]), 2, start + r) for r in rows]
-        out["X/indices"] = [reference_sums(_words(indices[indptr[r]:indptr[r + 1]]), 3, start + r) for r in rows]
-        out["X/indptr"] = [reference_sums([indptr[r + 1] - indptr[r]], 4, start + r) for r in rows]
+        out["X/data"] = [reference_sums(_halves(data[indptr[r]:indptr[r + 1]]), 2, start + r) for r in rows]
+        out["X/indices"] = [reference_sums(_halves(indices[indptr[r]:indptr[r + 1]]), 3, start + r) for r in rows]
+        out["X/indptr"] = [reference_sums(np.array([indptr[r + 1] - indptr[r]], np.int64).view(np.uint32), 4, start + r)
+                           for r in rows]
     return {k: f"{sum(a for a, _ in v) & M32:08x}{sum(b for _, b in v) & M32:08x}" for k, v in out.items()}
 
 
@@ -156,35 +158,43 @@ def reference_digests(parts: dict, start: int) -> dict:
        first=st.sampled_from([0, 3, 2**32 - 5, 2**32, 5 * 2**32 + 7]), n=st.integers(0, 40),
        kind=st.sampled_from(["float32", "float64", "int32", "int64"]))
 def test_the_compiled_sums_are_the_documented_definition(seed, row, first, n, kind):
-    """Bytes-exact against the numpy reference: both float widths, int32/int64 column
-    indices (negative ones too), row numbers past 2^32 and positions crossing 2^32."""
+    """Bytes-exact against the numpy reference: both float widths, int32 and int64 column
+    indices, odd and even runs, row numbers past 2^32 and positions crossing 2^32."""
     from rfsgen._compiled import run_sums
 
     rng = np.random.default_rng([seed, row % 1000, first % 1000, n])
-    if kind.startswith("float"):
-        v = rng.standard_normal(n).astype(kind)
-        w = v.view(np.uint32 if kind == "float32" else np.uint64)
-    else:
-        w = v = rng.integers(-2**31 if kind == "int32" else -2**62, 2**31 - 1 if kind == "int32" else 2**62, n,
-                             dtype=kind)
-    a, b, _ = run_sums(w, seed, row, first, np.uint32(0), np.uint32(0))
-    assert (int(a), int(b)) == reference_sums(_words(v), seed, row, first)
+    v = (rng.standard_normal(n).astype(kind) if kind.startswith("float") else
+         rng.integers(0, 10**8, n).astype(kind))
+    a, b, _ = run_sums(_halves(v), seed, row, first, np.uint32(0), np.uint32(0))
+    assert (int(a), int(b)) == reference_sums(_halves(v), seed, row, first)
+
+
+def test_int32_and_int64_indices_give_one_checksum():
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal(30).astype(np.float32)
+    ptr = np.array([0, 4, 4, 19, 30], dtype=np.int64)
+    cols = np.concatenate([np.sort(rng.choice(10**8, k, replace=False)) for k in np.diff(ptr)])
+    digests = []
+    for dt in (np.int32, np.int64):
+        c = DataChecksum("csr", np.float32)
+        c.csr(data, cols.astype(dt), ptr, 2**33)
+        digests.append(c.hexdigests())
+    assert digests[0] == digests[1] == reference_digests({"X/data": data, "X/indices": cols, "X/indptr": ptr}, 2**33)
 
 
 def test_one_changed_value_always_changes_the_sums():
-    """H(row, position, .) is a bijection of the value: every single-bit change of any
-    value (float32, float64, an index) changes the dataset's sums."""
+    """H(row, position, .) is a bijection of a word: every single-bit change of any
+    value (float32, float64, a column index) changes the dataset's sums."""
     from rfsgen._compiled import run_sums
 
     rng = np.random.default_rng(0)
-    for dt, view in ((np.float32, np.uint32), (np.float64, np.uint64), (np.int32, np.int32), (np.int64, np.int64)):
-        w = rng.integers(0, 2**31, 9).astype(dt) if dt in (np.int32, np.int64) else rng.standard_normal(9).astype(dt)
-        w = w.view(view)
+    for v in (rng.standard_normal(9).astype(np.float32), rng.standard_normal(9), rng.integers(0, 10**8, 9)):
+        w = _halves(v)
         base = run_sums(w, 2, 5, 0, np.uint32(0), np.uint32(0))[:2]
         for i in range(w.size):
-            for bit in range(8 * w.itemsize):
+            for bit in range(32):
                 x = w.copy()
-                x.view(np.uint8)[i * w.itemsize + bit // 8] ^= 1 << (bit % 8)
+                x[i] ^= np.uint32(1 << bit)
                 assert run_sums(x, 2, 5, 0, np.uint32(0), np.uint32(0))[:2] != base
 
 
@@ -226,10 +236,11 @@ def test_data_checksum_finds_the_rows_holding_nan_or_infinity(dtype):
     plain = DataChecksum("dense", dtype)
     plain.dense(x, 0)
     for bad in (np.nan, np.inf, -np.inf):
-        for r, col in ((0, 0), (17, 5), (49, 32)):
+        for r, col in ((0, 0), (17, 5), (17, 32), (49, 31), (49, 32)):  # even and odd columns, the odd last one
             y = x.copy()
             y[r, col] = bad
-            y[r + 1:, 0] = np.nan if r < 49 else y[r + 1:, 0]  # a later row too: the first is named
+            if r < 49:
+                y[r + 1:, 0] = np.nan  # a later row too: the first is named
             assert DataChecksum("dense", dtype, finite=True).dense(y, 7) == r
             ptr = np.arange(51, dtype=np.int64) * 33
             assert DataChecksum("csr", dtype, finite=True).csr(y.reshape(-1), np.tile(np.arange(33), 50), ptr, 7) == r
