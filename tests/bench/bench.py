@@ -548,7 +548,9 @@ def bench_checks(args, tmp, res):
     file) and merge of two shards, dense and csr, with the record's data checksums on
     and off (:class:`rfsgen.output.DataChecksum`'s ``dense`` and ``csr`` made no-ops:
     shards written without them carry zero sums, which their merge "verifies"), each
-    pair run alternately ``args.check_repeats`` times."""
+    pair run alternately ``args.check_repeats`` times.  Wall time, and the process's CPU
+    time (all threads): on a shared, loaded machine the CPU time's difference is the
+    steadier measure of the checks' work."""
     import contextlib
 
     from rfsgen import load_skeleton, output, sample
@@ -600,18 +602,29 @@ def bench_checks(args, tmp, res):
             fns[f"merge-{layout}-{'on' if on else 'off'}"] = merge(layout, on)
     for fn in fns.values():  # compile and warm up
         fn()
-    t = alternate(fns, args.check_repeats)
-    out = {"rows": n, "columns": args.check_columns, "repeats": args.check_repeats, "runs": t}
+    t = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(args.check_repeats):  # alternately, as alternate() does, with CPU time too
+        for name, fn in fns.items():
+            c, w = time.process_time(), time.perf_counter()
+            fn()
+            t[name].append(time.perf_counter() - w)
+            cpu[name].append(time.process_time() - c)
+    out = {"rows": n, "columns": args.check_columns, "repeats": args.check_repeats, "runs": t, "cpu_runs": cpu}
     for what in ("transform", "merge"):
         for layout in ("dense", "csr"):
-            on, off = t[f"{what}-{layout}-on"], t[f"{what}-{layout}-off"]
-            r = {"on_min_s": min(on), "off_min_s": min(off), "on_median_s": med(on), "off_median_s": med(off)}
-            r["overhead_min"] = r["on_min_s"] / r["off_min_s"] - 1
-            r["overhead_median"] = r["on_median_s"] / r["off_median_s"] - 1
+            r = {}
+            for unit, v in (("", t), ("cpu_", cpu)):
+                on, off = v[f"{what}-{layout}-on"], v[f"{what}-{layout}-off"]
+                r.update({f"{unit}on_min_s": min(on), f"{unit}off_min_s": min(off), f"{unit}on_median_s": med(on),
+                          f"{unit}off_median_s": med(off)})
+                r[f"{unit}overhead_min"] = min(on) / min(off) - 1
+                r[f"{unit}overhead_median"] = med(on) / med(off) - 1
             out[f"{what}_{layout}"] = r
             print(f"  checks {what} {layout} {n} x {args.check_columns}: on {r['on_min_s']:.3f} s, off "
-                  f"{r['off_min_s']:.3f} s (min), overhead {100 * r['overhead_min']:+.1f}% (min), "
-                  f"{100 * r['overhead_median']:+.1f}% (median)", flush=True)
+                  f"{r['off_min_s']:.3f} s (min); overhead wall {100 * r['overhead_min']:+.1f}% (min), "
+                  f"{100 * r['overhead_median']:+.1f}% (median), CPU {100 * r['cpu_overhead_min']:+.1f}% (min), "
+                  f"{100 * r['cpu_overhead_median']:+.1f}% (median)", flush=True)
     for f in tmp.glob("checks-*"):
         f.unlink()
     res["checks"] = out
@@ -680,7 +693,8 @@ def table(res) -> str:
         c = res["checks"]
         lines.append(f"| integrity checks (data checksums on vs off), cifar-deep, {c['rows']} rows, D = {c['columns']} | "
                      + ", ".join(f"{w} {lay} {100 * c[f'{w}_{lay}']['overhead_min']:+.1f}% (median "
-                                 f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%)"
+                                 f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%; CPU "
+                                 f"{100 * c[f'{w}_{lay}']['cpu_overhead_median']:+.1f}%)"
                                  for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
     return "\n".join(lines)
 
