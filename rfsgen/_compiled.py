@@ -454,7 +454,7 @@ def xxh64_blocks(words, kind, out, bad, start, stop):  # pragma: no cover - comp
 # widens uint32 arithmetic to 64 bits, which is neither the definition nor vectorises.
 _U32 = np.uint32
 _MASK32 = np.uint64(0xFFFFFFFF)
-_NO_FLOAT = np.uint32(0)  # a finiteness mask that checks nothing
+_NO_CHECK = np.uint32(0)  # a finiteness mask that checks nothing
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -504,28 +504,34 @@ def _value_mix(lo, hi, k1, k2, q):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _segment(w, n, q, k1, k2, mlo, nlo, mhi, nhi):  # pragma: no cover - compiled
+def _segment(w, n, q, k1, k2, mlo, mhi):  # pragma: no cover - compiled
     """The hot loop of :func:`run_sums`: words ``j < n`` (``lo = w[2j]``, ``hi = w[2j + 1]``)
     at positions ``q + j`` (mod 2^32) under keys ``k1, k2``: contiguous loads, 32-bit
-    lanes, reductions.  Returns ``(A, B, least)``: ``least`` is 0 when some half has
-    all the bits of its mask (``nlo``/``nhi`` all ones switch a half's check off).  A
-    function of its own: inlined where ``q + j < 2^32`` is known, LLVM drops the
-    truncations and runs the whole mix in 64-bit lanes (half the width, no vpmulld)."""
+    lanes, reductions.  Returns ``(A, B, top)``: ``top`` the largest ``lo & mlo`` or
+    ``hi & mhi`` (0, and no work for it, when both masks are 0).  A function of its
+    own: inlined where ``q + j < 2^32`` is known, LLVM drops the truncations and runs
+    the whole mix in 64-bit lanes (half the width, no vpmulld)."""
     A = _U32(0)
     B = _U32(0)
-    least = _U32(0xFFFFFFFF)
-    for j in range(n):
-        lo = w[2 * j]
-        hi = w[2 * j + 1]
-        a, b = _value_mix(lo, hi, k1, k2, _U32(q + _U32(j)))
-        A = _U32(A + a)
-        B = _U32(B + b)
-        least = min(least, min(_U32(_U32((lo & mlo) ^ mlo) | nlo), _U32(_U32((hi & mhi) ^ mhi) | nhi)))
-    return A, B, least
+    top = _U32(0)
+    if mlo == 0 and mhi == 0:  # two loops: the writers' (no check) does only the mix
+        for j in range(n):
+            a, b = _value_mix(w[2 * j], w[2 * j + 1], k1, k2, _U32(q + _U32(j)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+    else:
+        for j in range(n):
+            lo = w[2 * j]
+            hi = w[2 * j + 1]
+            a, b = _value_mix(lo, hi, k1, k2, _U32(q + _U32(j)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+            top = max(top, max(_U32(lo & mlo), _U32(hi & mhi)))
+    return A, B, top
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
+def run_sums(w, seed, row, first, mlo, mhi, limit):  # pragma: no cover - compiled
     """The checksum's sums over one row's run of values, as 64-bit words at positions
     ``first, first + 1, ..`` of row ``row`` of dataset ``seed`` (docs/integrity.md).
 
@@ -533,15 +539,13 @@ def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
     word (``lo = w[2j]``, ``hi = w[2j + 1]``; an odd last half with ``hi = 0``): float32
     values and column indices two at a time, float64 values one a word (pass
     ``view(np.uint32)``: little-endian halves).  Returns ``(A, B, bad)``: the sums mod
-    2^32 of :func:`_value_mix`'s ``a`` and ``b``, and whether a half ``lo`` has ``lo &
-    mlo == mlo`` (likewise ``hi``, ``mhi``): NaN or infinity with ``mlo = mhi =
-    0x7F800000`` (float32) or ``mlo = 0, mhi = 0x7FF00000`` (float64); a mask 0 checks
-    nothing."""
+    2^32 of :func:`_value_mix`'s ``a`` and ``b``, and whether some ``lo & mlo`` or ``hi &
+    mhi`` reaches ``limit``: NaN or infinity with ``mlo = mhi = 0x7FFFFFFF``, ``limit =
+    0x7F800000`` (float32) or ``mlo = 0, mhi = 0x7FFFFFFF, limit = 0x7FF00000``
+    (float64); masks 0 check nothing (give ``limit`` 1)."""
     A = _U32(0)
     B = _U32(0)
-    least = _U32(0xFFFFFFFF)
-    nlo = _U32(0xFFFFFFFF) if mlo == 0 else _U32(0)
-    nhi = _U32(0xFFFFFFFF) if mhi == 0 else _U32(0)
+    top = _U32(0)
     n = (w.size + 1) // 2  # words
     whole = w.size // 2  # words without an odd last half
     done = 0
@@ -553,35 +557,35 @@ def run_sums(w, seed, row, first, mlo, mhi):  # pragma: no cover - compiled
         k1 = _U32(key & _MASK32)
         k2 = _U32(key >> np.uint64(32))
         full = max(0, min(take, whole - done))
-        a, b, low = _segment(w[2 * done:], full, q, k1, k2, mlo, nlo, mhi, nhi)
+        a, b, t = _segment(w[2 * done:], full, q, k1, k2, mlo, mhi)
         A = _U32(A + a)
         B = _U32(B + b)
-        least = min(least, low)
+        top = max(top, t)
         if full < take:  # an odd last half: a word with a zero high half
             lo = w[w.size - 1]
             a, b = _value_mix(lo, _U32(0), k1, k2, _U32(q + _U32(full)))
             A = _U32(A + a)
             B = _U32(B + b)
-            least = min(least, _U32(_U32((lo & mlo) ^ mlo) | nlo))
+            top = max(top, _U32(lo & mlo))
         done += take
         p += np.uint64(take)
-    return A, B, least == 0
+    return A, B, top >= limit
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def dense_sums(w, row0, seed, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
+def dense_sums(w, row0, seed, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
     """:func:`run_sums` of rows ``start:stop`` of ``w`` (uint32 (m, k) C order: each
     row's values' bits; row ``r`` is the global row ``row0 + r``, its words at
     positions 0, 1, ..) into ``out`` (uint32 (m, 3): A, B, bad)."""
     for r in range(start, stop):
-        a, b, bad = run_sums(w[r], seed, row0 + r, 0, mlo, mhi)
+        a, b, bad = run_sums(w[r], seed, row0 + r, 0, mlo, mhi, limit)
         out[r, 0] = a
         out[r, 1] = b
         out[r, 2] = bad
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, out, start, stop):  # pragma: no cover - compiled
+def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
     """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
     (global ``row0 + r``) holds the values ``ptr[r] - ptr[0]`` up to ``ptr[r + 1] -
     ptr[0]`` of ``data`` (their bits as uint32, ``dper`` per value; dataset seed 2) and
@@ -593,8 +597,8 @@ def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, out, start, stop):  # pra
         a = ptr[r] - base
         b = ptr[r + 1] - base
         row = row0 + r
-        da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi)
-        ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_FLOAT, _NO_FLOAT)
+        da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
+        ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
         key = row_key(4, row, 0)
         n = np.uint64(b - a)
         la, lb = _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32),

@@ -166,11 +166,12 @@ CHECKSUM = "keyed-sum64-fmix32"
 #: of the blocks' hashes (8 bytes each, little-endian), in hex.
 CHECKSUM_V1 = "xxh64-1MiB-sha256"
 CHECKSUM_BLOCK = 1 << 20
-#: The dataset numbers (``seed``) keying :data:`CHECKSUM`'s mix.
+#: The dataset numbers (``seed``) keying :data:`CHECKSUM`'s mix (CSR's are built into
+#: rfsgen._compiled.csr_sums).
 _SEEDS = {"X": 1, "X/data": 2, "X/indices": 3, "X/indptr": 4}
-#: Per float width: the masks of a NaN/infinity's exponent in a word's low and high
-#: 32-bit halves (see rfsgen._compiled.run_sums).
-_FINITE = {4: (0x7F800000, 0x7F800000), 8: (0, 0x7FF00000)}
+#: Per float width: the masks of a word's low and high 32-bit halves, and the least
+#: masked half that is NaN or infinity (see rfsgen._compiled.run_sums).
+_FINITE = {4: (0x7FFFFFFF, 0x7FFFFFFF, 0x7F800000), 8: (0, 0x7FFFFFFF, 0x7FF00000)}
 
 
 def _hex(a: int, b: int) -> str:
@@ -192,11 +193,12 @@ class DataChecksum:
     """The :data:`CHECKSUM` of an output's ``X``: dense (``X``) or CSR (``X/data``,
     ``X/indices``, ``X/indptr``), fed rows in pieces of any size, in any order.
 
-    For each dataset, two sums mod 2^32 (rfsgen._compiled.run_sums) over its values,
-    each keyed by its global row (``rows_start`` onwards in a shard) and position: a
-    dense value's column, a CSR value's (and column index's) rank among its row's
-    stored values; ``X/indptr`` is checked through the row lengths (one value a row)
-    and its structure (merge).  ``finite``: also find rows holding NaN or infinity, in
+    For each dataset, two sums mod 2^32 (rfsgen._compiled.run_sums) over its values
+    taken in 64-bit words (float32 values and column indices two a word), each word
+    keyed by its global row (``rows_start`` onwards in a shard) and its position in the
+    row's run (a dense row's values; a CSR row's stored values, or their columns);
+    ``X/indptr`` is checked through the row lengths (one word a row) and its structure
+    (merge).  ``finite``: also find rows holding NaN or infinity, in
     the same pass.  ``threads``: split large pieces over :func:`rfsgen._compiled.threads`.
     """
 
@@ -205,8 +207,7 @@ class DataChecksum:
         self.dtype = np.dtype(dtype)
         self.names = ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr")
         self.sums = [0] * (2 * len(self.names))
-        mlo, mhi = _FINITE[self.dtype.itemsize]
-        self.masks = (np.uint32(mlo), np.uint32(mhi)) if finite else (np.uint32(0), np.uint32(0))
+        self.masks = tuple(np.uint32(v) for v in (_FINITE[self.dtype.itemsize] if finite else (0, 0, 1)))
         self.finite = finite
         self.threads = threads
 
@@ -235,7 +236,7 @@ class DataChecksum:
             return None
         w = np.ascontiguousarray(vals).view(np.uint32)
         out = np.empty((m, 3), dtype=np.uint32)
-        self._run(dense_sums, m, vals.shape[1], w, int(row0), 1, *self.masks, out)
+        self._run(dense_sums, m, vals.shape[1], w, int(row0), _SEEDS["X"], *self.masks, out)
         self._add(out[:, :2])
         return self._bad(out, 2)
 

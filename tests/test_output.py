@@ -165,7 +165,7 @@ def test_the_compiled_sums_are_the_documented_definition(seed, row, first, n, ki
     rng = np.random.default_rng([seed, row % 1000, first % 1000, n])
     v = (rng.standard_normal(n).astype(kind) if kind.startswith("float") else
          rng.integers(0, 10**8, n).astype(kind))
-    a, b, _ = run_sums(_halves(v), seed, row, first, np.uint32(0), np.uint32(0))
+    a, b, _ = run_sums(_halves(v), seed, row, first, np.uint32(0), np.uint32(0), np.uint32(1))
     assert (int(a), int(b)) == reference_sums(_halves(v), seed, row, first)
 
 
@@ -190,12 +190,12 @@ def test_one_changed_value_always_changes_the_sums():
     rng = np.random.default_rng(0)
     for v in (rng.standard_normal(9).astype(np.float32), rng.standard_normal(9), rng.integers(0, 10**8, 9)):
         w = _halves(v)
-        base = run_sums(w, 2, 5, 0, np.uint32(0), np.uint32(0))[:2]
+        base = run_sums(w, 2, 5, 0, np.uint32(0), np.uint32(0), np.uint32(1))[:2]
         for i in range(w.size):
             for bit in range(32):
                 x = w.copy()
                 x[i] ^= np.uint32(1 << bit)
-                assert run_sums(x, 2, 5, 0, np.uint32(0), np.uint32(0))[:2] != base
+                assert run_sums(x, 2, 5, 0, np.uint32(0), np.uint32(0), np.uint32(1))[:2] != base
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)
