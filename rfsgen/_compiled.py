@@ -585,11 +585,12 @@ def dense_sums(w, row0, seed, mlo, mhi, limit, out, start, stop):  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
+def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
     """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
     (global ``row0 + r``) holds the values ``ptr[r] - ptr[0]`` up to ``ptr[r + 1] -
     ptr[0]`` of ``data`` (their bits as uint32, ``dper`` per value; dataset seed 2) and
-    of ``indices`` (as uint32; seed 3); its
+    of ``indices`` (as uint32; seed 3; not for a full row, of ``width`` values: its
+    columns can only be 0 .. width - 1, which merge checks); its
     length (``ptr[r + 1] - ptr[r]``) is one int64 word at position 0 (seed 4).  Columns:
     data A, B, indices A, B, length A, B, bad (data)."""
     base = ptr[0]
@@ -598,7 +599,9 @@ def csr_sums(data, dper, indices, ptr, row0, mlo, mhi, limit, out, start, stop):
         b = ptr[r + 1] - base
         row = row0 + r
         da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
-        ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
+        ia, ib = _U32(0), _U32(0)
+        if b - a != width:
+            ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
         key = row_key(4, row, 0)
         n = np.uint64(b - a)
         la, lb = _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32),

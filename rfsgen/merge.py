@@ -437,7 +437,7 @@ class _Reader:
 
         self.s = s
         self.next = 0  # the next row (within the shard) to read
-        self.sums = DataChecksum(s.layout, s.dtype, finite=True)
+        self.sums = DataChecksum(s.layout, s.dtype, s.columns, finite=True)
         self.v1 = s.record["version"] == 1
         x = s.file["X"]
         if s.layout == "dense":

@@ -196,14 +196,16 @@ class DataChecksum:
     For each dataset, two sums mod 2^32 (rfsgen._compiled.run_sums) over its values
     taken in 64-bit words (float32 values and column indices two a word), each word
     keyed by its global row (``rows_start`` onwards in a shard) and its position in the
-    row's run (a dense row's values; a CSR row's stored values, or their columns);
+    row's run (a dense row's values; a CSR row's stored values, or their columns, but
+    not those of a full row of ``columns`` values, which can only be 0 .. columns - 1);
     ``X/indptr`` is checked through the row lengths (one word a row) and its structure
-    (merge).  ``finite``: also find rows holding NaN or infinity, in
-    the same pass.  ``threads``: split large pieces over :func:`rfsgen._compiled.threads`.
+    (merge).  ``finite``: also find rows holding NaN or infinity, in the same pass.
+    ``threads``: split large pieces over :func:`rfsgen._compiled.threads`.
     """
 
-    def __init__(self, layout: str, dtype, finite: bool = False, threads: bool = True):
+    def __init__(self, layout: str, dtype, columns: int, finite: bool = False, threads: bool = True):
         self.layout = layout
+        self.columns = int(columns)
         self.dtype = np.dtype(dtype)
         self.names = ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr")
         self.sums = [0] * (2 * len(self.names))
@@ -259,8 +261,8 @@ class DataChecksum:
         indices = np.ascontiguousarray(indices)
         indices = indices.view(np.uint32) if indices.dtype == np.int32 else indices.astype(np.uint32)
         self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(np.uint32),
-                  self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), int(row0),
-                  *self.masks, out)
+                  self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), self.columns,
+                  int(row0), *self.masks, out)
         self._add(out[:, :6])
         return self._bad(out, 6)
 
@@ -448,7 +450,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
         # after each block and at the end, never inside HDF5 (where h5py crashes).
         with h5py.File(sink, "w", libver="earliest") as f:
             known = getattr(tr, "known_digests", None)
-            sums = None if known is not None else DataChecksum(layout, np_dtype, threads=layout == "dense")
+            sums = None if known is not None else DataChecksum(layout, np_dtype, D, threads=layout == "dense")
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
                                  sums)
             digests = known() if known is not None else sums.hexdigests()

@@ -147,14 +147,15 @@ def data_digests(items: dict, start: int) -> dict:
     try:
         if "X" in items:
             x = items["X"][()]
-            c = DataChecksum("dense", x.dtype)
+            c = DataChecksum("dense", x.dtype, x.shape[1] if x.ndim > 1 else 1)
             c.dense(x.reshape(x.shape[0], -1), start)
         else:
             data, indices, indptr = (items[f"X/{k}"][()] for k in ("data", "indices", "indptr"))
             ptr = indptr.astype(np.int64).reshape(-1)
             if not ptr.size or ptr[0] < 0 or np.any(np.diff(ptr) < 0) or ptr[-1] > min(data.size, indices.size):
                 return digests  # not a row pointer into the data (the compiled sums trust it)
-            c = DataChecksum("csr", data.dtype)
+            width = items["X/data"].file.attrs.get("columns", 0)
+            c = DataChecksum("csr", data.dtype, int(width) if isinstance(width, (int, np.integer)) else 0)
             c.csr(data.reshape(-1), indices.reshape(-1), ptr, start)
     except (KeyError, ValueError, TypeError, IndexError):
         return digests
