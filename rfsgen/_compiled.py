@@ -446,9 +446,10 @@ def xxh64_blocks(words, kind, out, bad, start, stop):  # pragma: no cover - comp
 
 
 # ----------------------------------------------------------------------------- data checksum (record version 2)
-# The outputs' data checksum (rfsgen.output.CHECKSUM; docs/integrity.md): a sum over
-# every stored value of a keyed mix H(dataset, global row, position in the row, value),
-# in 32-bit lanes that LLVM's loop vectoriser turns into 8-lane AVX2 code.  A sum does
+# The outputs' data checksum (rfsgen.output.CHECKSUM; docs/integrity.md): sums over
+# every stored value, taken in 64-bit words (two float32 values or column indices, or one
+# float64), of a keyed mix H(dataset, global row, position in the row, word), in 32-bit
+# lanes that LLVM's loop vectoriser turns into 8-lane AVX2 code.  A sum does
 # not depend on the order, chunking, threads or sharding of the rows, so shards' sums
 # add up to the merged file's.  Every integer step is wrapped in a uint32 cast: numba
 # widens uint32 arithmetic to 64 bits, which is neither the definition nor vectorises.
@@ -494,7 +495,7 @@ def row_key(seed, row, segment):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _value_mix(lo, hi, k1, k2, q):  # pragma: no cover - compiled
-    """H of one value's 32-bit halves ``lo, hi`` at position ``q`` (mod 2^32) under the
+    """H of one word's 32-bit halves ``lo, hi`` at position ``q`` (mod 2^32) under the
     row keys ``k1, k2``: ``a = fmix_a((lo ^ k1) + q)``, ``b = fmix_b((hi ^ k2) + q + a)``
     (mod 2^32), a bijection of ``(lo, hi)`` (a Feistel step: ``a`` gives ``lo`` back,
     then ``b`` gives ``hi``), so that a changed value always changes ``(a, b)``."""
