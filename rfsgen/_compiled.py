@@ -350,8 +350,8 @@ def fletcher32(data):  # pragma: no cover - compiled
 
 
 # XXH64 (https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md), the per-block
-# hash of the outputs' data checksum (rfsgen.output.Checksum): fast enough to run as
-# the data is written, so that the record costs little next to the transform.
+# hash of the data checksum of outputs' records of version 1 (rfsgen.output.BlockChecksum),
+# which merge still verifies.
 _XP1 = np.uint64(0x9E3779B185EBCA87)
 _XP2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _XP3 = np.uint64(0x165667B19E3779F9)
@@ -446,6 +446,176 @@ def xxh64_blocks(words, kind, out, bad, start, stop):  # pragma: no cover - comp
     for b in range(start, stop):
         out[b], bad[b] = xxh64(words[b], tail, 0, kind)
 
+
+# ----------------------------------------------------------------------------- data checksum (record version 2)
+# The outputs' data checksum (rfsgen.output.CHECKSUM; docs/integrity.md): sums over
+# every stored value, taken in 64-bit words (two float32 values or column indices, or one
+# float64), of a keyed mix H(dataset, global row, position in the row, word), in 32-bit
+# lanes that LLVM's loop vectoriser turns into 8-lane AVX2 code.  A sum does
+# not depend on the order, chunking, threads or sharding of the rows, so shards' sums
+# add up to the merged file's.  Every integer step is wrapped in a uint32 cast: numba
+# widens uint32 arithmetic to 64 bits, which is neither the definition nor vectorises.
+_U32 = np.uint32
+_MASK32 = np.uint64(0xFFFFFFFF)
+_NO_CHECK = np.uint32(0)  # a finiteness mask that checks nothing
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fmix_a(x):  # pragma: no cover - compiled
+    """murmur3's fmix32: a bijection of uint32."""
+    x = _U32(x ^ (x >> _U32(16)))
+    x = _U32(x * _U32(0x85EBCA6B))
+    x = _U32(x ^ (x >> _U32(13)))
+    x = _U32(x * _U32(0xC2B2AE35))
+    return _U32(x ^ (x >> _U32(16)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fmix_b(x):  # pragma: no cover - compiled
+    """C. Wellons' lowbias32: another bijection of uint32."""
+    x = _U32(x ^ (x >> _U32(16)))
+    x = _U32(x * _U32(0x7FEB352D))
+    x = _U32(x ^ (x >> _U32(15)))
+    x = _U32(x * _U32(0x846CA68B))
+    return _U32(x ^ (x >> _U32(16)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix64(z):  # pragma: no cover - compiled
+    """SplitMix64's finaliser: a bijection of uint64."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_key(seed, row, segment):  # pragma: no cover - compiled
+    """The 64-bit key of positions ``segment * 2^32 ..`` of row ``row`` (global) of
+    dataset ``seed``: ``mix64(mix64(row XOR seed << 56) + segment)``."""
+    return _mix64(_mix64(np.uint64(row) ^ (np.uint64(seed) << np.uint64(56))) + np.uint64(segment))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _value_mix(lo, hi, k1, k2, q):  # pragma: no cover - compiled
+    """H of one word's 32-bit halves ``lo, hi`` at position ``q`` (mod 2^32) under the
+    row keys ``k1, k2``: ``a = fmix_a((lo ^ k1) + q)``, ``b = fmix_b((hi ^ k2) + q + a)``
+    (mod 2^32), a bijection of ``(lo, hi)`` (a Feistel step: ``a`` gives ``lo`` back,
+    then ``b`` gives ``hi``), so that a changed value always changes ``(a, b)``."""
+    a = _fmix_a(_U32((lo ^ k1) + q))
+    b = _fmix_b(_U32(_U32(_U32(hi ^ k2) + q) + a))
+    return a, b
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _segment(w, n, q, k1, k2, mlo, mhi):  # pragma: no cover - compiled
+    """The hot loop of :func:`run_sums`: words ``j < n`` (``lo = w[2j]``, ``hi = w[2j + 1]``)
+    at positions ``q + j`` (mod 2^32) under keys ``k1, k2``: contiguous loads, 32-bit
+    lanes, reductions.  Returns ``(A, B, top)``: ``top`` the largest ``lo & mlo`` or
+    ``hi & mhi`` (0, and no work for it, when both masks are 0).  A function of its
+    own: inlined where ``q + j < 2^32`` is known, LLVM drops the truncations and runs
+    the whole mix in 64-bit lanes (half the width, no vpmulld)."""
+    A = _U32(0)
+    B = _U32(0)
+    top = _U32(0)
+    if mlo == 0 and mhi == 0:  # two loops: the writers' (no check) does only the mix
+        for j in range(n):
+            a, b = _value_mix(w[2 * j], w[2 * j + 1], k1, k2, _U32(q + _U32(j)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+    else:
+        for j in range(n):
+            lo = w[2 * j]
+            hi = w[2 * j + 1]
+            a, b = _value_mix(lo, hi, k1, k2, _U32(q + _U32(j)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+            top = max(top, max(_U32(lo & mlo), _U32(hi & mhi)))
+    return A, B, top
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def run_sums(w, seed, row, first, mlo, mhi, limit):  # pragma: no cover - compiled
+    """The checksum's sums over one row's run of values, as 64-bit words at positions
+    ``first, first + 1, ..`` of row ``row`` of dataset ``seed`` (docs/integrity.md).
+
+    ``w`` (uint32, 1-D, contiguous) holds the values' bits, taken two 32-bit halves a
+    word (``lo = w[2j]``, ``hi = w[2j + 1]``; an odd last half with ``hi = 0``): float32
+    values and column indices two at a time, float64 values one a word (pass
+    ``view(np.uint32)``: little-endian halves).  Returns ``(A, B, bad)``: the sums mod
+    2^32 of :func:`_value_mix`'s ``a`` and ``b``, and whether some ``lo & mlo`` or ``hi &
+    mhi`` reaches ``limit``: NaN or infinity with ``mlo = mhi = 0x7FFFFFFF``, ``limit =
+    0x7F800000`` (float32) or ``mlo = 0, mhi = 0x7FFFFFFF, limit = 0x7FF00000``
+    (float64); masks 0 check nothing (give ``limit`` 1)."""
+    A = _U32(0)
+    B = _U32(0)
+    top = _U32(0)
+    n = (w.size + 1) // 2  # words
+    whole = w.size // 2  # words without an odd last half
+    done = 0
+    p = np.uint64(first)
+    while done < n:
+        q = _U32(p & _MASK32)
+        take = min(n - done, (1 << 32) - int(q))
+        key = row_key(seed, row, p >> np.uint64(32))
+        k1 = _U32(key & _MASK32)
+        k2 = _U32(key >> np.uint64(32))
+        full = max(0, min(take, whole - done))
+        a, b, t = _segment(w[2 * done:], full, q, k1, k2, mlo, mhi)
+        A = _U32(A + a)
+        B = _U32(B + b)
+        top = max(top, t)
+        if full < take:  # an odd last half: a word with a zero high half
+            lo = w[w.size - 1]
+            a, b = _value_mix(lo, _U32(0), k1, k2, _U32(q + _U32(full)))
+            A = _U32(A + a)
+            B = _U32(B + b)
+            top = max(top, _U32(lo & mlo))
+        done += take
+        p += np.uint64(take)
+    return A, B, top >= limit
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def dense_sums(w, row0, seed, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
+    """:func:`run_sums` of rows ``start:stop`` of ``w`` (uint32 (m, k) C order: each
+    row's values' bits; row ``r`` is the global row ``row0 + r``, its words at
+    positions 0, 1, ..) into ``out`` (uint32 (m, 3): A, B, bad)."""
+    for r in range(start, stop):
+        a, b, bad = run_sums(w[r], seed, row0 + r, 0, mlo, mhi, limit)
+        out[r, 0] = a
+        out[r, 1] = b
+        out[r, 2] = bad
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
+    """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
+    (global ``row0 + r``) holds the values ``ptr[r] - ptr[0]`` up to ``ptr[r + 1] -
+    ptr[0]`` of ``data`` (their bits as uint32, ``dper`` per value; dataset seed 2) and
+    of ``indices`` (as uint32; seed 3; not for a full row, of ``width`` values: its
+    columns can only be 0 .. width - 1, which merge checks); its
+    length (``ptr[r + 1] - ptr[r]``) is one int64 word at position 0 (seed 4).  Columns:
+    data A, B, indices A, B, length A, B, bad (data)."""
+    base = ptr[0]
+    for r in range(start, stop):
+        a = ptr[r] - base
+        b = ptr[r + 1] - base
+        row = row0 + r
+        da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
+        ia, ib = _U32(0), _U32(0)
+        if b - a != width:
+            ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
+        key = row_key(4, row, 0)
+        n = np.uint64(b - a)
+        la, lb = _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32),
+                            _U32(key >> np.uint64(32)), _U32(0))
+        out[r, 0] = da
+        out[r, 1] = db
+        out[r, 2] = ia
+        out[r, 3] = ib
+        out[r, 4] = la
+        out[r, 5] = lb
+        out[r, 6] = bad
 
 # ----------------------------------------------------------------------------- sampler walk
 # The walk's bookkeeping between its random draws: each loop computes exactly what the

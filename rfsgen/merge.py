@@ -23,10 +23,15 @@ What is verified, and when:
   merge needs against the budget (:mod:`rfsgen.budget`);
 * as the data is copied, into a temporary file that is removed when a check fails:
   the data's checksums (a flipped bit anywhere in ``X`` is found), NaN and infinities,
-  and (CSR) the index structure.  The data is read once; nothing that fails a check
-  ever becomes the output, and no temporary file remains.
+  and (CSR) the index structure.  The data is read and hashed once: the merged
+  file's checksums are the sums of its shards' (:data:`rfsgen.output.CHECKSUM`), so
+  the output is never hashed again.  Nothing that fails a check ever becomes the
+  output, and no temporary file remains.
 
-Shards written before the record existed are refused, with the advice to re-create them.
+Shards with a record of version 1 (:data:`rfsgen.output.CHECKSUM_V1`) are verified by
+that checksum, and merge, alone or with newer shards, into an output with a current
+record.  Shards written before the record existed are refused, with the advice to
+re-create them.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ _MAX_ATTR = 1 << 20
 #: No deflate stream expands more than 1032 times; lzf much less.
 _MAX_RATIO = 1100
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
 _REFUSE = "merge takes files written by 'rfsgen transform'"
 
 
@@ -202,8 +208,8 @@ def _encoding(path, obj, where: str, kind: str, version: str) -> None:
 
 
 def _read_record(path, f) -> dict:
-    from .output import (CHECKSUM, COMPRESSIONS, DTYPES, RECORD_ATTR, RECORD_FORMAT, RECORD_VERSION, canonical_json,
-                         seal_of)
+    from .output import (CHECKSUM, CHECKSUM_V1, COMPRESSIONS, DTYPES, RECORD_ATTR, RECORD_FORMAT, RECORD_VERSION,
+                         canonical_json, seal_of)
 
     if RECORD_ATTR not in f.attrs:
         raise InputError(f"{path}: has no integrity record ('{RECORD_ATTR}'): it was written before rfsgen recorded "
@@ -244,10 +250,12 @@ def _read_record(path, f) -> dict:
         v = record[key]
         if not isinstance(v, kind) or isinstance(v, bool):
             raise _damaged(path, f"its integrity record's '{key}' is {_show(v)}, not {kind.__name__}")
-    if version != RECORD_VERSION:
+    checksum, digest = {1: (CHECKSUM_V1, _HEX64), 2: (CHECKSUM, _HEX16)}.get(version, (None, None))
+    if checksum is None:
         raise _damaged(path, f"its integrity record has version {version}")
-    if record["checksum"] != CHECKSUM:
-        raise _damaged(path, f"its integrity record uses checksum {_show(record['checksum'])}, not {CHECKSUM}")
+    if record["checksum"] != checksum:
+        raise _damaged(path, f"its integrity record (version {version}) uses checksum {_show(record['checksum'])}, "
+                             f"not {checksum}")
     choices = {"layout": ("csr", "dense"), "dtype": tuple(DTYPES), "compression": COMPRESSIONS,
                "obs_names": ("numbers", "input")}
     for key, allowed in choices.items():
@@ -255,7 +263,7 @@ def _read_record(path, f) -> dict:
             raise _damaged(path, f"its integrity record's '{key}' is {_show(record[key])}, not one of {list(allowed)}")
     want = {"X"} if record["layout"] == "dense" else {"X/data", "X/indices", "X/indptr"}
     sums = record["datasets"]
-    if set(sums) != want or not all(isinstance(v, str) and _HEX64.match(v) for v in sums.values()):
+    if set(sums) != want or not all(isinstance(v, str) and digest.match(v) for v in sums.values()):
         raise _damaged(path, f"its integrity record's 'datasets' should hold the checksums of {sorted(want)}")
     for key in ("features_sha256", "obs_names_sha256", "obs_columns_sha256"):
         if key in record and not _HEX64.match(record[key]):
@@ -505,23 +513,28 @@ def check_shards(shards: list) -> list:
 
 
 class _Reader:
-    """Reads one shard's rows in order (as float arrays ``(m, columns)``), feeding
-    every byte of its data to the checksums of its record and checking values
-    (finite; CSR: nonzero, column indices increasing within each row) on the way.
-    :meth:`finish` compares the checksums once every row was read."""
+    """Reads one shard's rows in order (as float arrays ``(m, columns)``), hashing each
+    block once as it is read (:class:`rfsgen.output.DataChecksum`, keyed by the rows'
+    global numbers) and checking values (finite, in the same pass; CSR: nonzero, column
+    indices increasing within each row).  A shard with a version-1 record is also fed
+    to the :class:`rfsgen.output.BlockChecksum` it was sealed with.  :meth:`finish`
+    compares the checksums once every row was read; :meth:`digests` are then the
+    shard's (current) checksums, which add up to the merged file's."""
 
     def __init__(self, s: _Shard):
-        from .output import Checksum
+        from .output import BlockChecksum, DataChecksum
 
         self.s = s
         self.next = 0  # the next row (within the shard) to read
+        self.sums = DataChecksum(s.layout, s.dtype, s.columns, finite=True)
+        self.v1 = s.record["version"] == 1
         x = s.file["X"]
         if s.layout == "dense":
             self.x = x
-            self.sums = {"X": Checksum(finite=s.dtype)}
+            self.old = {"X": BlockChecksum()}
         else:
             self.data, self.indices, self.indptr = x["data"], x["indices"], x["indptr"]
-            self.sums = {"X/data": Checksum(finite=s.dtype), "X/indices": Checksum(), "X/indptr": Checksum()}
+            self.old = {"X/data": BlockChecksum(), "X/indices": BlockChecksum(), "X/indptr": BlockChecksum()}
             self.end = 0  # indptr where the next row starts
         self.done = False
 
@@ -532,13 +545,9 @@ class _Reader:
             detail = " ".join(str(e).split())[:100]
             raise _damaged(self.s.path, f"'{where}' cannot be read at {a}:{b} ({type(e).__name__}: {detail})") from None
 
-    def _nonfinite(self, where, values, first, unit):
-        """A NaN/infinity was seen in ``where``: name the first one among ``values``
-        (element ``first`` onwards), else the 1 MiB block that held it."""
-        bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
-        at = (f"value {first + int(bad[0])}{unit(int(bad[0]))}" if bad.size else
-              f"byte {self.sums[where].first_bad} onwards")
-        return _damaged(self.s.path, f"'{where}' holds NaN or infinity ({at}); an output never does")
+    def _nonfinite(self, where, row, column):
+        return _damaged(self.s.path, f"'{where}' holds NaN or infinity (row {row}, column {column}); an output never "
+                                     "does")
 
     def read(self, a: int, b: int) -> np.ndarray:
         s = self.s
@@ -548,22 +557,30 @@ class _Reader:
         D = s.columns
         if s.layout == "dense":
             block = self._read(self.x, a, b, "X")
-            self.sums["X"].update(block)
-            if self.sums["X"].first_bad is not None:
-                raise self._nonfinite("X", block, a * D, lambda k: f", row {s.start + a + k // D}, column {k % D}")
+            if self.v1:
+                self.old["X"].update(block)
+            bad = self.sums.dense(block, s.start + a)
+            if bad is not None:
+                column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
+                raise self._nonfinite("X", s.start + a + bad, column)
             return block
         ptr = self._read(self.indptr, a, b + 1, "X/indptr")
-        self.sums["X/indptr"].update(ptr if a == 0 else ptr[1:])
+        if self.v1:
+            self.old["X/indptr"].update(ptr if a == 0 else ptr[1:])
         lo, hi = int(ptr[0]), int(ptr[-1])
         if lo != self.end or np.any(np.diff(ptr) < 0) or hi > s.record["nnz"] or np.any(np.diff(ptr) > D):
             raise _damaged(s.path, f"'X/indptr' is not a CSR row pointer at rows {s.start + a}:{s.start + b}")
         self.end = hi
         vals = self._read(self.data, lo, hi, "X/data")
         cols = self._read(self.indices, lo, hi, "X/indices")
-        self.sums["X/data"].update(vals)
-        self.sums["X/indices"].update(cols)
-        if self.sums["X/data"].first_bad is not None:
-            raise self._nonfinite("X/data", vals, lo, lambda k: f", row {s.start + a + self._row(ptr, k)}")
+        if self.v1:
+            self.old["X/data"].update(vals)
+            self.old["X/indices"].update(cols)
+        bad = self.sums.csr(vals, cols, ptr, s.start + a)  # after the pointer's checks: it addresses vals
+        if bad is not None:
+            run = vals[ptr[bad] - lo:ptr[bad + 1] - lo]
+            k = int(np.flatnonzero(~np.isfinite(run))[0])
+            raise self._nonfinite("X/data", s.start + a + bad, int(cols[ptr[bad] - lo + k]))
         block = np.zeros((b - a, D), dtype=s.dtype)
         if hi > lo:
             rows = np.repeat(np.arange(b - a), np.diff(ptr))
@@ -583,10 +600,6 @@ class _Reader:
             block[rows, c] = vals
         return block
 
-    @staticmethod
-    def _row(ptr, k):
-        return int(np.searchsorted(ptr, ptr[0] + k, "right")) - 1
-
     def finish(self) -> None:
         """Compare the checksums (every row must have been read)."""
         s = self.s
@@ -596,18 +609,20 @@ class _Reader:
         if s.layout == "csr":
             if s.stop == s.start:  # no rows read: indptr is [0]
                 ptr = self._read(self.indptr, 0, 1, "X/indptr")
-                self.sums["X/indptr"].update(ptr)
+                if self.v1:
+                    self.old["X/indptr"].update(ptr)
                 self.end = int(ptr[0])
             if self.end != s.record["nnz"]:
                 raise _damaged(s.path, f"'X/indptr' ends at {self.end}, but the record says nnz {s.record['nnz']}")
-        for where, c in self.sums.items():
-            digest = c.hexdigest()
-            if c.first_bad is not None:
-                raise _damaged(s.path, f"'{where}' holds NaN or infinity (byte {c.first_bad} onwards); an output "
-                                       "never does")
+        have = {k: c.hexdigest() for k, c in self.old.items()} if self.v1 else self.sums.hexdigests()
+        for where, digest in have.items():
             if digest != s.record["datasets"][where]:
                 raise _damaged(s.path, f"'{where}' does not match the checksum in its integrity record (a changed "
                                        "bit)")
+
+    def digests(self) -> dict:
+        """The shard's :data:`rfsgen.output.CHECKSUM` digests (once :meth:`finish` passed)."""
+        return self.sums.hexdigests()
 
 
 class _ShardRows:
@@ -647,6 +662,15 @@ class _ShardRows:
         # mismatch found here still ends the write before the output is in place.
         for r in self.readers:
             r.finish()
+
+    def digests(self) -> dict:
+        """The merged rows' :data:`rfsgen.output.CHECKSUM` digests: the sums of the
+        shards' (each verified: call once every row was read)."""
+        from .output import add_digests
+
+        for r in self.readers:
+            r.finish()
+        return add_digests(*[r.digests() for r in self.readers])
 
     def row_names(self, start, stop):
         """None for row numbers (the writer writes them as a direct run does); else
@@ -732,6 +756,7 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         else:
             copy = _Copy(src.width, first.dtype)
             copy.clipped = _clipped(order)
+            copy.known_digests = src.digests  # the shards' verified sums: the output is not hashed again
             info = write_output(output, copy, src, start, stop, layout=first.layout,
                                 dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
                                 overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
@@ -745,22 +770,20 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
 
 def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress) -> dict:
     """A merged file whose X is a virtual dataset over the shards' X.  The shards are
-    read through once first (to verify them, and for the merged record's checksum),
-    before any file is created."""
+    read through once first (to verify them; the merged record's checksum is the sum
+    of theirs), before any file is created."""
     import h5py
 
     from ._signals import deferred
     from .atomic import SafeFile, atomic_path
-    from .output import Checksum, _write_annotations, make_record, write_record, write_root_attrs
+    from .output import _write_annotations, make_record, write_record, write_root_attrs
 
     first = order[0]
     start, stop = first.start, order[-1].stop
     D = first.columns
-    whole = Checksum()
     if progress is not None and hasattr(progress, "phase"):
         progress.phase("verify", stop - start)
     for _, block in src.chunks(chunk_rows, start, stop):
-        whole.update(block)
         if progress:
             progress(block.shape[0])
     out_dir = Path(os.path.abspath(output)).parent
@@ -781,7 +804,7 @@ def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progre
                 f.attrs["virtual_sources"] = [os.path.relpath(os.path.abspath(s.path), out_dir) for s in order]
                 write_record(f, make_record(provenance, start=start, n_rows=stop - start, columns=D, layout="dense",
                                             dtype=first.dtype, compression="none", nnz=(stop - start) * D,
-                                            checksums={"X": whole.hexdigest()}, names=names, names_sha256=names_sha,
+                                            checksums=src.digests(), names=names, names_sha256=names_sha,
                                             clipped=clipped, obs_sha256=obs_sha))
         sink.check()
     return {"rows": stop - start, "columns": D, "nnz": (stop - start) * D, "output": str(output)}

@@ -7,8 +7,9 @@ The file's bytes depend only on the values written, never on how they were chunk
 
 Every output carries an integrity record (:data:`RECORD_ATTR`, see :func:`make_record`):
 its provenance, row range, dtype, layout, shape, nnz, the :data:`CHECKSUM` of each of
-X's datasets (fed as the data is written, so no second pass over the file) and of the
-row names, sealed by a SHA-256 of the rest.  ``rfsgen merge`` verifies shards against it.
+X's datasets (:class:`DataChecksum`, fed each chunk as it is computed, so no second pass
+over the file) and of the row names, sealed by a SHA-256 of the rest.  ``rfsgen merge``
+verifies shards against it (records of version 1, :data:`CHECKSUM_V1`, too).
 """
 
 from __future__ import annotations
@@ -152,11 +153,10 @@ class _Appender:
     out as if they had been created up front.
     """
 
-    def __init__(self, group, names, dtypes, compression, check, sums=None, max_block=1 << 20):
+    def __init__(self, group, names, dtypes, compression, check, max_block=1 << 20):
         self.group, self.names, self.dtypes = group, names, dtypes
         self.compression = compression
         self.block = max_block  # until the datasets exist: how many values are held before they are
-        self.sums = sums  # a Checksum per dataset, fed what is written, in order
         self.check = check  # called after every block: raises a recorded write error
         self.ds = None
         self.raw = compression == "none"
@@ -198,9 +198,7 @@ class _Appender:
             self._create(self.block)
         if not size:
             return
-        for k, (ds, data) in enumerate(zip(self.ds, parts)):
-            if self.sums is not None:
-                self.sums[k].update(data)
+        for ds, data in zip(self.ds, parts):
             ds.resize((self.size + size,))
             if self.raw and size == self.block:
                 # A whole uncompressed chunk goes to the file as it is: the same bytes
@@ -244,23 +242,136 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
 #: The root attribute holding the integrity record (one canonical JSON text).
 RECORD_ATTR = "rfsgen_record"
 RECORD_FORMAT = "rfsgen-output-record"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 #: The definition of the values in a transform output, written as the root attribute
 #: ``output_definition`` (merge refuses to combine shards of different definitions;
 #: a file without the attribute is definition 1).  1: cos/sin of atom angles from the
 #: C library (rfsgen before issue 26); 2: rfsgen's own cos/sin (rfsgen._sincos), the
 #: same bits on every CPU.  Feature files do not change with it.
 OUTPUT_DEFINITION = 2
-#: The data checksum: XXH64 (seed 0) of each 1 MiB block of a dataset's bytes (the
-#: last block may be shorter), then SHA-256 of the blocks' hashes (8 bytes each,
-#: little-endian), in hex.  Blocks are cut at byte offsets of the whole dataset, so
-#: the checksum never depends on how the data was chunked when it was written.
-CHECKSUM = "xxh64-1MiB-sha256"
+#: The data checksum of record version 2 (docs/integrity.md): for each of X's datasets,
+#: two sums mod 2^32 over every stored value of a keyed mix of (dataset, global row,
+#: position in the row, value), written as 16 hex digits (see :class:`DataChecksum`).
+#: A sum: independent of chunking, threads and sharding, and the merged file's is the
+#: sum of its shards'.
+CHECKSUM = "keyed-sum64-fmix32"
+#: The data checksum of record version 1 (still verified by merge): XXH64 (seed 0) of
+#: each 1 MiB block of a dataset's bytes (the last block may be shorter), then SHA-256
+#: of the blocks' hashes (8 bytes each, little-endian), in hex.
+CHECKSUM_V1 = "xxh64-1MiB-sha256"
 CHECKSUM_BLOCK = 1 << 20
+#: The dataset numbers (``seed``) keying :data:`CHECKSUM`'s mix (CSR's are built into
+#: rfsgen._compiled.csr_sums).
+_SEEDS = {"X": 1, "X/data": 2, "X/indices": 3, "X/indptr": 4}
+#: Per float width: the masks of a word's low and high 32-bit halves, and the least
+#: masked half that is NaN or infinity (see rfsgen._compiled.run_sums).
+_FINITE = {4: (0x7FFFFFFF, 0x7FFFFFFF, 0x7F800000), 8: (0, 0x7FFFFFFF, 0x7FF00000)}
 
 
-class Checksum:
-    """The :data:`CHECKSUM` of one dataset's bytes, fed in order in pieces of any size.
+def _hex(a: int, b: int) -> str:
+    return f"{a & 0xFFFFFFFF:08x}{b & 0xFFFFFFFF:08x}"
+
+
+def add_digests(*digests: dict) -> dict:
+    """The :data:`CHECKSUM` digests (dicts dataset -> 16 hex digits) of the union of
+    disjoint row ranges: per dataset, each of the two sums added mod 2^32."""
+    out = {}
+    for d in digests:
+        for k, v in d.items():
+            a, b = out.get(k, (0, 0))
+            out[k] = (a + int(v[:8], 16), b + int(v[8:], 16))
+    return {k: _hex(a, b) for k, (a, b) in out.items()}
+
+
+class DataChecksum:
+    """The :data:`CHECKSUM` of an output's ``X``: dense (``X``) or CSR (``X/data``,
+    ``X/indices``, ``X/indptr``), fed rows in pieces of any size, in any order.
+
+    For each dataset, two sums mod 2^32 (rfsgen._compiled.run_sums) over its values
+    taken in 64-bit words (float32 values and column indices two a word), each word
+    keyed by its global row (``rows_start`` onwards in a shard) and its position in the
+    row's run (a dense row's values; a CSR row's stored values, or their columns, but
+    not those of a full row of ``columns`` values, which can only be 0 .. columns - 1);
+    ``X/indptr`` is checked through the row lengths (one word a row) and its structure
+    (merge).  ``finite``: also find rows holding NaN or infinity, in the same pass.
+    ``threads``: split large pieces over :func:`rfsgen._compiled.threads`.
+    """
+
+    def __init__(self, layout: str, dtype, columns: int, finite: bool = False, threads: bool = True):
+        self.layout = layout
+        self.columns = int(columns)
+        self.dtype = np.dtype(dtype)
+        self.names = ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr")
+        self.sums = [0] * (2 * len(self.names))
+        self.masks = tuple(np.uint32(v) for v in (_FINITE[self.dtype.itemsize] if finite else (0, 0, 1)))
+        self.finite = finite
+        self.threads = threads
+
+    def _run(self, kernel, m, values_per_row, *args):
+        from ._compiled import on_rows
+
+        if self.threads:
+            on_rows(kernel, m, *args, min_rows=max(1, (1 << 17) // max(values_per_row, 1)))
+        else:
+            kernel(*args, 0, m)
+
+    def _bad(self, out, col) -> int | None:
+        if not self.finite:
+            return None
+        bad = out[:, col]
+        return int(np.argmax(bad)) if bad.any() else None
+
+    def dense(self, vals: np.ndarray, row0: int) -> int | None:
+        """Feed the rows ``vals`` (float ``(m, D)``, this checksum's dtype), the first of
+        them global row ``row0``.  Returns the index (in ``vals``) of the first row that
+        holds NaN or infinity (``finite`` only), else None."""
+        from ._compiled import dense_sums
+
+        m = vals.shape[0]
+        if not m or not vals.shape[1]:
+            return None
+        w = np.ascontiguousarray(vals).view(np.uint32)
+        out = np.empty((m, 3), dtype=np.uint32)
+        self._run(dense_sums, m, vals.shape[1], w, int(row0), _SEEDS["X"], *self.masks, out)
+        self._add(out[:, :2])
+        return self._bad(out, 2)
+
+    def csr(self, data: np.ndarray, indices: np.ndarray, ptr: np.ndarray, row0: int) -> int | None:
+        """Feed CSR rows: row ``r`` (global ``row0 + r``, for ``r < ptr.size - 1``) holds
+        ``data`` and ``indices`` (int32 or int64) at ``ptr[r] - ptr[0]`` up to
+        ``ptr[r + 1] - ptr[0]`` (``ptr`` int64).  Returns the index of the first row whose
+        data holds NaN or infinity (``finite`` only), else None."""
+        from ._compiled import csr_sums
+
+        m = ptr.size - 1
+        if m <= 0:
+            return None
+        n = int(ptr[-1] - ptr[0])
+        if np.any(np.diff(ptr) < 0) or n > min(data.size, indices.size):  # the compiled loop trusts the pointer
+            raise ValueError(f"not a CSR row pointer into {min(data.size, indices.size)} values")
+        out = np.empty((m, 7), dtype=np.uint32)
+        # Column indices as uint32 (fewer than 2^32 columns: at most sampler.MAX_COLUMNS);
+        # int64 ones (never written: fewer than 2^31 columns) are converted.
+        indices = np.ascontiguousarray(indices)
+        indices = indices.view(np.uint32) if indices.dtype == np.int32 else indices.astype(np.uint32)
+        self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(np.uint32),
+                  self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), self.columns,
+                  int(row0), *self.masks, out)
+        self._add(out[:, :6])
+        return self._bad(out, 6)
+
+    def _add(self, parts) -> None:
+        totals = parts.sum(axis=0, dtype=np.uint64)
+        self.sums = [(s + int(t)) & 0xFFFFFFFF for s, t in zip(self.sums, totals)]
+
+    def hexdigests(self) -> dict:
+        """Each dataset's checksum: the two sums as 16 hex digits."""
+        return {n: _hex(self.sums[2 * i], self.sums[2 * i + 1]) for i, n in enumerate(self.names)}
+
+
+class BlockChecksum:
+    """The :data:`CHECKSUM_V1` of one dataset's bytes (records of version 1), fed in
+    order in pieces of any size.
 
     ``finite`` (a float dtype, or None) also watches for NaN and infinities in the
     bytes as they are hashed, at no extra pass: :attr:`first_bad` is then the byte
@@ -382,8 +493,8 @@ def make_record(provenance: dict, *, start: int, n_rows: int, columns: int, layo
     """The integrity record of an output (see :data:`RECORD_ATTR`), sealed.
 
     ``checksums`` maps each data dataset (``X``, or ``X/data``, ``X/indices``,
-    ``X/indptr``) to its :class:`Checksum`; ``names`` says where the row names come
-    from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
+    ``X/indptr``) to its :data:`CHECKSUM` (:meth:`DataChecksum.hexdigests`); ``names``
+    says where the row names come from (``"numbers"``: the row numbers; ``"input"``: the input's names) and
     ``names_sha256`` is their :class:`NamesChecksum`.  ``clipped``: an EOF output's count
     of input values clipped to the box (the ``clipped_values`` attribute), sealed with the rest.
     ``obs_sha256``: the digest of the obs columns carried from the input
@@ -417,7 +528,9 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
                  provenance: dict, phase: str = "transform") -> dict:
     """Write rows ``start:stop`` of ``src`` through ``tr`` (anything with ``columns``
     and ``chunks`` like :class:`Transformer`) into the HDF5/AnnData file ``output``,
-    atomically.  ``provenance`` holds the root attributes rfsgen_version,
+    atomically.  The record's data checksums are computed as the chunks are written,
+    unless ``tr`` has ``known_digests`` (a merge's copy of verified shards): called
+    after the last chunk, it returns them.  ``provenance`` holds the root attributes rfsgen_version,
     features_file, features_sha256 and input (written in that order, then
     rows_start, rows_stop, columns, layout).  ``phase`` names the work on the progress
     bar.  Returns a summary dict."""
@@ -435,17 +548,18 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
         # HDF5 writes through SafeFile: a full disk is reported by sink.check()
         # after each block and at the end, never inside HDF5 (where h5py crashes).
         with _first_write_error(sink), h5py.File(sink, "w", libver="earliest") as f:
-            sums = ({"X": Checksum()} if layout == "dense" else
-                    {"X/data": Checksum(), "X/indices": Checksum(), "X/indptr": Checksum()})
+            known = getattr(tr, "known_digests", None)
+            sums = None if known is not None else DataChecksum(layout, np_dtype, D, threads=layout == "dense")
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
                                  sums)
+            digests = known() if known is not None else sums.hexdigests()
             with deferred():
                 names, names_sha, obs_sha = _write_annotations(f, src, start, n_rows, D, layout)
                 clipped = getattr(tr, "clipped", None)  # EOF: values clipped to the box (rfsgen.eof)
                 write_root_attrs(f, provenance, start, n_rows, D, layout, clipped)
                 write_record(f, make_record(provenance, start=start, n_rows=n_rows, columns=D, layout=layout,
                                             dtype=np_dtype, compression=compression, nnz=nnz,
-                                            checksums={k: c.hexdigest() for k, c in sums.items()}, names=names,
+                                            checksums=digests, names=names,
                                             names_sha256=names_sha, clipped=clipped, obs_sha256=obs_sha))
         sink.check()
     info = {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output)}
@@ -561,7 +675,7 @@ def _overlapped(chunks, put, progress) -> int:
 def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, checksum, name="X") -> int:
     """Dense ``X`` of known size: a contiguous dataset placed up front, whose data area
     is filled directly, without going through h5py's write path.  ``checksum`` (a
-    :class:`Checksum`) is fed each chunk's values as they are written.
+    :class:`DataChecksum`, or None) is fed each chunk's values as they are written.
 
     Where ``os.posix_fallocate`` exists (Linux), the area's disk blocks are reserved
     first (a full disk fails here, before any work, and never as a SIGBUS later) and
@@ -595,7 +709,8 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum)
 
         def put(row0, vals):
-            checksum.update(vals)
+            if checksum is not None:
+                checksum.dense(vals, row0)
             data = memoryview(vals).cast("B")
             pos = offset + (row0 - start) * row_bytes
             while data:  # pwrite may write less than asked
@@ -680,7 +795,8 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
                 populate(window)
                 out = np.frombuffer(window, dtype=tr.dtype, count=m * tr.columns, offset=first - lo)
                 tr.chunk(block, row0, src.name, out=out.reshape(m, tr.columns))
-                checksum.update(out)  # while the window is mapped (and partly still in cache)
+                if checksum is not None:  # while the chunk is still (partly) in cache
+                    checksum.dense(out.reshape(m, tr.columns), row0)
             finally:
                 out = None
                 try:
@@ -694,8 +810,8 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
 
 
 def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X"):
-    """Write ``X`` (or the matrix at path ``name``); ``sums`` maps each of its datasets
-    (named as in ``X``) to a :class:`Checksum` fed its bytes.  Returns ``(rows, nnz)``."""
+    """Write ``X`` (or the matrix at path ``name``); ``sums`` (a :class:`DataChecksum`,
+    or None) is fed its rows.  Returns ``(rows, nnz)``."""
     D = tr.columns
     # A stream's declared length is placed only once its rows have arrived (a forged
     # header declaring 10^12 rows would otherwise reserve petabytes).
@@ -704,7 +820,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = 0
     if layout == "dense":
         if known and compression == "none":
-            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums["X"], name)
+            n_rows = _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, sink, sums, name)
         else:
             rows_per_block = max(1, (1 << 20) // max(D, 1))
             kw = {} if compression == "none" else {"compression": compression}
@@ -716,7 +832,8 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
 
             pending = np.zeros((0, D), dtype=dtype)
             for row0, vals in tr.chunks(src, chunk_rows, start, stop):
-                sums["X"].update(vals)
+                if sums is not None:
+                    sums.dense(vals, row0)
                 pending = np.concatenate([pending, vals])
                 n_rows += vals.shape[0]
                 full = (pending.shape[0] // rows_per_block) * rows_per_block
@@ -735,13 +852,14 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         return n_rows, n_rows * D
     g = f.create_group(name, track_order=False)
     index_dtype = np.int32 if D < 2**31 else np.int64
-    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check,
-                      (sums["X/data"], sums["X/indices"]))
+    pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check)
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
 
     def put(row0, vals):
         d, i, counts = _sparse_parts(vals, full_indices)
+        if sums is not None:  # in this writer thread, beside the compute's threads
+            sums.csr(d, i, np.concatenate([[0], np.cumsum(counts)]), row0)
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
@@ -749,7 +867,6 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)
-    sums["X/indptr"].update(indptr)
     kw = {} if compression == "none" else {"compression": compression}
     g.create_dataset("indptr", data=indptr, track_times=False, **kw)
     mark_csr(g, (n_rows, D))
@@ -790,9 +907,8 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
             if "obsm" not in f:  # files written before anndata had obsm
                 f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
             name = f"obsm/{key}"
-            sums = {k: Checksum() for k in (("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr"))}
-            n_rows, nnz = _write(f, tr, src, 0, n, layout, np_dtype, compression, chunk_rows, progress, sink, sums,
-                                 name=name)
+            n_rows, nnz = _write(f, tr, src, 0, n, layout, np_dtype, compression, chunk_rows, progress, sink, None,
+                                 name=name)  # no integrity record: not a shard
             with deferred():
                 if layout == "dense":
                     mark_dense(f[name])

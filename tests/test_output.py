@@ -1,5 +1,6 @@
 """The output writer (rfsgen/output.py): the integrity record every output carries, its
-checksum, and that the record never depends on how the data was written."""
+checksum (record version 2, checked against a numpy reference; version 1's, which merge
+still verifies), and that the record never depends on how the data was written."""
 
 import hashlib
 import json
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 from conftest import skeleton_path
 from rfsgen import load_skeleton, sample, save_features
 from rfsgen._compiled import xxh64
-from rfsgen.output import (CHECKSUM, CHECKSUM_BLOCK, OUTPUT_DEFINITION, RECORD_ATTR, Checksum, NamesChecksum, canonical_json,
-                           number_names_digest, seal_of)
+from rfsgen.output import (CHECKSUM, CHECKSUM_BLOCK, OUTPUT_DEFINITION, RECORD_ATTR, BlockChecksum, DataChecksum,
+                           NamesChecksum, add_digests, canonical_json, number_names_digest, seal_of)
 from rfsgen.transform import Transformer, transform_file
 
 
@@ -36,7 +37,7 @@ def test_xxh64_is_the_reference_xxh64(data, seed, want):
 
 
 def _reference(data: bytes) -> str:
-    """The documented checksum, spelled out: XXH64 of each 1 MiB block, SHA-256 of the hashes."""
+    """Version 1's checksum, spelled out: XXH64 of each 1 MiB block, SHA-256 of the hashes."""
     sha = hashlib.sha256()
     for a in range(0, len(data), CHECKSUM_BLOCK):
         sha.update(_xxh64(data[a:a + CHECKSUM_BLOCK]).to_bytes(8, "little"))
@@ -51,7 +52,7 @@ def test_the_checksum_does_not_depend_on_how_the_bytes_are_fed(size, cuts, offse
     raw = np.random.default_rng(size).integers(0, 2**32, size // 4 + 1, dtype=np.uint32)
     data = raw.view(np.uint8)[offset:offset + size]  # offset 4: pieces start unaligned for uint64
     want = _reference(data.tobytes())
-    c = Checksum()
+    c = BlockChecksum()
     points = sorted({min(p, size) for p in cuts} | {0, size})
     for a, b in zip(points, points[1:]):
         c.update(data[a:b])
@@ -64,7 +65,7 @@ def test_the_checksum_does_not_depend_on_how_the_bytes_are_fed(size, cuts, offse
 def test_the_checksum_finds_nan_and_infinity_where_asked(dtype, n):
     rng = np.random.default_rng(n)
     clean = rng.standard_normal(n).astype(dtype)
-    c = Checksum(finite=dtype)
+    c = BlockChecksum(finite=dtype)
     c.update(clean)
     c.hexdigest()
     assert c.first_bad is None
@@ -72,14 +73,182 @@ def test_the_checksum_finds_nan_and_infinity_where_asked(dtype, n):
         for where in (0, n // 2, n - 1):
             x = clean.copy()
             x[where] = bad
-            c = Checksum(finite=dtype)
+            c = BlockChecksum(finite=dtype)
             for piece in np.array_split(x, 3):
                 c.update(piece)
             digest = c.hexdigest()
             assert c.first_bad is not None and c.first_bad <= where * x.itemsize < c.first_bad + CHECKSUM_BLOCK
-            plain = Checksum()  # the check does not change the checksum
+            plain = BlockChecksum()  # the check does not change the checksum
             plain.update(x)
             assert plain.hexdigest() == digest and plain.first_bad is None
+
+
+# ----------------------------------------------------------------------------- record version 2's checksum
+M32 = 0xFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _fmix_a(x):
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & M32
+    return x ^ (x >> 16)
+
+
+def _fmix_b(x):
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def _mix64(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def reference_sums(halves, seed: int, row: int, first: int = 0) -> tuple:
+    """docs/integrity.md spelled out in numpy (uint64 lanes, every step masked to 32 bits):
+    the sums ``(A, B)`` of a row's run of values, given as their 32-bit halves (uint32,
+    taken two a word, an odd last one with a zero high half), whose words are at positions
+    ``first ..`` of global row ``row`` of dataset ``seed``."""
+    h = np.asarray(halves, dtype=np.uint32).reshape(-1)
+    if h.size % 2:
+        h = np.append(h, np.uint32(0))
+    lo, hi = h[0::2].astype(np.uint64), h[1::2].astype(np.uint64)
+    p = first + np.arange(lo.size, dtype=np.uint64)
+    keys = np.array([_mix64((_mix64(row ^ (seed << 56)) + int(g)) & M64) for g in p >> np.uint64(32)],
+                    dtype=np.uint64)
+    k1, k2, q = keys & np.uint64(M32), keys >> np.uint64(32), p & np.uint64(M32)
+    m = np.uint64(M32)
+    with np.errstate(over="ignore"):
+        a = _fmix_a(((lo ^ k1) + q) & m)
+        b = _fmix_b((((hi ^ k2) + q) + a) & m)
+    return int(a.sum(dtype=np.uint64)) & M32, int(b.sum(dtype=np.uint64)) & M32
+
+
+def _halves(values):
+    """The 32-bit halves the checksum takes of values: float bits (a float64's low half
+    first), column indices as unsigned 32-bit integers."""
+    v = np.ascontiguousarray(values)
+    return v.view(np.uint32).reshape(-1) if v.dtype.kind == "f" else v.astype(np.uint32).reshape(-1)
+
+
+def reference_digests(parts: dict, start: int, columns: int = -1) -> dict:
+    """The record's ``datasets`` of X's datasets ``parts`` (name -> array), first row
+    ``start``; CSR: a row of ``columns`` values has no checksum of its indices."""
+    out = {}
+    if "X" in parts:
+        x = parts["X"]
+        out["X"] = [reference_sums(_halves(x[r]), 1, start + r) for r in range(x.shape[0])]
+    else:
+        data, indices, indptr = parts["X/data"], parts["X/indices"], parts["X/indptr"]
+        rows = range(indptr.size - 1)
+        out["X/data"] = [reference_sums(_halves(data[indptr[r]:indptr[r + 1]]), 2, start + r) for r in rows]
+        out["X/indices"] = [reference_sums(_halves(indices[indptr[r]:indptr[r + 1]]), 3, start + r) for r in rows
+                            if indptr[r + 1] - indptr[r] != columns]
+        out["X/indptr"] = [reference_sums(np.array([indptr[r + 1] - indptr[r]], np.int64).view(np.uint32), 4, start + r)
+                           for r in rows]
+    return {k: f"{sum(a for a, _ in v) & M32:08x}{sum(b for _, b in v) & M32:08x}" for k, v in out.items()}
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(seed=st.integers(1, 4), row=st.sampled_from([0, 1, 77, 2**31 + 5, 2**40 + 3]),
+       first=st.sampled_from([0, 3, 2**32 - 5, 2**32, 5 * 2**32 + 7]), n=st.integers(0, 40),
+       kind=st.sampled_from(["float32", "float64", "int32", "int64"]))
+def test_the_compiled_sums_are_the_documented_definition(seed, row, first, n, kind):
+    """Bytes-exact against the numpy reference: both float widths, int32 and int64 column
+    indices, odd and even runs, row numbers past 2^32 and positions crossing 2^32."""
+    from rfsgen._compiled import run_sums
+
+    rng = np.random.default_rng([seed, row % 1000, first % 1000, n])
+    v = (rng.standard_normal(n).astype(kind) if kind.startswith("float") else
+         rng.integers(0, 10**8, n).astype(kind))
+    a, b, _ = run_sums(_halves(v), seed, row, first, np.uint32(0), np.uint32(0), np.uint32(1))
+    assert (int(a), int(b)) == reference_sums(_halves(v), seed, row, first)
+
+
+def test_int32_and_int64_indices_give_one_checksum():
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal(30).astype(np.float32)
+    ptr = np.array([0, 4, 4, 19, 30], dtype=np.int64)
+    cols = np.concatenate([np.sort(rng.choice(10**8, k, replace=False)) for k in np.diff(ptr)])
+    digests = []
+    for dt in (np.int32, np.int64):
+        c = DataChecksum("csr", np.float32, 10**8)
+        c.csr(data, cols.astype(dt), ptr, 2**33)
+        digests.append(c.hexdigests())
+    assert digests[0] == digests[1] == reference_digests({"X/data": data, "X/indices": cols, "X/indptr": ptr}, 2**33)
+
+
+def test_one_changed_value_always_changes_the_sums():
+    """H(row, position, .) is a bijection of a word: every single-bit change of any
+    value (float32, float64, a column index) changes the dataset's sums."""
+    from rfsgen._compiled import run_sums
+
+    rng = np.random.default_rng(0)
+    for v in (rng.standard_normal(9).astype(np.float32), rng.standard_normal(9), rng.integers(0, 10**8, 9)):
+        w = _halves(v)
+        base = run_sums(w, 2, 5, 0, np.uint32(0), np.uint32(0), np.uint32(1))[:2]
+        for i in range(w.size):
+            for bit in range(32):
+                x = w.copy()
+                x[i] ^= np.uint32(1 << bit)
+                assert run_sums(x, 2, 5, 0, np.uint32(0), np.uint32(0), np.uint32(1))[:2] != base
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(m=st.integers(0, 40), d=st.integers(1, 20), cuts=st.lists(st.integers(0, 40), max_size=4),
+       dtype=st.sampled_from(["float32", "float64"]), zeros=st.floats(0, 1), row0=st.integers(0, 10**6))
+def test_data_checksum_adds_up_over_any_pieces_and_threads(m, d, cuts, dtype, zeros, row0):
+    """Dense and CSR digests of rows fed in pieces (any order, threads on or off) are the
+    reference's, and the pieces' digests add up to the whole's (as shards do in a merge)."""
+    from rfsgen.output import _sparse_parts
+
+    rng = np.random.default_rng([m, d, row0])
+    x = rng.standard_normal((m, d)).astype(dtype)
+    x[rng.random((m, d)) < zeros] = 0
+    data, indices, counts = (np.copy(a) for a in _sparse_parts(x))
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    want = {**reference_digests({"X": x}, row0),
+            **reference_digests({"X/data": data, "X/indices": indices, "X/indptr": ptr}, row0, d)}
+    points = sorted({min(c, m) for c in cuts} | {0, m})
+    pieces = list(zip(points, points[1:]))
+    for threads in (False, True):
+        dense, csr = DataChecksum("dense", dtype, d, threads=threads), DataChecksum("csr", dtype, d, threads=threads)
+        parts = []
+        for a, b in reversed(pieces):  # the order does not matter
+            dense.dense(x[a:b], row0 + a)
+            csr.csr(data[ptr[a]:], indices[ptr[a]:], ptr[a:b + 1], row0 + a)
+            one = DataChecksum("dense", dtype, d)
+            one.dense(x[a:b], row0 + a)
+            parts.append(one.hexdigests())
+        assert {**dense.hexdigests(), **csr.hexdigests()} == want
+        assert add_digests({"X": "0" * 16}, *parts) == {"X": want["X"]}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_data_checksum_finds_the_rows_holding_nan_or_infinity(dtype):
+    x = np.random.default_rng(1).standard_normal((50, 33)).astype(dtype)
+    c = DataChecksum("dense", dtype, 33, finite=True)
+    assert c.dense(x, 0) is None
+    plain = DataChecksum("dense", dtype, 33)
+    plain.dense(x, 0)
+    for bad in (np.nan, np.inf, -np.inf):
+        for r, col in ((0, 0), (17, 5), (17, 32), (49, 31), (49, 32)):  # even and odd columns, the odd last one
+            y = x.copy()
+            y[r, col] = bad
+            if r < 49:
+                y[r + 1:, 0] = np.nan  # a later row too: the first is named
+            assert DataChecksum("dense", dtype, 33, finite=True).dense(y, 7) == r
+            ptr = np.arange(51, dtype=np.int64) * 33
+            assert DataChecksum("csr", dtype, 33, finite=True).csr(y.reshape(-1), np.tile(np.arange(33), 50), ptr, 7) == r
+    unchecked = DataChecksum("dense", dtype, 33, finite=True)
+    unchecked.dense(x, 0)
+    assert unchecked.hexdigests() == plain.hexdigests()  # the check does not change the checksum
 
 
 def test_names_checksum_is_the_json_of_all_names_in_any_blocks():
@@ -153,10 +322,8 @@ def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, c
         assert (rec["dtype"], rec["compression"], rec["checksum"]) == (dtype, compression, CHECKSUM)
         x = f["X"]
         parts = {"X": x} if layout == "dense" else {f"X/{k}": x[k] for k in ("data", "indices", "indptr")}
-        for name, ds in parts.items():
-            c = Checksum()
-            c.update(ds[()])
-            assert rec["datasets"][name] == c.hexdigest(), name
+        want = reference_digests({k: ds[()] for k, ds in parts.items()}, 5, 150)
+        assert rec["datasets"] == want
         assert rec["nnz"] == (39 * 150 if layout == "dense" else x["data"].shape[0])
         assert rec["obs_names"] == "numbers" and rec["obs_names_sha256"] == number_names_digest(5, 44)
 

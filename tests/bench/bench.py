@@ -27,7 +27,10 @@ suite.  Measures, on the machine it runs on:
 * storage: feature-file bytes against RBFSampler's fitted weights;
 * exact kernel: 128 x 128 rows of cifar-deep;
 * the floor: numpy cos over an output-sized float32 array plus writing its bytes to HDF5;
-* transform peak RSS at 1e4 and 1e5 rows (same chunk size).
+* transform peak RSS at 1e4 and 1e5 rows (same chunk size);
+* checks: the cost of the outputs' integrity record (docs/integrity.md): cifar-deep
+  transform to a file and merge of two shards, dense and csr, with the data checksums
+  on and off (``DataChecksum`` made a no-op), alternately; min and median overheads.
 
 Data: real CIFAR-10 rows from ``../shared/data/cifar10/cifar10_exact_subset.npz``
 (5000 images, tiled to the sizes above, preprocessed like the paper: HWC, center crop
@@ -66,7 +69,7 @@ SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep"
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
 SECTIONS = ("sample", "startup", "gaussian", "rks", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
-            "eof")
+            "eof", "checks")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -616,6 +619,93 @@ def bench_eof(args, tmp, res):
           f"sampling 10^6 EOF columns {sample_s:.2f} s", flush=True)
 
 
+def bench_checks(args, tmp, res):
+    """Transform (cifar-deep, D = ``args.check_columns``, ``args.check_rows`` rows, to a
+    file) and merge of two shards, dense and csr, with the record's data checksums on
+    and off (:class:`rfsgen.output.DataChecksum`'s ``dense`` and ``csr`` made no-ops:
+    shards written without them carry zero sums, which their merge "verifies"), each
+    pair run alternately ``args.check_repeats`` times.  Wall time, and the process's CPU
+    time (all threads): on a shared, loaded machine the CPU time's difference is the
+    steadier measure of the checks' work."""
+    import contextlib
+
+    from rfsgen import load_skeleton, output, sample
+    from rfsgen.features import save
+    from rfsgen.merge import merge_files
+    from rfsgen.transform import transform_file
+
+    n = args.check_rows
+    x, _ = load_rows(args.data, n)
+    np.save(tmp / "checks-x.npy", x)
+    del x
+    save(sample(load_skeleton(SKELETONS["cifar-deep"]), args.check_columns, seed=1), tmp / "checks-f.h5",
+         overwrite=True)
+    orig = (output.DataChecksum.dense, output.DataChecksum.csr)
+
+    @contextlib.contextmanager
+    def checks(on):
+        if not on:
+            output.DataChecksum.dense = output.DataChecksum.csr = lambda self, *a: None
+        try:
+            yield
+        finally:
+            output.DataChecksum.dense, output.DataChecksum.csr = orig
+
+    def transform(layout, on):
+        def run():
+            with checks(on):
+                transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", tmp / f"checks-o-{layout}.h5", layout=layout,
+                               overwrite=True)
+        return run
+
+    def merge(layout, on):
+        parts = [tmp / f"checks-s{i}-{layout}-{on}.h5" for i in range(2)]
+        with checks(on):
+            for p, (a, b) in zip(parts, [(0, n // 2), (n // 2, n)]):
+                transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", p, layout=layout, overwrite=True,
+                               rows=f"{a}:{b}")
+
+        def run():
+            with checks(on):
+                merge_files(parts, tmp / f"checks-m-{layout}.h5", overwrite=True)
+        return run
+
+    fns = {}
+    for layout in ("dense", "csr"):
+        for on in (True, False):
+            fns[f"transform-{layout}-{'on' if on else 'off'}"] = transform(layout, on)
+        for on in (True, False):
+            fns[f"merge-{layout}-{'on' if on else 'off'}"] = merge(layout, on)
+    for fn in fns.values():  # compile and warm up
+        fn()
+    t = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(args.check_repeats):  # alternately, as alternate() does, with CPU time too
+        for name, fn in fns.items():
+            c, w = time.process_time(), time.perf_counter()
+            fn()
+            t[name].append(time.perf_counter() - w)
+            cpu[name].append(time.process_time() - c)
+    out = {"rows": n, "columns": args.check_columns, "repeats": args.check_repeats, "runs": t, "cpu_runs": cpu}
+    for what in ("transform", "merge"):
+        for layout in ("dense", "csr"):
+            r = {}
+            for unit, v in (("", t), ("cpu_", cpu)):
+                on, off = v[f"{what}-{layout}-on"], v[f"{what}-{layout}-off"]
+                r.update({f"{unit}on_min_s": min(on), f"{unit}off_min_s": min(off), f"{unit}on_median_s": med(on),
+                          f"{unit}off_median_s": med(off)})
+                r[f"{unit}overhead_min"] = min(on) / min(off) - 1
+                r[f"{unit}overhead_median"] = med(on) / med(off) - 1
+            out[f"{what}_{layout}"] = r
+            print(f"  checks {what} {layout} {n} x {args.check_columns}: on {r['on_min_s']:.3f} s, off "
+                  f"{r['off_min_s']:.3f} s (min); overhead wall {100 * r['overhead_min']:+.1f}% (min), "
+                  f"{100 * r['overhead_median']:+.1f}% (median), CPU {100 * r['cpu_overhead_min']:+.1f}% (min), "
+                  f"{100 * r['cpu_overhead_median']:+.1f}% (median)", flush=True)
+    for f in tmp.glob("checks-*"):
+        f.unlink()
+    res["checks"] = out
+
+
 def table(res) -> str:
     lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
     for r in res.get("sample", []):
@@ -678,6 +768,13 @@ def table(res) -> str:
         lines.append(f"| EOF sample, 10^6 columns (level {e['sample_1e6_level']}) | {e['sample_1e6_s']:.2f} s | | |")
     for r in res.get("rss", []):
         lines.append(f"| transform peak RSS, {r['rows']} rows, D = {r['columns']} | {r['rss_mib']:.0f} MiB | | |")
+    if "checks" in res:
+        c = res["checks"]
+        lines.append(f"| integrity checks (data checksums on vs off), cifar-deep, {c['rows']} rows, D = {c['columns']} | "
+                     + ", ".join(f"{w} {lay} {100 * c[f'{w}_{lay}']['overhead_min']:+.1f}% (median "
+                                 f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%; CPU "
+                                 f"{100 * c[f'{w}_{lay}']['cpu_overhead_median']:+.1f}%)"
+                                 for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
     return "\n".join(lines)
 
 
@@ -695,6 +792,7 @@ def main(argv=None):
     args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
     args.eof_rows, args.eof_columns = 100_000, 2048
     args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
+    args.check_rows, args.check_columns, args.check_repeats = 10_000, 10_000, 7
     if args.quick:
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2
@@ -702,6 +800,7 @@ def main(argv=None):
         args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
         args.eof_rows, args.eof_columns = 2000, 256
+        args.check_rows, args.check_columns, args.check_repeats = 1000, 1000, 2
     if args.rks_rows_given:
         n = args.rks_rows_given
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows = n, 10 * n, n
