@@ -547,6 +547,9 @@ class Transformer:
         self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
         self.act_j = self.act_j.astype(np.int64)
         self.top = int(levels.max(initial=1))
+        # Float column weights (LKRF over an EOF pool): column j is sqrt(w_j) times its feature.
+        self.col_scale = (None if fs.column_weight is None else
+                          np.sqrt(np.asarray(fs.column_weight, dtype=np.float64)).astype(self.dtype))
         self.clipped = 0
         import threading
 
@@ -607,6 +610,8 @@ class Transformer:
         if m and self.columns:
             on_rows(_rows, m, u, self.kernel, self.s, self.top, self.act_ptr, self.act_j, self.act_l, self.act_stride,
                     self.off, self.table, out, min_rows=max(1, 65536 // max(1, self.lev.size)))
+            if self.col_scale is not None:
+                out *= self.col_scale
         return out
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):

@@ -410,10 +410,11 @@ BYTES_PER_OMEGA = 24
 
 def weight_problem(w, columns: int, eof: bool = False) -> str | None:
     """What is wrong with ``w`` as float column weights of ``columns`` columns (None if nothing):
-    float64 of shape (columns,), finite, >= 0, summing to at most :data:`MAX_WEIGHT_SUM`."""
+    float64 of shape (columns,), finite, >= 0, summing to at most :data:`MAX_WEIGHT_SUM`
+    (``eof``: each at most :data:`MAX_WEIGHT_SUM`; an EOF column's weight multiplies its
+    feature's square, 1 without weights, so they do not sum to 1).  Either bound keeps a
+    column's scale sqrt(weight) at most 2^10."""
     w = np.asarray(w)
-    if eof:
-        return "EOF feature files take no float column weights (their features are unweighted)"
     if w.dtype != np.float64:
         return f"dtype {w.dtype}; expected float64"
     if w.shape != (columns,):
@@ -422,6 +423,11 @@ def weight_problem(w, columns: int, eof: bool = False) -> str | None:
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         return f"column {j} has weight {float(w[j])!r}; weights are finite and >= 0"
+    if eof:
+        if w.size and float(w.max()) > MAX_WEIGHT_SUM:
+            j = int(np.argmax(w))
+            return f"column {j} has weight {float(w[j]):.6g}, over 2^20"
+        return None
     with np.errstate(over="ignore"):  # 1e308 + 1e308: inf, over the bound
         total = float(w.sum())
     if total > MAX_WEIGHT_SUM:

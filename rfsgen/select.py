@@ -209,9 +209,10 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
 
 # ----------------------------------------------------------------------------- statistics
 def _unit(fs: FeatureSet) -> FeatureSet:
-    """The pool with every column at weight 1: its transform gives z_m (EOF: unchanged)."""
+    """The pool with every column at weight 1: its transform gives z_m (EOF: its features
+    as they are, without any weights of its own)."""
     if fs.eof is not None:
-        return fs
+        return dataclasses.replace(fs, column_weight=None)
     return dataclasses.replace(fs, column_weight=np.ones(fs.columns))
 
 
@@ -525,9 +526,6 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         k = int(pool_factor) if isinstance(pool_factor, (int, np.integer)) and pool_factor >= 1 else POOL_FACTOR
         raise UsageError(f"the pool has {count(N0, 'column')}, fewer than the {n_features} to keep; sample a pool of "
                          f"{k} x D = {k * n_features} columns ('rfsgen sample SKELETON -n {k * n_features}')")
-    if method == "lkrf" and fs.eof is not None:
-        raise UsageError("method lkrf weights the kept columns, and EOF feature files take no column weights; "
-                         "use eerf or corr for an EOF pool")
     st = pool_statistics(fs, rows, task, codes, classes.size if classes is not None else 1, chunk_rows=chunk_rows,
                          progress=progress, label_column=None if label_column is None else int(label_column))
     v = scores(st, method)
@@ -543,6 +541,8 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         keep = np.sort(_top(q, n_features))
         kept = q[keep]
         weight = kept / kept.sum() if kept.sum() > 0 else np.full(keep.size, 1.0 / keep.size)
+        if fs.eof is not None:  # an EOF column's weight multiplies its (unit) feature: mean 1, as unweighted
+            weight = weight * keep.size
         record.update(rho=r, divergence=chi2_divergence(q, p), kept_mass=float(kept.sum()))
     else:
         keep = np.sort(_top(v, n_features))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dataclasses
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -245,8 +247,21 @@ def test_mnist_conv_pool_and_an_eof_pool(tmp_path):
     z = rfsgen.transform(load(tmp_path / "e.h5"), xe, layout="dense", dtype="float64")
     v, _ = brute_force(pool, xe, ye)
     np.testing.assert_allclose(z, z_pool[:, np.sort(np.argsort(-v, kind="stable")[:10])], rtol=1e-12)
-    with pytest.raises(UsageError, match="EOF"):
-        select(pool, xe, ye, 10, method="lkrf")
+    # LKRF over an EOF pool: float weights of mean 1 (an unweighted EOF column counts 1), and
+    # each kept column is sqrt(weight) times the pool's column, through save/load.
+    lk = select(pool, xe, ye, 10, method="lkrf")
+    w = lk.column_weight
+    assert w is not None and w.shape == (10,) and abs(w.mean() - 1.0) < 1e-12 and (w >= 0).all()
+    save(lk, tmp_path / "l.h5")
+    back = load(tmp_path / "l.h5")
+    np.testing.assert_array_equal(back.column_weight, w)
+    kept = lk.stats["selection"]["kept"]
+    z = rfsgen.transform(back, xe, layout="dense", dtype="float64")
+    np.testing.assert_allclose(z, z_pool[:, kept] * np.sqrt(w), rtol=1e-12, atol=0)
+    # a weighted EOF pool is scored by its features, not its weights (LKRF takes them as its prior p)
+    again = select(lk, xe, ye, 5, method="eerf")
+    direct = select(dataclasses.replace(lk, column_weight=None), xe, ye, 5, method="eerf")
+    assert again.stats["selection"]["kept"] == direct.stats["selection"]["kept"]
 
 
 def test_subset_renumbers_continuous_omegas(gauss):
