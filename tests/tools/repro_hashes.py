@@ -1,7 +1,8 @@
 """Print SHA-256 hashes of feature files and transform outputs as JSON (used by
 tests/test_reproducible.py, which runs this under several imitated CPUs).
 
-Covers every scheme (rfs, rr, orf) and every base kind, float32 and float64, csr and
+Covers every sampled scheme (rfs, rr, orf on sphere and on gaussian nodes, exact with its float
+column weights) and every base kind, float32 and float64, csr and
 dense, and several --chunk-rows values.  Run: python tests/tools/repro_hashes.py OUTDIR
 """
 
@@ -23,7 +24,8 @@ from rfsgen import load_skeleton, parse_skeleton, sample, save_features  # noqa:
 from rfsgen.transform import transform_file  # noqa: E402
 
 JOBS = [("cifar-deep", "rfs"), ("shallow-gaussian", "rr"), ("shallow-gaussian", "orf"), ("mnist-conv", "rfs"),
-        ("tabular-circle", "rfs"), ("gauss-laplace", "rfs"), ("categorical", "rfs")]
+        ("tabular-circle", "rfs"), ("gauss-laplace", "rfs"), ("categorical", "rfs"), ("cifar-deep", "exact"),
+        ("gauss-laplace", "orf")]
 
 
 def digest(path) -> str:
