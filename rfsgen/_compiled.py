@@ -4,7 +4,7 @@ bookkeeping of its walk between random draws.
 
 Kept apart so that the rest imports without compiling anything.  numba is a required
 dependency (not optional) so that the output never depends on whether it is
-installed; see the README's Performance section for the measurements behind it.
+installed; see docs/performance.md for the measurements behind it.
 
 The row loops are compiled serial, over a range of rows, and :func:`on_rows` runs
 parts of the rows on Python threads (the loops release the GIL).  numba's own

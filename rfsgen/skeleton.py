@@ -21,7 +21,7 @@ before any value is built) and validates the document and the DAG; the templates
 (``per:``, conv, pool, dense, each, inputs, ``width: auto``) are expanded by
 :mod:`rfsgen.templates`, which checks every size from the parameters first.
 
-See README.md ("Skeleton files") for the whole language.  :func:`load_skeleton`
+See docs/skeletons.md for the whole language.  :func:`load_skeleton`
 and :func:`parse_skeleton` return a :class:`Skeleton`; every problem raises a
 :class:`~rfsgen.errors.SkeletonError` whose one-line message names the file,
 the line and the key, and lists the allowed values.
@@ -53,7 +53,7 @@ WIRINGS = ("inputs", "conv", "pool", "dense", "each")
 PER_VALUES = ("all", "column", "pixel", "patch", "group")
 
 # A skeleton file is user input: parsing and expanding it is bounded in time and
-# memory.  Each limit is stated in the README; exceeding one is a one-line error.
+# memory.  Each limit is stated in docs/reliability.md (Limits); exceeding one is a one-line error.
 MAX_SOURCE_BYTES = 256 << 10  # the file itself (YAML parsing runs at ~50k values/s)
 MAX_YAML_NODES = 200_000  # YAML values after expanding aliases (alias "bombs")
 MAX_WIDTH = 10_000_000  # values per input row

@@ -6,7 +6,7 @@ nodes, and the probe width of ``input: {width: auto}``.
 cycles, output, depth) and calls :class:`Expander` once per entry in topological
 order.  Every template's size — nodes, child references, input column references,
 and the memory they take — is computed from its parameters *before* anything is
-built and compared with the limits of :mod:`rfsgen.skeleton` (stated in the README)
+built and compared with the limits of :mod:`rfsgen.skeleton` (stated in docs/reliability.md, Limits)
 and with the memory budget (:func:`rfsgen.budget.check`): a ``conv`` of size 200
 over a 400 x 400 array is refused from its arithmetic, not after building 1.6e9
 child references.

@@ -164,7 +164,7 @@ def inputs(tmp_path, cifar_rows):
     return tmp_path
 
 
-# (command line, expected exit code, part of the one-line message).  The rule (README,
+# (command line, expected exit code, part of the one-line message).  The rule (docs/reliability.md,
 # "Exit codes"): 2 for usage errors -- bad options, bad skeletons, missing or unusable
 # inputs named on the command line; 1 for runtime errors -- bad values inside the
 # rows, a sampler limit, a full disk.
@@ -279,7 +279,7 @@ def test_ctrl_c_during_start_up_is_one_line(inputs, delay):
     from test_signals import _bit, _mask
 
     proc = _rfsgen("sample", skeleton_path("cifar-deep"), "-n", 3000, "-o", inputs / "s.h5")
-    # Counted from rfsgen's handler: before it, Python's start-up has SIGINT (README).
+    # Counted from rfsgen's handler: before it, Python's start-up has SIGINT (docs/reliability.md, Signals).
     while not _mask(proc.pid, "SigCgt") & _bit(signal.SIGTERM) and proc.poll() is None:
         time.sleep(0.001)
     time.sleep(delay)

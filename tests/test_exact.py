@@ -316,8 +316,10 @@ def test_cli_too_many_columns_for_an_enumerated_skeleton(tmp_path):
 
 
 def test_the_docs_page_blocks_run(tmp_path, cifar_rows):
-    """docs/exact-degrees.md: every sh block runs in a scratch directory with skeletons/ and
-    rows.npy (as the README's blocks do, tests/test_readme.py)."""
+    """docs/exact-degrees.md: every sh block runs, in order, in a stand-in for the repository
+    root after ``make demo`` (skeletons/, demo-output/rows.npy, .venv/bin/activate), as every
+    docs page's blocks do in tests/test_readme.py (the page's first block activates and copies
+    the demo's rows, as the other pages' do)."""
     import os
     import re
     import subprocess
@@ -328,8 +330,9 @@ def test_the_docs_page_blocks_run(tmp_path, cifar_rows):
 
     blocks = re.findall(r"^```sh\n(.*?)^```", (ROOT / "docs" / "exact-degrees.md").read_text(), re.S | re.M)
     assert blocks
-    (tmp_path / "skeletons").symlink_to(ROOT / "skeletons")
-    np.save(tmp_path / "rows.npy", cifar_rows[:24].astype(np.float32))
+    from test_readme import _post_demo
+
+    _post_demo(tmp_path)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     for body in blocks:
         res = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env, capture_output=True,

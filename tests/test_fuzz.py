@@ -37,7 +37,7 @@ BUDGET = ["--cases", "60", "--seed", "2026", "--kinds", "skeletons,rows,features
 #: (strict xfails: when a fix lands the case XPASSes, which fails the run until its line is
 #: deleted).  Empty: every case of issue 23 and every failure found since passes.  A signal
 #: case whose signal lands inside the interpreter's own start-up, before rfsgen's first
-#: line, is judged "startup" (README, Signals) and accepted.
+#: line, is judged "startup" (docs/reliability.md, Signals) and accepted.
 KNOWN: dict[str, str] = {}
 
 
@@ -79,7 +79,7 @@ def budget(tmp_path_factory, cache):
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=_marks(p.stem)) for p in REGRESSIONS])
 def test_regression(path, regressions):
     r = regressions["by_id"][path.stem]
-    # startup: a signal inside the interpreter's own start-up, before rfsgen's first line (README, Signals)
+    # startup: a signal inside the interpreter's own start-up, before rfsgen's first line (docs/reliability.md, Signals)
     assert r["class"] in ("passed", "startup"), \
         f"{r['class']}: {r['detail']} (replay: python tests/fuzz/run.py --replay {path})"
 

@@ -354,7 +354,7 @@ def test_a_small_csr_output_is_small_and_its_shards_merge_to_its_bytes(files, tm
 
 
 def test_a_sparse_csr_output_is_sized_to_its_stored_values(tmp_path):
-    """The README's AnnData example (500 sparse rows x 4096 columns, ~11k stored values):
+    """docs/python.md's AnnData example (500 sparse rows x 4096 columns, ~11k stored values):
     chunks follow the values stored, not rows x columns (8.6 MB before); chunk sizes,
     shards and merge still give the same bytes."""
     import os

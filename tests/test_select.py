@@ -407,11 +407,15 @@ DOC = ROOT / "docs" / "selection.md"
 
 
 def test_the_selection_page_runs_in_sequence(tmp_path, cifar_rows):
+    """docs/selection.md's blocks, in order, in a stand-in for the repository root after
+    ``make demo`` (tests/test_readme.py's): the page's first block activates and copies the
+    demo's rows, as every docs page's does."""
+    from test_readme import _post_demo
+
     blocks = re.findall(r"^```(\w+)\n(.*?)^```", DOC.read_text(), re.S | re.M)
     runnable = [(lang, body) for lang, body in blocks if lang in ("sh", "python")]
     assert len(runnable) >= 3
-    (tmp_path / "skeletons").symlink_to(ROOT / "skeletons")
-    np.save(tmp_path / "rows.npy", cifar_rows[:24].astype(np.float32))
+    _post_demo(tmp_path)
     env = dict(__import__("os").environ, PATH=f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}")
     for lang, body in runnable:
         cmd = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euo", "pipefail", "-c", body]

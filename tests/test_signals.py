@@ -18,7 +18,7 @@ holds for every delay:
   after the ``kill``).
 
 SIGINT is sent only once rfsgen's handler is installed: before that, Python's own
-SIGINT handler is in charge (the README says what it does).  The number of random
+SIGINT handler is in charge (docs/reliability.md, Signals, says what it does).  The number of random
 trials is ``RFSGEN_SIGNAL_TRIALS`` (default 16; ``make fuzz`` may run hundreds).
 """
 

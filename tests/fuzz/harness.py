@@ -269,7 +269,7 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
     if sig and res["signal_sent"] and "Traceback (most recent call last)" in err \
             and not re.search(r'File "[^"]*[/\\]rfsgen[/\\]', err):
         # No frame of rfsgen's: the signal landed in the interpreter's own start-up (site,
-        # .pth files, runpy finding the package), before rfsgen's first line (README, Signals).
+        # .pth files, runpy finding the package), before rfsgen's first line (docs/reliability.md, Signals).
         return "startup", f"{sig['sig']} at {sig['delay']:.3f} s, in Python's start-up: {_exception(err)}"
     if "Traceback (most recent call last)" in err or "Exception ignored" in err:
         return "traceback", _exception(err)
@@ -435,7 +435,7 @@ def _check_sample(path, check):
     from rfsgen import features
 
     fs = features.load(path)
-    # orf ends on whole (cos, sin) pairs: an odd -n gives -n + 1 columns (README, --scheme orf)
+    # orf ends on whole (cos, sin) pairs: an odd -n gives -n + 1 columns (docs/commands.md, rfsgen sample)
     want = check["columns"] + check["columns"] % 2 if fs.scheme == "orf" else check["columns"]
     if fs.columns != want:
         return f"sample wrote {fs.columns} columns, asked {check['columns']}"

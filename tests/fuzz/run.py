@@ -204,7 +204,7 @@ def main(argv=None) -> int:
             results.append(r)
             log.write(json.dumps(r, default=str) + "\n")
             log.flush()
-            if r["class"] not in ("passed", "skipped", "startup"):  # startup: the documented gap (README)
+            if r["class"] not in ("passed", "skipped", "startup"):  # startup: the documented gap (docs/reliability.md)
                 failures.append((case, r))
                 harness.save_case(case, r, out / "failures" / case["kind"])
                 sig = harness.signature(r)
