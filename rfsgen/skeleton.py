@@ -307,7 +307,7 @@ def _scalar(kind, construct):
                                 "drop the tag")
         if kind == "int" and len(text) > MAX_INT_CHARS:
             raise SkeletonError(f"{_where(loader, node)}: an integer of {len(text)} characters, over the limit of "
-                                f"{MAX_INT_CHARS}; skeleton numbers are far smaller (see the README's Limits)")
+                                f"{MAX_INT_CHARS}; skeleton numbers are far smaller (see docs/reliability.md, Limits)")
         try:
             return construct(loader, node)
         except SkeletonError:
