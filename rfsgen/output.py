@@ -868,7 +868,18 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
-    n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    direct = getattr(tr, "csr_chunks", None)  # a merge of CSR shards: their pieces as they are
+    if direct is not None:
+        for row0, (d, i, counts) in direct(src, chunk_rows, start, stop):
+            if sums is not None:
+                sums.csr(d, i, np.concatenate([[0], np.cumsum(counts)]), row0)
+            pairs.add(d, i)
+            indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
+            n_rows += counts.size
+            if progress:
+                progress(counts.size)
+    else:
+        n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)
