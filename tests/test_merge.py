@@ -69,6 +69,23 @@ def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
     assert copied and open("m.h5", "rb").read() == open("all.h5", "rb").read()
 
 
+@pytest.mark.parametrize("damage_kind, message", [("swap", "'X/indices' is not canonical CSR at row 41 "),
+                                                    ("outside", "'X/indices' is not canonical CSR at row 41 "),
+                                                    ("zero", "'X/data' stores a zero at row 41 ")])
+def test_non_canonical_csr_is_refused_naming_the_row(setup, damage_kind, message):
+    """CSR shards are verified without densifying (issue 26 item 5): columns out of order
+    or outside the width, and stored zeros, are still found, at the right row."""
+    parts = shards(2, "--layout", "csr")  # rows 0:51 and 51:103; full rows of 300 values
+    with h5py.File(parts[0], "r+") as f:
+        k = 41 * 300 + 7
+        if damage_kind == "zero":
+            f["X/data"][k] = 0
+        else:
+            f["X/indices"][k:k + 2] = [8, 7] if damage_kind == "swap" else [7, 300]
+    res = run(["merge", *parts, "-o", "m.h5", "-q"])
+    assert res.exit_code == 2 and message in res.output and res.output.count("\n") == 1, res.output
+
+
 def test_a_row_range_merges_with_its_rows_names_and_attributes(setup):
     assert run(["transform", "f.h5", "x.npy", "-o", "mid.h5", "--rows", "10:90", "-q", "--layout", "csr"]).exit_code == 0
     for a, b in (("10:40", "a.h5"), ("40:41", "b.h5"), ("41:90", "c.h5")):
