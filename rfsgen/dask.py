@@ -682,13 +682,14 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                         "asking the workers for the shard directory")
         blind = {w: why for w, why in seen.items() if why is not None}
         if not seen or blind:
-            worker, why = next(iter(blind.items())) if blind else ("", "no worker is connected")
+            who = "no Dask worker is connected yet" if not blind else "Dask worker {} {}".format(*next(iter(
+                blind.items())))
             if chosen:
-                raise UsageError(f"--shard-dir {shard_dir}: Dask worker {worker} {why}; give a directory every "
-                                 "worker shares, or --dask-gather to send the rows through this process")
+                raise UsageError(f"--shard-dir {shard_dir}: {who}; give a directory every worker shares, or "
+                                 "--dask-gather to send the rows through this process")
             if not quiet:
-                print(f"rfsgen: warning: dask: worker {worker} {why}: the rows travel through this process "
-                      "(give --shard-dir a directory every worker shares)", file=sys.stderr)
+                print(f"rfsgen: warning: dask: {who}: the rows travel through this process (give --shard-dir a "
+                      "directory every worker shares)", file=sys.stderr)
             raise _Blind  # out of atomic_path, which then leaves no output
         threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
         chunk = default_chunk_rows(fs.columns, chunk_rows=chunk_rows)

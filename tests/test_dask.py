@@ -505,7 +505,7 @@ def test_workers_that_cannot_see_the_shard_directory(files, shell_cluster):
     _on_workers(shell_cluster, blind)
     try:
         code, err, _ = _cli(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster], files)
-        assert code == 0 and err.startswith("rfsgen: warning: dask: worker tcp://127.0.0.1:"), err
+        assert code == 0 and err.startswith("rfsgen: warning: dask: Dask worker tcp://127.0.0.1:"), err
         assert "cannot read the directory (test): the rows travel through this process" in err.splitlines()[0]
         assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
         res = run(base + ["-o", "o.h5", "-q", "--dask-scheduler", shell_cluster, "--shard-dir", "."])
