@@ -454,20 +454,285 @@ def shutdown(address: str | None = None, timeout: float = SHUTDOWN_TIMEOUT) -> i
             close(client)
 
 
-def transform_file(features, input, output, *, scheduler: str, quiet: bool = False, **options) -> dict:
-    """:func:`rfsgen.transform.transform_file` with the chunks computed on the Dask
-    cluster at ``scheduler``; the output file is the same as a local run's.  Dask's own
-    warnings and log records become one line each on stderr (none with ``quiet``); the
-    Client is closed before this returns or raises."""
+def transform_file(features, input, output, *, scheduler: str, quiet: bool = False, shard_dir=None,
+                   gather: bool = False, **options) -> dict:
+    """:func:`rfsgen.transform.transform_file` with the rows computed on the Dask
+    cluster at ``scheduler``; the output file is the same as a local run's, byte for
+    byte.  Dask's own warnings and log records become one line each on stderr (none
+    with ``quiet``); the Client is closed before this returns or raises.
+
+    By default the workers write their row ranges straight to shard files in a
+    directory they share with this process (:func:`transform_sharded`: ``shard_dir``,
+    or beside ``output``), which are then merged here; when the workers cannot see
+    that directory (and ``shard_dir`` was not given), when the input is a stream, for
+    ``obsm=``, or with ``gather=True``, the chunks travel to this process and are
+    written here (:class:`ClusterTransformer`)."""
     from .transform import transform_file as local
 
     scheduler = check_address(scheduler)
     with routed_messages(quiet):
         client = connect(scheduler)
         try:
+            if not gather and options.get("obsm") is None and str(input) != "-":
+                info = transform_sharded(client, scheduler, features, input, output, shard_dir=shard_dir,
+                                         quiet=quiet, **options)
+                if info is not None:
+                    return info
+
             def engine(fs, dtype):
                 return ClusterTransformer(client, scheduler, fs, dtype)
 
             return local(features, input, output, engine=engine, **options)
         finally:
             close(client)
+
+
+# ----------------------------------------------------------------------------- workers writing shards
+#: A run's shard directory: ``.NAME.rfsgen-HOST-PID-RANDOM.shards`` (NAME the output's
+#: name), created in the shard directory and removed when the run ends, whatever happens.
+SHARDS_PATTERN = re.compile(r"^\.(?P<name>.+)\.rfsgen-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]+\.shards$")
+#: Row ranges per worker thread (a killed worker's ranges are computed again elsewhere;
+#: more ranges balance better, each costs a shard file).
+RANGES_PER_THREAD = 2
+#: At most this many chunks of rows in one range (a long input is cut finer).
+MAX_RANGE_CHUNKS = 64
+
+
+def _remove_stale_shard_dirs(directory) -> None:
+    """Shard directories of runs on this host whose process no longer exists (killed)."""
+    import shutil
+
+    from .atomic import _alive, _host
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = SHARDS_PATTERN.match(name)
+        if m and m.group("host") == _host() and not _alive(int(m.group("pid"))):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _probe(directory: str, token: str, paths: list) -> str | None:
+    """On a worker: None when it sees the probe file holding ``token`` in ``directory``
+    and every one of ``paths``; else why not."""
+    try:
+        with open(os.path.join(directory, "probe"), encoding="ascii") as fh:
+            if fh.read() != token:
+                return f"{directory} is another directory there"
+    except OSError as e:
+        return f"cannot read {directory} ({e.strerror})"
+    for p in paths:
+        if not os.access(p, os.R_OK):
+            return f"cannot read {p}"
+    return None
+
+
+@contextlib.contextmanager
+def _task_threads():
+    """Numba and the writer on one thread inside a task: a worker's parallelism is its
+    ``--nthreads`` (each runs one range at a time), as Dask declares it."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)  # thread-local: this worker thread only
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def write_shard(fs: FeatureSet, spec: str, path: str, start: int, stop: int, provenance: dict, layout: str,
+                dtype: str, compression: str, chunk_rows: int | None, layer: str | None = None) -> int:
+    """On a worker: rows ``start:stop`` of the input ``spec`` (an absolute path) through
+    ``fs`` into the shard ``path`` (written atomically, replacing a shard of an earlier
+    attempt), with ``provenance`` as the client gave it (so the merged file is the local
+    run's).  Returns the number of rows."""
+    from .errors import OutputError
+    from .inputs import open_input
+    from .output import DTYPES, write_output
+    from .transform import Transformer
+
+    try:
+        with _task_threads(), open_input(spec, layer=layer) as src:
+            tr = Transformer(fs, DTYPES[dtype])
+            info = write_output(path, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
+                                chunk_rows=chunk_rows, overwrite=True, inputs=[], progress=None,
+                                provenance=provenance)
+    except OSError as e:  # not the scheduler's: this worker's file system
+        import socket
+
+        raise OutputError(f"{path}: a Dask worker on {socket.gethostname()} cannot write it ({e.strerror or e}); "
+                          "check the shard directory there") from None
+    return int(info["rows"])
+
+
+def row_ranges(start: int, stop: int, threads: int, chunk_rows: int) -> list:
+    """``start:stop`` cut into nearly equal contiguous ranges: :data:`RANGES_PER_THREAD`
+    per worker thread, each at least a chunk and at most :data:`MAX_RANGE_CHUNKS` chunks
+    of rows (when the input is long enough)."""
+    n = stop - start
+    if n <= 0:
+        return [(start, stop)]
+    k = max(RANGES_PER_THREAD * max(threads, 1), -(-n // (MAX_RANGE_CHUNKS * chunk_rows)))
+    k = max(1, min(k, -(-n // chunk_rows)))
+    cuts = [start + n * i // k for i in range(k + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def transform_sharded(client, address: str, features, input, output, *, shard_dir=None, quiet: bool = False,
+                      layout="auto", dtype="float32", compression="none", chunk_rows=None, rows=None, shard=None,
+                      overwrite=False, progress=None, layer=None, **_ignored) -> dict | None:
+    """The transform of :func:`transform_file` with the workers writing shards.
+
+    The rows are cut into ranges (:func:`row_ranges`); each worker writes its ranges
+    (:func:`write_shard`) into a run directory inside ``shard_dir`` (default: the
+    output's directory), which every worker and this process must share (a probe file
+    is checked on each worker first), then :func:`rfsgen.merge.merge_files` verifies
+    and merges them into ``output`` (dense uncompressed shards are copied at disk
+    speed) and the run directory is removed, on success and on failure alike: a
+    failed run leaves no shard and no output.  A worker killed mid-run has its ranges
+    written again by another (the shards are deterministic).  Returns the summary
+    dict, or None (nothing done) when the workers cannot see the default directory
+    (the caller then sends the chunks through this process); a ``shard_dir`` that some
+    worker cannot see is a :class:`~rfsgen.errors.UsageError`."""
+    from . import __version__
+    from .atomic import atomic_path
+    from .features import load
+    from .inputs import _split_spec, check_width, open_input, parse_rows, resolve_rows, shard_rows
+    from .output import _check_options, file_sha256, resolve_layout
+    from .transform import _bound_by, _swapped
+
+    _check_options(layout, dtype, compression)
+    if chunk_rows is not None and chunk_rows < 1:
+        raise UsageError(f"--chunk-rows must be at least 1, got {chunk_rows}")
+    if rows is not None and shard is not None:
+        raise UsageError("give --rows or --shard, not both")
+    parse_rows(rows)
+    from .errors import FeatureFileError
+
+    try:
+        fs = load(features)
+    except FeatureFileError as e:
+        raise _swapped(features, input) or e from None
+    layout = resolve_layout(layout, fs)
+    path, key = _split_spec(os.fspath(input))
+    spec = os.path.abspath(path) + (f":{key}" if key is not None else "")
+    with open_input(input, layer=layer) as src:
+        check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
+                    **_bound_by(fs, f"feature file '{features}'", src))
+        if src.n_rows is None or getattr(src, "declared_only", False):
+            return None  # a stream: its rows can only travel through this process
+        start, stop = shard_rows(shard, src.n_rows, src.name) if shard is not None else \
+            resolve_rows(rows, src.n_rows, src.name)
+        provenance = {"rfsgen_version": __version__, "features_file": str(features),
+                      "features_sha256": file_sha256(features), "input": src.name}
+    chosen = shard_dir is not None
+    base = os.path.abspath(shard_dir) if chosen else os.path.dirname(os.path.abspath(output))
+    if chosen and not os.path.isdir(base):
+        raise UsageError(f"--shard-dir {shard_dir}: not a directory; create it (on a file system every Dask worker "
+                         "shares) or leave --shard-dir out")
+    try:
+        with atomic_path(output, overwrite, inputs=[features, input]) as final:
+            info, n_ranges = _run_shards(client, address, fs, spec, path, features, os.path.basename(output),
+                                         final, base, shard_dir, quiet,
+                                         start, stop, provenance, layout, dtype, compression, chunk_rows, layer,
+                                         progress)
+    except _Blind:
+        return None
+    info.pop("shards", None)
+    info.pop("virtual", None)
+    info.update(output=str(output), ranges=n_ranges)
+    return info
+
+
+class _Blind(Exception):
+    """Some worker cannot see the default shard directory: send the rows through the client."""
+
+
+def _run_shards(client, address, fs, spec, path, features, name, final, base, shard_dir, quiet, start, stop,
+                provenance, layout, dtype, compression, chunk_rows, layer, progress):
+    """The body of :func:`transform_sharded`, inside its ``atomic_path`` (``final``)."""
+    import secrets
+    import shutil
+    import sys
+
+    from .atomic import _host
+    from .errors import OutputError, RfsgenError
+    from .merge import merge_files
+    from .output import default_chunk_rows
+
+    chosen = shard_dir is not None
+    _remove_stale_shard_dirs(base)
+    try:
+        run_dir = os.path.join(base, f".{name}.rfsgen-{_host()}-{os.getpid()}-"
+                                     f"{secrets.token_hex(4)}.shards")
+        os.mkdir(run_dir)
+    except OSError as e:
+        raise OutputError(f"{base}: cannot create the shard directory there ({e.strerror}); give a writable "
+                          "--shard-dir") from None
+    futures = []
+    try:
+        token = secrets.token_hex(16)
+        with open(os.path.join(run_dir, "probe"), "w", encoding="ascii") as fh:
+            fh.write(token)
+        seen = _guarded(address, lambda: client.run(_probe, run_dir, token,
+                                                    [os.path.abspath(features), os.path.abspath(path)]),
+                        "asking the workers for the shard directory")
+        blind = {w: why for w, why in seen.items() if why is not None}
+        if not seen or blind:
+            who = "no Dask worker is connected yet" if not blind else "Dask worker {} {}".format(*next(iter(
+                blind.items())))
+            if chosen:
+                raise UsageError(f"--shard-dir {shard_dir}: {who}; give a directory every worker shares, or "
+                                 "--dask-gather to send the rows through this process")
+            if not quiet:
+                print(f"rfsgen: warning: dask: {who}: the rows travel through this process (give --shard-dir a "
+                      "directory every worker shares)", file=sys.stderr)
+            raise _Blind  # out of atomic_path, which then leaves no output
+        threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
+        chunk = default_chunk_rows(fs.columns, chunk_rows=chunk_rows)
+        ranges = row_ranges(start, stop, threads, chunk)
+        width = len(str(len(ranges)))
+        paths = [os.path.join(run_dir, f"part-{i:0{width}d}.h5") for i in range(len(ranges))]
+        fs_future = _guarded(address, lambda: client.scatter(fs, broadcast=True, hash=False),
+                             "sending the feature set")
+        if progress is not None and hasattr(progress, "phase"):
+            progress.phase("transform", stop - start)
+        futures = [_guarded(address, lambda a=a, b=b, p=p: client.submit(
+            write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
+            pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
+            for (a, b), p in zip(ranges, paths)]
+        for fut, (a, b) in zip(futures, ranges):  # in order: the progress bar counts whole ranges
+            _guarded(address, fut.result, f"transforming rows {a}:{b}")
+            if progress:
+                progress(b - a)
+        info = merge_files(paths, final, overwrite=True, progress=progress)
+    except RfsgenError:
+        raise
+    except OSError as e:
+        raise OutputError(f"{run_dir}: {e.strerror or e}; check the shard directory") from None
+    finally:
+        for f in futures:
+            f.cancel()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return info, len(ranges)
+
+
+def _guarded(address, fn, what):
+    """``fn()``, with a dead worker or a lost scheduler as a one-line error."""
+    from distributed.scheduler import KilledWorker
+
+    from .errors import RfsgenError
+
+    try:
+        return fn()
+    except RfsgenError:
+        raise
+    except KilledWorker as e:
+        raise RfsgenError(f"a Dask worker died while {what} (scheduler {address}): {e}; nothing was written; check "
+                          "the workers' memory and logs, then run again") from None
+    except (OSError, TimeoutError) as e:
+        raise RfsgenError(f"lost the Dask scheduler at {address} while {what} ({type(e).__name__}: {e}); nothing "
+                          "was written") from None

@@ -683,7 +683,8 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     page-cache work is spread over the compiled loop's threads.  The window is
     unmapped after each chunk, so resident memory stays bounded by the chunk.
     Elsewhere a writer thread fills the area with ``os.pwrite`` while the next chunk
-    is computed.  HDF5 only places the dataset; the file's bytes are the same as
+    is computed.  A ``tr`` with ``copy_into`` (a merge of dense uncompressed shards,
+    :class:`rfsgen.merge._RawDense`) fills the area itself.  HDF5 only places the dataset; the file's bytes are the same as
     writing through h5py.
     """
     import os
@@ -704,8 +705,12 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     row_bytes = D * np.dtype(dtype).itemsize
     fd = os.open(sink.path, os.O_RDWR)
     try:
+        reserved = _reserve(fd, offset, n * row_bytes)
+        copy_into = getattr(tr, "copy_into", None)  # a merge of dense shards: their bytes, verified as copied
+        if copy_into is not None:
+            return copy_into(fd, offset, row_bytes, start, stop, progress)
         # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
-        if _reserve(fd, offset, n * row_bytes) and not getattr(tr, "remote", False):
+        if reserved and not getattr(tr, "remote", False):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum)
 
         def put(row0, vals):
@@ -863,7 +868,18 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
-    n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+    direct = getattr(tr, "csr_chunks", None)  # a merge of CSR shards: their pieces as they are
+    if direct is not None:
+        for row0, (d, i, counts) in direct(src, chunk_rows, start, stop):
+            if sums is not None:
+                sums.csr(d, i, np.concatenate([[0], np.cumsum(counts)]), row0)
+            pairs.add(d, i)
+            indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
+            n_rows += counts.size
+            if progress:
+                progress(counts.size)
+    else:
+        n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)

@@ -149,6 +149,8 @@ def shell_cluster(tmp_path_factory):
 
 @pytest.mark.parametrize("layout", ["csr", "dense"])
 def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, monkeypatch):
+    """The workers write shards beside the output (merged, then removed), or with
+    --dask-gather send the chunks here: the local run's file either way."""
     base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 37, "-q"]
     assert run(base + ["-o", "local.h5"]).exit_code == 0
     res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
@@ -159,11 +161,14 @@ def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, mo
     assert run(["transform", "f.h5", "x.npy", "--layout", layout, "-q", "-o", "env-local.h5", "--shard", "1/2"],
                env={"DASK_SCHEDULER_ADDRESS": ""}).exit_code == 0
     assert open("env.h5", "rb").read() == open("env-local.h5", "rb").read()
+    assert run(base + ["-o", "gathered.h5", "--dask-gather"]).exit_code == 0
+    assert open("gathered.h5", "rb").read() == open("local.h5", "rb").read()
+    assert not [p for p in os.listdir(".") if p.endswith(".shards") or p.endswith(".part")]
 
 
 def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_cluster, monkeypatch):
-    """SIGKILL one worker after the fifth chunk has come back: Dask reruns its tasks on
-    the other worker (the nanny restarts the killed one) and the file is the same."""
+    """--dask-gather: SIGKILL one worker after the fifth chunk has come back: Dask reruns
+    its tasks on the other worker (the nanny restarts the killed one) and the file is the same."""
     import signal
 
     assert run(["transform", "f.h5", "x.npy", "--chunk-rows", 10, "-q", "-o", "local.h5"]).exit_code == 0
@@ -182,7 +187,7 @@ def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_c
 
     monkeypatch.setattr(rd.ClusterTransformer, "_collect", collect_and_kill)
     res = run(["transform", "f.h5", "x.npy", "--chunk-rows", 10, "-q", "-o", "remote.h5",
-               "--dask-scheduler", shell_cluster])
+               "--dask-scheduler", shell_cluster, "--dask-gather"])
     assert res.exit_code == 0, res.output
     assert state["killed"] is not None and state["done"] == 30
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
@@ -201,17 +206,18 @@ def _die(*args, **kwargs):
     os._exit(3)
 
 
-def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch):
+@pytest.mark.parametrize("path, task, rows", [("gather", "transform_block", "0:50"), ("shards", "write_shard", "0:150")])
+def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch, path, task, rows):
     import dask
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                       dashboard_address=":0") as c:
-            monkeypatch.setattr(rd, "transform_block", _die)  # what the workers are asked to run
+            monkeypatch.setattr(rd, task, _die)  # what the workers are asked to run
             res = run(["transform", "f.h5", "x.npy", "-o", "o.h5", "--chunk-rows", 50,
-                       "--dask-scheduler", c.scheduler_address])
+                       "--dask-scheduler", c.scheduler_address] + (["--dask-gather"] if path == "gather" else []))
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
-    assert "a Dask worker died while transforming rows 0:50" in res.output
+    assert f"a Dask worker died while transforming rows {rows}" in res.output
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
 
 
@@ -288,7 +294,7 @@ def test_quiet_silences_dask_and_messages_are_one_line_otherwise(files, shell_cl
     """Chunks of 1,000 rows (13.8 MB) make distributed warn "Sending large graph": with -q
     nothing at all is printed; without it, each of Dask's messages is one line."""
     np.save("big.npy", np.tile(np.load("x.npy"), (4, 1)))  # 1,200 rows
-    args = ["transform", "f.h5", "big.npy", "--chunk-rows", 1000, "--dask-scheduler", shell_cluster]
+    args = ["transform", "f.h5", "big.npy", "--chunk-rows", 1000, "--dask-scheduler", shell_cluster, "--dask-gather"]
     code, err, _ = _cli(args + ["-o", "q.h5", "-q"], files)
     assert code == 0 and err == "", err
     code, err, _ = _cli(args + ["-o", "v.h5"], files)
@@ -430,3 +436,96 @@ def test_an_h5ad_input_on_a_cluster_keeps_its_obs_columns(files, shell_cluster):
     assert open("remote.h5ad", "rb").read() == open("local.h5ad", "rb").read()
     out = anndata.read_h5ad("remote.h5ad")
     assert out.obs.equals(a.obs.iloc[30:270]) and out.uns["rfsgen"]["rows_start"] == 30
+
+
+# ----------------------------------------------------------------------------- workers writing shards (issue 26, item 5)
+def _on_workers(address, fn, *args):
+    with distributed.Client(address, timeout=30) as client:
+        return client.run(fn, *args)
+
+
+def test_a_worker_killed_while_writing_its_shard_ends_in_the_same_file(files, shell_cluster):
+    """The first shard to reach its annotations (its X written, in its temporary file)
+    SIGKILLs its worker: the range is written again by the other worker, the merged
+    file is the local run's, and no shard or temporary file remains."""
+    def arm(flag):
+        import os
+        import signal
+
+        import rfsgen.output as out
+
+        real = out._write_annotations
+
+        def dying(*args, **kwargs):
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # only the first, on any worker
+            except FileExistsError:
+                return real(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        out._write_annotations, out._real_write_annotations = dying, real
+
+    def disarm():
+        import rfsgen.output as out
+
+        out._write_annotations = getattr(out, "_real_write_annotations", out._write_annotations)
+
+    base = ["transform", "f.h5", "x.npy", "--layout", "dense", "--chunk-rows", 10, "-q"]
+    assert run(base + ["-o", "local.h5"]).exit_code == 0
+    (files / "sd").mkdir()
+    _on_workers(shell_cluster, arm, str(files / "killed"))
+    try:
+        res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster, "--shard-dir", "sd"])
+    finally:
+        _on_workers(shell_cluster, disarm)
+    assert res.exit_code == 0, res.output
+    assert (files / "killed").exists()
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    assert os.listdir(files / "sd") == []
+    with distributed.Client(shell_cluster, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
+
+
+def test_workers_that_cannot_see_the_shard_directory(files, shell_cluster):
+    """The default directory unseen by a worker: one warning line, and the chunks come
+    through this process (the same file); an explicit --shard-dir unseen: a usage error,
+    nothing written."""
+    def blind():
+        import rfsgen.dask as d
+
+        d._real_probe, d._probe = d._probe, lambda *a: "cannot read the directory (test)"
+
+    def unblind():
+        import rfsgen.dask as d
+
+        d._probe = getattr(d, "_real_probe", d._probe)
+
+    base = ["transform", "f.h5", "x.npy", "--layout", "csr"]
+    assert run(base + ["-o", "local.h5", "-q"]).exit_code == 0
+    _on_workers(shell_cluster, blind)
+    try:
+        code, err, _ = _cli(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster], files)
+        assert code == 0 and err.startswith("rfsgen: warning: dask: Dask worker tcp://127.0.0.1:"), err
+        assert "cannot read the directory (test): the rows travel through this process" in err.splitlines()[0]
+        assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+        res = run(base + ["-o", "o.h5", "-q", "--dask-scheduler", shell_cluster, "--shard-dir", "."])
+        assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+        assert "--shard-dir .: Dask worker tcp://127.0.0.1:" in res.output and "--dask-gather" in res.output
+    finally:
+        _on_workers(shell_cluster, unblind)
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "local.h5", "remote.h5", "x.npy"]
+
+
+def test_shard_options_need_a_scheduler(files):
+    for extra in (["--shard-dir", "."], ["--dask-gather"]):
+        res = run(["transform", "f.h5", "x.npy", "-o", "o.h5", *extra], env={"DASK_SCHEDULER_ADDRESS": ""})
+        assert res.exit_code == 2 and "needs --dask-scheduler" in res.output
+
+
+def test_row_ranges_cover_the_rows_once():
+    assert rd.row_ranges(0, 300, 2, 10) == [(0, 75), (75, 150), (150, 225), (225, 300)]
+    assert rd.row_ranges(5, 8, 4, 10) == [(5, 8)]
+    assert rd.row_ranges(0, 0, 2, 10) == [(0, 0)]
+    r = rd.row_ranges(0, 10**6, 2, 100)  # long inputs: at most MAX_RANGE_CHUNKS chunks a range
+    assert len(r) == 157 and r[0] == (0, 6369) and r[-1][1] == 10**6 and all(b - a <= 64 * 100 for a, b in r)
+    assert all(a == b0 for (_, b0), (a, _) in zip(r, r[1:]))

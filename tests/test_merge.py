@@ -53,6 +53,39 @@ def test_merged_file_is_the_unsharded_file_byte_for_byte(setup, extra):
     assert open("m7.h5", "rb").read() == open("all.h5", "rb").read()
 
 
+def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
+    """Issue 26 item 5: dense uncompressed shards are copied byte for byte at their
+    offsets (rfsgen.merge._RawDense), not read through h5py, and still verified; the
+    file is the unsharded one. Pieces smaller than a shard (RAW_STEP) too."""
+    import rfsgen.merge as rm
+
+    assert run(["transform", "f.h5", "x.npy", "-o", "all.h5", "-q", "--layout", "dense"]).exit_code == 0
+    parts = shards(3, "--layout", "dense")
+    copied = []
+    real = rm._RawDense.copy_into
+    monkeypatch.setattr(rm._RawDense, "copy_into", lambda self, *a: copied.append(1) or real(self, *a))
+    monkeypatch.setattr(rm, "RAW_STEP", 7 * 300 * 4)  # 7 rows a piece
+    assert run(["merge", *parts, "-o", "m.h5", "-q"]).exit_code == 0
+    assert copied and open("m.h5", "rb").read() == open("all.h5", "rb").read()
+
+
+@pytest.mark.parametrize("damage_kind, message", [("swap", "'X/indices' is not canonical CSR at row 41 "),
+                                                    ("outside", "'X/indices' is not canonical CSR at row 41 "),
+                                                    ("zero", "'X/data' stores a zero at row 41 ")])
+def test_non_canonical_csr_is_refused_naming_the_row(setup, damage_kind, message):
+    """CSR shards are verified without densifying (issue 26 item 5): columns out of order
+    or outside the width, and stored zeros, are still found, at the right row."""
+    parts = shards(2, "--layout", "csr")  # rows 0:51 and 51:103; full rows of 300 values
+    with h5py.File(parts[0], "r+") as f:
+        k = 41 * 300 + 7
+        if damage_kind == "zero":
+            f["X/data"][k] = 0
+        else:
+            f["X/indices"][k:k + 2] = [8, 7] if damage_kind == "swap" else [7, 300]
+    res = run(["merge", *parts, "-o", "m.h5", "-q"])
+    assert res.exit_code == 2 and message in res.output and res.output.count("\n") == 1, res.output
+
+
 def test_a_row_range_merges_with_its_rows_names_and_attributes(setup):
     assert run(["transform", "f.h5", "x.npy", "-o", "mid.h5", "--rows", "10:90", "-q", "--layout", "csr"]).exit_code == 0
     for a, b in (("10:40", "a.h5"), ("40:41", "b.h5"), ("41:90", "c.h5")):

@@ -25,10 +25,18 @@ from ._budget import max_memory_option
 @click.option("--shard", metavar="K/N", help="Only the K-th (from 0) of N nearly equal contiguous row ranges, "
               "e.g. --shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}.")
 @click.option("--dask-scheduler", metavar="tcp://HOST:PORT", envvar="DASK_SCHEDULER_ADDRESS",
-              help="Compute the chunks on this running Dask cluster (default: $DASK_SCHEDULER_ADDRESS); the output "
-                   "is written here, in row order, and is the same file as a local run's. At most 4 chunks are on "
-                   "the cluster at a time, so memory stays bounded. Needs the 'dask' extra here and rfsgen on the "
-                   "workers.")
+              help="Compute on this running Dask cluster (default: $DASK_SCHEDULER_ADDRESS); the output is the same "
+                   "file as a local run's. The workers write their row ranges as shards into a directory they share "
+                   "with this process (--shard-dir), which are then verified and merged here and removed; where "
+                   "they cannot see it, the chunks come here and are written here. Needs the 'dask' extra here and "
+                   "rfsgen on the workers.")
+@click.option("--shard-dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="With --dask-scheduler: where the workers write their shards (a directory on a file system "
+                   "every worker and this process share; default: OUTPUT's directory). The shards live in a "
+                   "hidden directory there, removed when the run ends, whether it succeeds or fails.")
+@click.option("--dask-gather", is_flag=True,
+              help="With --dask-scheduler: send the computed chunks to this process and write them here (for "
+                   "workers without a shared file system; at most 4 chunks are on the cluster at a time).")
 @click.option("--obsm", metavar="KEY", help="For an .h5ad INPUT: write a copy of it (X, obs, var, layers, ... as they "
               "are) with the features of every row as obsm[KEY] and their provenance as uns['rfsgen'][KEY].")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
@@ -36,7 +44,7 @@ from ._budget import max_memory_option
 @translate_errors
 @max_memory_option
 def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
-                  obsm, overwrite, quiet):
+                  shard_dir, dask_gather, obsm, overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
     INPUT may be .npy (memory-mapped), .npz[:key] (a scipy.sparse.save_npz
@@ -54,6 +62,7 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
       rfsgen transform feats.h5 sparse.npz -o out.h5
       cat rows.csv | rfsgen transform feats.h5 - -o out.h5 --layout dense
       rfsgen transform feats.h5 rows.npy -o out.h5 --dask-scheduler tcp://10.0.0.5:8786
+      rfsgen transform feats.h5 rows.npy -o out.h5 --dask-scheduler tcp://10.0.0.5:8786 --shard-dir /scratch/me
     """
     options = dict(layout=layout, dtype=dtype, compression=compression, chunk_rows=chunk_rows, rows=rows,
                    shard=shard, overwrite=overwrite)
@@ -66,8 +75,13 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
             raise UsageError(f"--dask-scheduler needs dask and distributed ({e}); install them with "
                              "pip install 'rfsgen[dask]'") from None
         options["scheduler"] = dask_scheduler
+        options["shard_dir"] = shard_dir
+        options["gather"] = dask_gather
         options["quiet"] = quiet  # Dask's own warnings and log lines: none with -q
     else:
+        if shard_dir is not None or dask_gather:
+            raise UsageError(f"{'--shard-dir' if shard_dir is not None else '--dask-gather'} needs --dask-scheduler "
+                             "(or DASK_SCHEDULER_ADDRESS)")
         from ..transform import transform_file
 
     with _Progress(None, "rows", quiet, "transform") as bar:

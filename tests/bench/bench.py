@@ -28,6 +28,12 @@ suite.  Measures, on the machine it runs on:
 * exact kernel: 128 x 128 rows of cifar-deep;
 * the floor: numpy cos over an output-sized float32 array plus writing its bytes to HDF5;
 * transform peak RSS at 1e4 and 1e5 rows (same chunk size);
+* dask (issue 26): ``rfsgen.dask.transform_file`` on a LocalCluster of 2 worker processes
+  x 1 thread on 127.0.0.1 (the workers writing shards that are merged here, and
+  ``gather``: the chunks sent here), against a local run on 2 threads, cifar-deep dense
+  and csr, alternately; the copy merge of 4 dense uncompressed shards (bytes copied,
+  and through h5py) in GB/s of output, beside copying one file of that size
+  (``shutil.copyfile``) on the same disk;
 * checks: the cost of the outputs' integrity record (docs/integrity.md): cifar-deep
   transform to a file and merge of two shards, dense and csr, with the data checksums
   on and off (``DataChecksum`` made a no-op), alternately; min and median overheads.
@@ -69,7 +75,7 @@ SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep"
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
 SECTIONS = ("sample", "startup", "gaussian", "rks", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
-            "eof", "checks")
+            "eof", "checks", "dask")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -706,6 +712,98 @@ def bench_checks(args, tmp, res):
     res["checks"] = out
 
 
+def bench_dask(args, tmp, res):
+    """Local (2 threads) vs Dask (LocalCluster, 2 worker processes x 1 thread): the
+    workers writing shards (merged here) and ``gather`` (chunks sent here), cifar-deep
+    at D = ``args.dask_columns`` on ``args.dask_rows`` rows to a file, dense and csr,
+    alternately ``args.dask_repeats`` times after a warm-up; then the copy merge of
+    4 dense uncompressed shards, raw (``rfsgen.merge._RawDense``) and through h5py, and
+    ``shutil.copyfile`` of the merged file, in GB/s of output."""
+    import shutil
+
+    import distributed
+    import numba
+
+    import rfsgen.dask as rd
+    import rfsgen.merge as rm
+    from rfsgen import load_skeleton, sample
+    from rfsgen.features import save
+    from rfsgen.transform import transform_file
+
+    n, D = args.dask_rows, args.dask_columns
+    x, _ = load_rows(args.data, n)
+    xs, fs = tmp / "dask-x.npy", tmp / "dask-f.h5"
+    np.save(xs, x)
+    del x
+    save(sample(load_skeleton(SKELETONS["cifar-deep"]), D, seed=1), fs, overwrite=True)
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    out = {"rows": n, "columns": D, "repeats": args.dask_repeats}
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+
+        def job(mode, layout):
+            target = tmp / f"dask-{mode}-{layout}.h5"
+
+            def run():
+                if mode == "local":
+                    transform_file(fs, xs, target, layout=layout, overwrite=True)
+                else:
+                    rd.transform_file(fs, xs, target, scheduler=address, quiet=True, gather=mode == "gather",
+                                      layout=layout, overwrite=True)
+            return run
+
+        fns = {f"{mode}-{layout}": job(mode, layout) for layout in ("dense", "csr")
+               for mode in ("local", "shards", "gather")}
+        for fn in fns.values():  # warm-up: compiles (and loads) on the workers too
+            fn()
+        for layout in ("dense", "csr"):
+            want = (tmp / f"dask-local-{layout}.h5").read_bytes()
+            for mode in ("shards", "gather"):
+                assert (tmp / f"dask-{mode}-{layout}.h5").read_bytes() == want, (mode, layout)
+        times = alternate(fns, args.dask_repeats)
+    out["runs"] = times
+    for layout in ("dense", "csr"):
+        local = times[f"local-{layout}"]
+        for mode in ("shards", "gather"):
+            t = times[f"{mode}-{layout}"]
+            out[f"{mode}_{layout}"] = {"min_s": min(t), "median_s": med(t), "local_min_s": min(local),
+                                       "local_median_s": med(local), "over_local_min": min(t) / min(local) - 1,
+                                       "over_local_median": med(t) / med(local) - 1}
+        print(f"  dask {layout} {n} x {D}: local {min(local):.2f}-{max(local):.2f} s, "
+              + ", ".join(f"{mode} {min(times[f'{mode}-{layout}']):.2f}-{max(times[f'{mode}-{layout}']):.2f} s "
+                          f"({100 * out[f'{mode}_{layout}']['over_local_median']:+.0f}% median)"
+                          for mode in ("shards", "gather")), flush=True)
+    # The copy merge of dense uncompressed shards.
+    parts = [tmp / f"dask-part-{k}.h5" for k in range(4)]
+    for k, p in enumerate(parts):
+        transform_file(fs, xs, p, layout="dense", overwrite=True, shard=f"{k}/4")
+    merged = tmp / "dask-merged.h5"
+    applies = rm._RawDense.applies
+
+    def merge(raw):
+        def run():
+            rm._RawDense.applies = applies if raw else staticmethod(lambda order: False)
+            try:
+                rm.merge_files(parts, merged, overwrite=True)
+            finally:
+                rm._RawDense.applies = applies
+        return run
+
+    def copy():
+        shutil.copyfile(tmp / "dask-local-dense.h5", tmp / "dask-copy.h5")
+
+    mt = alternate({"raw": merge(True), "h5py": merge(False), "copyfile": copy}, args.dask_repeats)
+    nbytes = n * D * 4
+    out["merge"] = {"bytes": nbytes, "runs": mt, **{f"{k}_gbps": [nbytes / t / 1e9 for t in v] for k, v in mt.items()}}
+    print(f"  copy merge of 4 dense shards, {nbytes / 1e9:.2f} GB: "
+          + ", ".join(f"{k} {min(out['merge'][k + '_gbps']):.2f}-{max(out['merge'][k + '_gbps']):.2f} GB/s"
+                      for k in ("raw", "h5py", "copyfile")), flush=True)
+    for f in tmp.glob("dask-*"):
+        f.unlink()
+    res["dask"] = out
+
+
 def table(res) -> str:
     lines = ["| measure | rfsgen | peer or floor | peer ÷ rfsgen (floor: rfsgen ÷ floor) |", "|---|---|---|---|"]
     for r in res.get("sample", []):
@@ -775,6 +873,20 @@ def table(res) -> str:
                                  f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%; CPU "
                                  f"{100 * c[f'{w}_{lay}']['cpu_overhead_median']:+.1f}%)"
                                  for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
+    if "dask" in res:
+        d = res["dask"]
+        for lay in ("dense", "csr"):
+            for mode in ("shards", "gather"):
+                r = d[f"{mode}_{lay}"]
+                lines.append(f"| Dask 2 workers x 1 thread ({mode}), cifar-deep {lay}, {d['rows']} rows, "
+                             f"D = {d['columns']} | {r['median_s']:.2f} s (min {r['min_s']:.2f}) | local 2 threads "
+                             f"{r['local_median_s']:.2f} s (min {r['local_min_s']:.2f}) | "
+                             f"{r['local_median_s'] / r['median_s']:.2f} ({100 * r['over_local_median']:+.0f}%) |")
+        m = d["merge"]
+        lines.append(f"| copy merge of 4 dense shards, {m['bytes'] / 1e9:.2f} GB | raw "
+                     f"{min(m['raw_gbps']):.2f}-{max(m['raw_gbps']):.2f} GB/s, h5py {min(m['h5py_gbps']):.2f}-"
+                     f"{max(m['h5py_gbps']):.2f} GB/s | copyfile (disk) {min(m['copyfile_gbps']):.2f}-"
+                     f"{max(m['copyfile_gbps']):.2f} GB/s | |")
     return "\n".join(lines)
 
 
@@ -785,6 +897,8 @@ def main(argv=None):
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the script itself")
     ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
+    ap.add_argument("--dask-rows", dest="dask_rows_given", type=int, default=None, help="rows of the dask section")
+    ap.add_argument("--dask-columns", dest="dask_columns_given", type=int, default=None, help="D of the dask section")
     args = ap.parse_args(argv)
     args.columns, args.rows, args.repeats = 10_000, 10_000, 5
     args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**5, 10**6), 50_000, 2
@@ -793,6 +907,7 @@ def main(argv=None):
     args.eof_rows, args.eof_columns = 100_000, 2048
     args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
     args.check_rows, args.check_columns, args.check_repeats = 10_000, 10_000, 7
+    args.dask_rows, args.dask_columns, args.dask_repeats = 20_000, 10_000, 3
     if args.quick:
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2
@@ -801,6 +916,11 @@ def main(argv=None):
         args.rss_rows, args.rss_columns = (1000, 4000), 500
         args.eof_rows, args.eof_columns = 2000, 256
         args.check_rows, args.check_columns, args.check_repeats = 1000, 1000, 2
+        args.dask_rows, args.dask_columns, args.dask_repeats = 2000, 1000, 2
+    if args.dask_rows_given:
+        args.dask_rows = args.dask_rows_given
+    if args.dask_columns_given:
+        args.dask_columns = args.dask_columns_given
     if args.rks_rows_given:
         n = args.rks_rows_given
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows = n, 10 * n, n
