@@ -1074,43 +1074,77 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------- huge powers
-def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out) -> None:
+#: Rows per block of the log-domain loop: a block's log-moduli and arguments of the
+#: atoms it needs (2 x atoms x LOG_ROWS float64: 800 KiB at 784 atoms) stay in L2 while
+#: every term of every huge column adds its power times them into 64-row accumulators.
+LOG_ROWS = 64
+
+
+def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out) -> None:
     """Columns whose factors could overflow (high powers of sphere factors > 1), in the
     log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
 
-    Column ``c`` has terms ``atom[ptr[c]:ptr[c + 1]]`` with powers ``power[...]``; atom k
-    is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]`` (real when ``ii[k] < 0``).  A
-    zero factor gives 0; a value too small for the dtype underflows to 0; one too large
-    becomes inf, which the caller reports.  C-library log/atan2/exp/cos/sin in a fixed
-    order, so the bits do not depend on the CPU.
+    Column ``c`` has terms ``ptr[c]:ptr[c + 1]``: term ``q`` is atom ``uatom[local[q]]``
+    raised to ``power[q]`` (float64); atom k is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]``
+    (real when ``ii[k] < 0``).  ``uatom`` (int64) lists each atom the columns use once:
+    its ``log|z|`` (``math.log(math.hypot(zr, zi))``) and ``arg z`` (``math.atan2(zi, zr)``)
+    are computed once per row and shared by every term that uses it, and the terms' sums
+    run over blocks of :data:`LOG_ROWS` rows at once (vector lanes over rows; each row's
+    sums are still taken term by term from ``log_sc[c]`` and ``0.0``, the same operations
+    in the same order as one row at a time).  A zero factor gives 0 (its argument is
+    stored as NaN, which only a zero factor makes, so a NaN phase marks the row); a value
+    too small for the dtype underflows to 0; one too large becomes inf, which the caller
+    reports.  C-library hypot/log/atan2/exp and rfsgen's own sin/cos in a fixed order,
+    without fused multiply-add, so the bits do not depend on the CPU, the block or the
+    threads.
     """
-    on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out,
-            min_rows=_rows_for(4 * cols.size))
+    on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign,
+            imag, out, align=LOG_ROWS, min_rows=max(LOG_ROWS, _rows_for(4 * cols.size)))
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
-    for r in range(start, stop):
-        for c in range(cols.size):
-            lg = log_sc[c]
-            ph = 0.0
-            zero = False
-            for q in range(ptr[c], ptr[c + 1]):
-                k = atom[q]
-                zr = cr[k] * src[r, ir[k]]
-                zi = ci[k] * src[r, ii[k]] if ii[k] >= 0 else 0.0
+def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
+    na = uatom.size
+    la = np.empty((na, LOG_ROWS))  # log|z| of each used atom, a block's rows in a lane row
+    ag = np.empty((na, LOG_ROWS))  # arg z, NaN for z = 0
+    lg = np.empty(LOG_ROWS)
+    ph = np.empty(LOG_ROWS)
+    for r0 in range(start, stop, LOG_ROWS):
+        n = min(LOG_ROWS, stop - r0)  # a run-time trip count: LLVM's loop vectoriser takes the lane loops
+        for j in range(na):
+            k = uatom[j]
+            for t in range(n):
+                zr = cr[k] * src[r0 + t, ir[k]]
+                zi = ci[k] * src[r0 + t, ii[k]] if ii[k] >= 0 else 0.0
                 a = math.hypot(zr, zi)
                 if a == 0.0:
-                    zero = True
-                    break
-                lg += power[q] * math.log(a)
-                ph += power[q] * math.atan2(zi, zr)
-            if zero:
-                v = 0.0
-            else:
-                sp, cp = sincos(ph)
-                v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
-            out[r, cols[c]] = v
+                    la[j, t] = -math.inf
+                    ag[j, t] = math.nan
+                else:
+                    la[j, t] = math.log(a)
+                    ag[j, t] = math.atan2(zi, zr)
+        for c in range(cols.size):
+            for t in range(n):
+                lg[t] = log_sc[c]
+                ph[t] = 0.0
+            for q in range(ptr[c], ptr[c + 1]):
+                _accumulate(lg, ph, la, ag, local[q], power[q], n)
+            for t in range(n):
+                if ph[t] != ph[t]:
+                    v = 0.0
+                else:
+                    sp, cp = sincos(ph[t])
+                    v = sign[c] * math.exp(lg[t]) * (sp if imag[c] else cp)
+                out[r0 + t, cols[c]] = v
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _accumulate(lg, ph, la, ag, j, p, n):  # pragma: no cover - compiled
+    """``lg[t] += p * la[j, t]; ph[t] += p * ag[j, t]`` for ``t < n`` (one multiply and
+    one add each, unfused)."""
+    for t in range(n):
+        lg[t] += p * la[j, t]
+        ph[t] += p * ag[j, t]
 
 
 # ----------------------------------------------------------------------------- heavy-tail degrees

@@ -527,13 +527,7 @@ def test_log_domain_path_agrees_with_the_product_loop(cifar_rows):
         fs = sample(s, d, seed=1)
         tr = Transformer(fs, np.float64)
         want = tr.chunk(x)
-        tr.huge = np.arange(fs.columns)
-        tr.huge_ptr = fs.ptr.astype(np.int64)
-        tr.huge_atom = tr.term_atom
-        tr.huge_power = fs.power.astype(np.float64)
-        tr.huge_log_sc = np.log(fs.scale)
-        tr.huge_sign = np.where(fs.kind == 2, -1.0, 1.0)
-        tr.huge_imag = np.ascontiguousarray(fs.kind == 2)
+        tr.log_domain(fs, np.arange(fs.columns), tr.term_atom, fs.power.astype(np.int64), fs.kind == 2)
         got = tr.chunk(x)
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-14, err_msg=name)
 
