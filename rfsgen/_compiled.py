@@ -32,7 +32,7 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from . import _vector
 from ._sincos import sincos, sincos_into
-from ._vector import angle_tile, gather, product, transpose_out
+from ._vector import LOG_BLOCKS, angle_tile, gather, log_sums, product, transpose_out
 
 
 def threads() -> int:
@@ -1075,9 +1075,10 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
 
 # ----------------------------------------------------------------------------- huge powers
 #: Rows per block of the log-domain loop: a block's log-moduli and arguments of the
-#: atoms it needs (2 x atoms x LOG_ROWS float64: 800 KiB at 784 atoms) stay in L2 while
-#: every term of every huge column adds its power times them into 64-row accumulators.
-LOG_ROWS = 64
+#: atoms it needs (2 x atoms x LOG_ROWS float64: 400 KiB at 784 atoms) stay in L2 while
+#: every term of every huge column adds its power times them into accumulators held in
+#: registers (:func:`rfsgen._vector.log_sums`).
+LOG_ROWS = TILE * LOG_BLOCKS
 
 
 def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out) -> None:
@@ -1105,46 +1106,48 @@ def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
     na = uatom.size
-    la = np.empty((na, LOG_ROWS))  # log|z| of each used atom, a block's rows in a lane row
-    ag = np.empty((na, LOG_ROWS))  # arg z, NaN for z = 0
-    lg = np.empty(LOG_ROWS)
-    ph = np.empty(LOG_ROWS)
+    # log|z| and arg z of each used atom j for row r0 + 8 b + t at [j * LOG_BLOCKS + b, t]
+    la = np.empty((na * LOG_BLOCKS, TILE))
+    ag = np.empty((na * LOG_BLOCKS, TILE))
+    acc = np.empty((2 * LOG_BLOCKS, TILE))  # a column's sums: log-moduli, then phases
     for r0 in range(start, stop, LOG_ROWS):
-        n = min(LOG_ROWS, stop - r0)  # a run-time trip count: LLVM's loop vectoriser takes the lane loops
+        n = min(LOG_ROWS, stop - r0)
         for j in range(na):
             k = uatom[j]
-            for t in range(n):
+            for t in range(LOG_ROWS):
+                i = j * LOG_BLOCKS + t // TILE
+                if t >= n:  # past the last row: any finite values
+                    la[i, t % TILE] = 0.0
+                    ag[i, t % TILE] = 0.0
+                    continue
                 zr = cr[k] * src[r0 + t, ir[k]]
-                zi = ci[k] * src[r0 + t, ii[k]] if ii[k] >= 0 else 0.0
+                if ii[k] < 0:  # a real atom: hypot(zr, 0) = |zr| and atan2(+0, zr) = 0 or pi, exactly
+                    if zr == 0.0:
+                        la[i, t % TILE] = -math.inf
+                        ag[i, t % TILE] = math.nan
+                    else:
+                        la[i, t % TILE] = math.log(abs(zr))
+                        ag[i, t % TILE] = 0.0 if zr > 0.0 else math.pi
+                    continue
+                zi = ci[k] * src[r0 + t, ii[k]]
                 a = math.hypot(zr, zi)
                 if a == 0.0:
-                    la[j, t] = -math.inf
-                    ag[j, t] = math.nan
+                    la[i, t % TILE] = -math.inf
+                    ag[i, t % TILE] = math.nan
                 else:
-                    la[j, t] = math.log(a)
-                    ag[j, t] = math.atan2(zi, zr)
+                    la[i, t % TILE] = math.log(a)
+                    ag[i, t % TILE] = math.atan2(zi, zr)
         for c in range(cols.size):
+            log_sums(la, ag, local, power, ptr[c], ptr[c + 1], log_sc[c], acc)
             for t in range(n):
-                lg[t] = log_sc[c]
-                ph[t] = 0.0
-            for q in range(ptr[c], ptr[c + 1]):
-                _accumulate(lg, ph, la, ag, local[q], power[q], n)
-            for t in range(n):
-                if ph[t] != ph[t]:
+                lg = acc[t // TILE, t % TILE]
+                ph = acc[LOG_BLOCKS + t // TILE, t % TILE]
+                if ph != ph:  # a zero factor
                     v = 0.0
                 else:
-                    sp, cp = sincos(ph[t])
-                    v = sign[c] * math.exp(lg[t]) * (sp if imag[c] else cp)
+                    sp, cp = sincos(ph)
+                    v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
                 out[r0 + t, cols[c]] = v
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _accumulate(lg, ph, la, ag, j, p, n):  # pragma: no cover - compiled
-    """``lg[t] += p * la[j, t]; ph[t] += p * ag[j, t]`` for ``t < n`` (one multiply and
-    one add each, unfused)."""
-    for t in range(n):
-        lg[t] += p * la[j, t]
-        ph[t] += p * ag[j, t]
 
 
 # ----------------------------------------------------------------------------- heavy-tail degrees
