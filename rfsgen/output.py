@@ -26,6 +26,10 @@ LAYOUTS = ("csr", "dense")
 COMPRESSIONS = ("none", "gzip", "lzf")
 
 
+#: Bytes of work a chunk aims at (counted as :func:`default_chunk_rows` says).
+CHUNK_BYTES = 64 << 20
+
+
 def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk_rows: int | None = None) -> int:
     """Rows per chunk: ``chunk_rows`` if given, else about 64 MiB of work per chunk
     counted at the wider of ``row_bytes`` (the intermediates of one row: its prepared
@@ -40,7 +44,7 @@ def default_chunk_rows(columns: int, row_bytes: float = 0, what: str = "", chunk
     from . import budget
 
     per_row = max(8 * max(columns, 1), int(row_bytes))
-    rows = chunk_rows or int(min(8192, max(16, (64 << 20) // per_row)))
+    rows = chunk_rows or int(min(8192, max(16, CHUNK_BYTES // per_row)))
     if row_bytes and not chunk_rows:
         rows = int(max(1, min(rows, budget.limit() // 4 // row_bytes)))
     if row_bytes:
