@@ -11,9 +11,13 @@ coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of row
 * one compiled loop (:mod:`rfsgen._compiled`) takes tiles of 8 rows, raises the
   distinct (atom, power != 1) factors once, multiplies each column's factors in
   8-lane float64 vector operations, and stores ``scale * Re`` (or ``-Im`` for the
-  b = pi/2 phase) in the output dtype.
+  b = pi/2 phase) in the output dtype;
+* the rare columns whose factors could overflow (high powers of sphere factors, as
+  ``step`` draws: heavy-tailed degree laws) skip that loop and are computed in the log
+  domain instead, over blocks of rows: each atom's log-modulus and argument once per
+  row, shared by every term that uses it.
 
-No cosine or logarithm is evaluated per output value.  The output is deterministic
+Apart from those columns, no cosine or logarithm is evaluated per output value.  The output is deterministic
 from the feature file: identical whatever the chunk size or thread count,
 byte-identical across runs.
 """
@@ -147,8 +151,8 @@ class Transformer:
         ``|scale| * prod bound_k^|p_k|``; columns whose bound stays below 1e300 are
         computed by the product loop without any overflow (a product of factors
         that underflows gives 0, never 0 * inf).  The rare columns above it (high
-        powers, e.g. step over a sphere ``coordinate`` node) are recomputed in the
-        log domain.  Columns whose bound exceeds the output dtype's range are
+        powers, e.g. step over a sphere ``coordinate`` node) are computed in the log
+        domain instead (and left out of the product loop).  Columns whose bound exceeds the output dtype's range are
         checked for inf after each chunk.
         """
         log_bound = np.log(np.maximum(np.maximum(np.abs(self.cr), np.abs(self.ci)), 1.0))
