@@ -152,8 +152,8 @@ class Transformer:
         computed by the product loop without any overflow (a product of factors
         that underflows gives 0, never 0 * inf).  The rare columns above it (high
         powers, e.g. step over a sphere ``coordinate`` node) are computed in the log
-        domain instead (and left out of the product loop).  Columns whose bound exceeds the output dtype's range are
-        checked for inf after each chunk.
+        domain instead (and left out of the product loop).  Columns whose bound
+        exceeds the output dtype's range are checked for inf after each chunk.
         """
         log_bound = np.log(np.maximum(np.maximum(np.abs(self.cr), np.abs(self.ci)), 1.0))
         log_bound[self.ii < 0] = np.log(np.maximum(np.abs(self.cr[self.ii < 0]), 1.0))
