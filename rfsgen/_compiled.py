@@ -32,7 +32,7 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from . import _vector
 from ._sincos import sincos, sincos_into
-from ._vector import angle_tile, gather, product, transpose_out
+from ._vector import LOG_BLOCKS, angle_tile, gather, log_sums, product, transpose_out
 
 
 def threads() -> int:
@@ -1074,43 +1074,80 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------- huge powers
-def log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out) -> None:
+#: Rows per block of the log-domain loop: a block's log-moduli and arguments of the
+#: atoms it needs (2 x atoms x LOG_ROWS float64: 400 KiB at 784 atoms) stay in L2 while
+#: every term of every huge column adds its power times them into accumulators held in
+#: registers (:func:`rfsgen._vector.log_sums`).
+LOG_ROWS = TILE * LOG_BLOCKS
+
+
+def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out) -> None:
     """Columns whose factors could overflow (high powers of sphere factors > 1), in the
     log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
 
-    Column ``c`` has terms ``atom[ptr[c]:ptr[c + 1]]`` with powers ``power[...]``; atom k
-    is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]`` (real when ``ii[k] < 0``).  A
-    zero factor gives 0; a value too small for the dtype underflows to 0; one too large
-    becomes inf, which the caller reports.  C-library log/atan2/exp/cos/sin in a fixed
-    order, so the bits do not depend on the CPU.
+    Column ``c`` has terms ``ptr[c]:ptr[c + 1]``: term ``q`` is atom ``uatom[local[q]]``
+    raised to ``power[q]`` (float64); atom k is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]``
+    (real when ``ii[k] < 0``).  ``uatom`` (int64) lists each atom the columns use once:
+    its ``log|z|`` (``math.log(math.hypot(zr, zi))``) and ``arg z`` (``math.atan2(zi, zr)``)
+    are computed once per row and shared by every term that uses it, and the terms' sums
+    run over blocks of :data:`LOG_ROWS` rows at once (vector lanes over rows; each row's
+    sums are still taken term by term from ``log_sc[c]`` and ``0.0``, the same operations
+    in the same order as one row at a time).  A zero factor gives 0 (its argument is
+    stored as NaN, which only a zero factor makes, so a NaN phase marks the row); a value
+    too small for the dtype underflows to 0; one too large becomes inf, which the caller
+    reports.  C-library hypot/log/atan2/exp and rfsgen's own sin/cos in a fixed order,
+    without fused multiply-add, so the bits do not depend on the CPU, the block or the
+    threads.
     """
-    on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out,
-            min_rows=_rows_for(4 * cols.size))
+    on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign,
+            imag, out, align=LOG_ROWS, min_rows=max(LOG_ROWS, _rows_for(4 * cols.size)))
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _log_domain_columns(src, ir, cr, ii, ci, cols, ptr, atom, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
-    for r in range(start, stop):
-        for c in range(cols.size):
-            lg = log_sc[c]
-            ph = 0.0
-            zero = False
-            for q in range(ptr[c], ptr[c + 1]):
-                k = atom[q]
-                zr = cr[k] * src[r, ir[k]]
-                zi = ci[k] * src[r, ii[k]] if ii[k] >= 0 else 0.0
+def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
+    na = uatom.size
+    # log|z| and arg z of each used atom j for row r0 + 8 b + t at [j * LOG_BLOCKS + b, t]
+    la = np.empty((na * LOG_BLOCKS, TILE))
+    ag = np.empty((na * LOG_BLOCKS, TILE))
+    acc = np.empty((2 * LOG_BLOCKS, TILE))  # a column's sums: log-moduli, then phases
+    for r0 in range(start, stop, LOG_ROWS):
+        n = min(LOG_ROWS, stop - r0)
+        for j in range(na):
+            k = uatom[j]
+            for t in range(LOG_ROWS):
+                i = j * LOG_BLOCKS + t // TILE
+                if t >= n:  # past the last row: any finite values
+                    la[i, t % TILE] = 0.0
+                    ag[i, t % TILE] = 0.0
+                    continue
+                zr = cr[k] * src[r0 + t, ir[k]]
+                if ii[k] < 0:  # a real atom: hypot(zr, 0) = |zr| and atan2(+0, zr) = 0 or pi, exactly
+                    if zr == 0.0:
+                        la[i, t % TILE] = -math.inf
+                        ag[i, t % TILE] = math.nan
+                    else:
+                        la[i, t % TILE] = math.log(abs(zr))
+                        ag[i, t % TILE] = 0.0 if zr > 0.0 else math.pi
+                    continue
+                zi = ci[k] * src[r0 + t, ii[k]]
                 a = math.hypot(zr, zi)
                 if a == 0.0:
-                    zero = True
-                    break
-                lg += power[q] * math.log(a)
-                ph += power[q] * math.atan2(zi, zr)
-            if zero:
-                v = 0.0
-            else:
-                sp, cp = sincos(ph)
-                v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
-            out[r, cols[c]] = v
+                    la[i, t % TILE] = -math.inf
+                    ag[i, t % TILE] = math.nan
+                else:
+                    la[i, t % TILE] = math.log(a)
+                    ag[i, t % TILE] = math.atan2(zi, zr)
+        for c in range(cols.size):
+            log_sums(la, ag, local, power, ptr[c], ptr[c + 1], log_sc[c], acc)
+            for t in range(n):
+                lg = acc[t // TILE, t % TILE]
+                ph = acc[LOG_BLOCKS + t // TILE, t % TILE]
+                if ph != ph:  # a zero factor
+                    v = 0.0
+                else:
+                    sp, cp = sincos(ph)
+                    v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
+                out[r0 + t, cols[c]] = v
 
 
 # ----------------------------------------------------------------------------- heavy-tail degrees

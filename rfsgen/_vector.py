@@ -238,3 +238,48 @@ def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+#: Lane rows (8 rows each) of one block of the log-domain loop: 4 x 2 accumulators.
+LOG_BLOCKS = 4
+
+
+@intrinsic
+def log_sums(typingctx, la, ag, local, power, q0, q1, lg0, acc):
+    """One heavy-tailed column over ``8 * LOG_BLOCKS`` rows: for lane rows ``b <
+    LOG_BLOCKS``, ``acc[b] = lg0 + sum_q power[q] * la[local[q] * LOG_BLOCKS + b]`` and
+    ``acc[LOG_BLOCKS + b] = 0.0 + sum_q power[q] * ag[local[q] * LOG_BLOCKS + b]``, term by
+    term from ``q0`` to ``q1`` (one multiply and one add each: what the scalar loop
+    computes, lane for lane)."""
+    if not (_is_matrix(la, types.float64) and _is_matrix(ag, types.float64) and _is_matrix(acc, types.float64)
+            and isinstance(local, types.Array) and local.ndim == 1 and isinstance(local.dtype, types.Integer)
+            and isinstance(power, types.Array) and power.ndim == 1 and power.dtype == types.float64):
+        return None
+    sig = types.void(la, ag, local, power, q0, q1, lg0, acc)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        intp = types.intp
+        nb = context.get_constant(intp, LOG_BLOCKS)
+        init = _splat(builder, context.cast(builder, args[6], t[6], types.float64))
+        zv = ir.Constant(_V64, [0.0] * LANES)
+        acc_l = [cgutils.alloca_once_value(builder, init) for _ in range(LOG_BLOCKS)]
+        acc_p = [cgutils.alloca_once_value(builder, zv) for _ in range(LOG_BLOCKS)]
+        lo = _index(context, builder, args[4], t[4])
+        hi = _index(context, builder, args[5], t[5])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(intp, 1), inc=True) as (q, _):
+            j = _index(context, builder, builder.load(_item_ptr(context, builder, t[2], args[2], q)), t[2].dtype)
+            pv = _splat(builder, builder.load(_item_ptr(context, builder, t[3], args[3], q)))
+            row = builder.mul(j, nb)
+            for b in range(LOG_BLOCKS):
+                k = builder.add(row, context.get_constant(intp, b))
+                u = _load_row(context, builder, t[0], args[0], k)
+                w = _load_row(context, builder, t[1], args[1], k)
+                builder.store(builder.fadd(builder.load(acc_l[b]), builder.fmul(pv, u)), acc_l[b])
+                builder.store(builder.fadd(builder.load(acc_p[b]), builder.fmul(pv, w)), acc_p[b])
+        for b in range(LOG_BLOCKS):
+            _store_row(context, builder, t[7], args[7], context.get_constant(intp, b), builder.load(acc_l[b]))
+            _store_row(context, builder, t[7], args[7], context.get_constant(intp, LOG_BLOCKS + b), builder.load(acc_p[b]))
+        return context.get_dummy_value()
+
+    return sig, codegen

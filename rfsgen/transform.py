@@ -11,9 +11,13 @@ coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of row
 * one compiled loop (:mod:`rfsgen._compiled`) takes tiles of 8 rows, raises the
   distinct (atom, power != 1) factors once, multiplies each column's factors in
   8-lane float64 vector operations, and stores ``scale * Re`` (or ``-Im`` for the
-  b = pi/2 phase) in the output dtype.
+  b = pi/2 phase) in the output dtype;
+* the rare columns whose factors could overflow (high powers of sphere factors, as
+  ``step`` draws: heavy-tailed degree laws) skip that loop and are computed in the log
+  domain instead, over blocks of rows: each atom's log-modulus and argument once per
+  row, shared by every term that uses it.
 
-No cosine or logarithm is evaluated per output value.  The output is deterministic
+Apart from those columns, no cosine or logarithm is evaluated per output value.  The output is deterministic
 from the feature file: identical whatever the chunk size or thread count,
 byte-identical across runs.
 """
@@ -105,10 +109,22 @@ class Transformer:
                 width += 2 * sel.size
         self.source_width = width
         self.ir, self.cr, self.ii, self.ci = ir, cr, ii, ci
-        # Distinct (atom, power != 1) pairs become extra factors, raised once per tile.
         power = fs.power.astype(np.int64)
+        imag = fs.kind == 2  # cos(theta + pi/2) = -Im
+        self.term_atom = term_atom  # the atom of each term of fs (int64)
+        self._plan_huge(fs, term_atom, power, imag)
+        # Columns computed in the log domain are left out of the product loop (it
+        # writes their scale, which the log-domain loop overwrites): their factors'
+        # powers run into the millions and were raised per 8-row tile for nothing.
+        counts = np.diff(fs.ptr.astype(np.int64))
+        in_loop = np.ones(n_terms, dtype=bool)
+        if self.huge.size:
+            in_loop[np.repeat(np.isin(np.arange(fs.columns), self.huge), counts)] = False
+            counts = counts.copy()
+            counts[self.huge] = 0
+        # Distinct (atom, power != 1) pairs become extra factors, raised once per tile.
         factor = term_atom.copy()
-        odd = power != 1
+        odd = (power != 1) & in_loop
         if odd.any():
             pairs, inverse = np.unique(np.stack([term_atom[odd], power[odd]]), axis=1, return_inverse=True)
             factor[odd] = n_atoms + inverse.ravel()
@@ -117,7 +133,6 @@ class Transformer:
             self.xatom, self.xpow = np.zeros(0, np.int64), np.zeros(0, np.int64)
         # Columns in order of their number of factors (stable): the loop's branches
         # then follow long runs.  pos[j] is where column j sits in that order.
-        counts = np.diff(fs.ptr.astype(np.int64))
         order = np.argsort(np.minimum(counts, 3), kind="stable")
         self.pos = np.empty(order.size, np.int64)
         self.pos[order] = np.arange(order.size)
@@ -125,11 +140,8 @@ class Transformer:
         np.cumsum(counts[order], out=self.fptr[1:])
         starts = fs.ptr[:-1].astype(np.int64)[order]
         self.fidx = factor[np.repeat(starts - self.fptr[:-1], counts[order]) + np.arange(self.fptr[-1])]
-        imag = fs.kind == 2  # cos(theta + pi/2) = -Im
         self.imag = np.ascontiguousarray(imag[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
-        self.term_atom = term_atom  # the atom of each term of fs (int64)
-        self._plan_huge(fs, term_atom, power, imag)
 
     def _plan_huge(self, fs, term_atom, power, imag):
         """Find the columns whose values could overflow.
@@ -139,9 +151,9 @@ class Transformer:
         ``|scale| * prod bound_k^|p_k|``; columns whose bound stays below 1e300 are
         computed by the product loop without any overflow (a product of factors
         that underflows gives 0, never 0 * inf).  The rare columns above it (high
-        powers, e.g. step over a sphere ``coordinate`` node) are recomputed in the
-        log domain.  Columns whose bound exceeds the output dtype's range are
-        checked for inf after each chunk.
+        powers, e.g. step over a sphere ``coordinate`` node) are computed in the log
+        domain instead (and left out of the product loop).  Columns whose bound
+        exceeds the output dtype's range are checked for inf after each chunk.
         """
         log_bound = np.log(np.maximum(np.maximum(np.abs(self.cr), np.abs(self.ci)), 1.0))
         log_bound[self.ii < 0] = np.log(np.maximum(np.abs(self.cr[self.ii < 0]), 1.0))
@@ -150,12 +162,19 @@ class Transformer:
         bound = np.log(np.maximum(fs.scale.astype(np.float64), 1e-300)) + np.bincount(col, per_term, fs.columns)
         limit = math.log(np.finfo(self.dtype).max) - 1.0
         self.checked = np.flatnonzero(bound > limit)  # original column indices
-        huge = np.flatnonzero(bound > math.log(1e300))
-        lengths = np.diff(fs.ptr.astype(np.int64))[huge]
+        self.log_domain(fs, np.flatnonzero(bound > math.log(1e300)), term_atom, power, imag)
+
+    def log_domain(self, fs, huge, term_atom, power, imag):
+        """Compute columns ``huge`` (int64, original indices, ascending) in the log domain
+        (:func:`rfsgen._compiled.log_domain_columns`): their terms, and the atoms they use
+        listed once (``huge_uatom``; ``huge_local`` points each term at its entry)."""
+        ptr = fs.ptr.astype(np.int64)
+        lengths = np.diff(ptr)[huge]
         self.huge = huge
         self.huge_ptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        take = np.concatenate([np.arange(fs.ptr[j], fs.ptr[j + 1]) for j in huge]) if huge.size else np.zeros(0, np.int64)
-        self.huge_atom = term_atom[take].astype(np.int64)
+        take = np.repeat(ptr[huge] - self.huge_ptr[:-1], lengths) + np.arange(self.huge_ptr[-1])
+        self.huge_uatom, local = np.unique(term_atom[take].astype(np.int64), return_inverse=True)
+        self.huge_local = local.ravel().astype(np.int64)
         self.huge_power = power[take].astype(np.float64)
         self.huge_log_sc = np.log(fs.scale.astype(np.float64)[huge])
         self.huge_sign = np.where(imag[huge], -1.0, 1.0)
@@ -218,8 +237,9 @@ class Transformer:
             if self.huge.size:
                 from ._compiled import log_domain_columns
 
-                log_domain_columns(src, self.ir, self.cr, self.ii, self.ci, self.huge, self.huge_ptr, self.huge_atom,
-                                   self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag, out)
+                log_domain_columns(src, self.ir, self.cr, self.ii, self.ci, self.huge_uatom, self.huge, self.huge_ptr,
+                                   self.huge_local, self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag,
+                                   out)
             if self.checked.size:
                 bad = ~np.isfinite(out[:, self.checked])
                 if bad.any():

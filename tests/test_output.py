@@ -448,3 +448,31 @@ def test_layout_auto_is_the_default_and_writes_what_an_explicit_layout_writes(fi
         with h5py.File(tmp_path / "py.h5") as f:
             assert f.attrs["layout"] == layout and (layout == "dense") == isinstance(f["X"], h5py.Dataset)
         assert out["rows"] == 45
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(columns=st.integers(1, 10**6), row_bytes=st.integers(0, 10**8))
+def test_chunk_rows_follow_the_widest_intermediate(columns, row_bytes):
+    """A chunk holds about CHUNK_BYTES counted at the wider of a row's intermediates and
+    its columns in float64 (never more, unless the 16-row floor)."""
+    from rfsgen import budget
+    from rfsgen.output import CHUNK_BYTES, default_chunk_rows
+
+    with budget.limited(1 << 40):
+        rows = default_chunk_rows(columns, row_bytes)
+    per_row = max(8 * columns, row_bytes)
+    assert 16 <= rows <= 8192
+    assert rows == 16 or rows * per_row <= CHUNK_BYTES
+    assert rows == 8192 or (rows + 1) * per_row > CHUNK_BYTES
+
+
+def test_patch_skeleton_chunks_are_sized_from_their_atoms():
+    """Issue 26: cifar-patches at D = 4096 has 2 x 12,643 atoms a row; chunks were sized
+    from D alone (2048 rows, over 1 GB of intermediates); now about 64 MiB."""
+    from rfsgen.output import default_chunk_rows
+    from rfsgen.transform import Transformer
+
+    tr = Transformer(sample(load_skeleton(skeleton_path("cifar-patches")), 4096, seed=1))
+    assert tr.source_width == 2 * 12643
+    rows = default_chunk_rows(tr.columns, tr.row_bytes)
+    assert rows * tr.row_bytes <= 64 << 20 and rows < 2048

@@ -16,6 +16,12 @@ suite.  Measures, on the machine it runs on:
   (d = 1e4, 1% stored, D = 2048; RBFSampler on the same CSR matrix), mnist-conv and
   cifar-patches (D = 4096), with the profile of rfsgen's time (angles and cos/sin,
   products into columns);
+* heavy-tailed columns (issue 26): ``step`` against ``relu`` over the same sphere
+  ``coordinate`` node at equal D (2048, 1e4 rows, d = 64 and 784), alternately, with
+  the product loop's and the log-domain loop's shares;
+* peak memory (issue 26): the in-memory transform of every shipped skeleton (features
+  sampled beforehand, in another process) against RBFSampler fit + transform on the
+  same rows at equal D (4096, 1e4 rows), each in a process of its own;
 * thread scaling: the in-memory transform at D = 1e4 on 1e4 rows, for both shipped
   skeletons, on 1 thread and on 2, 4, ... up to every core (``numba.set_num_threads``),
   whole and its computation alone (into an output already in memory);
@@ -74,8 +80,8 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "startup", "gaussian", "rks", "threads", "memory", "e2e", "storage", "kernel", "floor", "rss", "fixed_order",
-            "eof", "checks", "dask")
+SECTIONS = ("sample", "startup", "gaussian", "rks", "heavy", "threads", "memory", "peak", "e2e", "storage", "kernel", "floor",
+            "rss", "fixed_order", "eof", "checks", "dask")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -323,6 +329,106 @@ def bench_rks(args, tmp, res):
               f"({', '.join(f'{v:.2f}' for v in times['rbfsampler'])}), peer/rfsgen = {r['speedup']:.2f}x; profile: "
               + ", ".join(f"{k} {v:.2f} s" for k, v in r["profile_s"].items()), flush=True)
     res["rks"] = out
+
+
+def _sphere_activation(d, act):
+    return (f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n  - {{name: x, base: sphere, scheme: coordinate}}\n"
+            f"  - {{name: y, activation: {act}, inputs: [x]}}\noutput: y\n")
+
+
+def bench_heavy(args, tmp, res):
+    """``step`` over a sphere node (a heavy-tailed degree law: powers in the millions,
+    columns computed in the log domain) against ``relu`` over the same node, equal D,
+    in memory, alternately; then one more run of each split into the product loop and
+    the log-domain loop."""
+    import warnings
+
+    from rfsgen import parse_skeleton, sample, transform
+    from rfsgen._compiled import columns as product_columns, log_domain_columns
+    from rfsgen.transform import Transformer
+
+    out = []
+    rng = np.random.default_rng(0)
+    for d in args.heavy_widths:
+        x = rng.standard_normal((args.heavy_rows, d)).astype(np.float32)
+        fss, trs = {}, {}
+        for act in ("relu", "step"):
+            with warnings.catch_warnings():  # step over coordinate: the infinite-variance warning
+                warnings.simplefilter("ignore")
+                fss[act] = sample(parse_skeleton(_sphere_activation(d, act), "heavy.yaml"), args.heavy_columns, seed=1)
+            transform(fss[act], x[:64], layout="dense")  # compile / load the cache
+            trs[act] = Transformer(fss[act], np.float32)
+        times = alternate({a: (lambda fs=fs: transform(fs, x, layout="dense")) for a, fs in fss.items()}, args.repeats)
+        prof = {}
+        for act, tr in trs.items():
+            src = tr.source(x)
+            o = np.zeros((x.shape[0], tr.columns), np.float32)
+            t0 = time.perf_counter()
+            product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag,
+                            tr.pos, o)
+            t1 = time.perf_counter()
+            if tr.huge.size:
+                log_domain_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.huge_uatom, tr.huge, tr.huge_ptr, tr.huge_local,
+                                   tr.huge_power, tr.huge_log_sc, tr.huge_sign, tr.huge_imag, o)
+            t2 = time.perf_counter()
+            prof[act] = {"products_s": t1 - t0, "log_domain_s": t2 - t1, "log_domain_columns": int(tr.huge.size),
+                         "log_domain_terms": int(tr.huge_power.size), "product_factors": int(tr.fidx.size)}
+        r = {"d": d, "rows": int(x.shape[0]), "columns": args.heavy_columns, "runs": times,
+             "relu_s": min(times["relu"]), "step_s": min(times["step"]), "profile": prof}
+        r["ratio"] = r["step_s"] / r["relu_s"]
+        out.append(r)
+        print(f"  step vs relu over sphere d={d}, D={args.heavy_columns}, {r['rows']} rows: step {r['step_s']:.3f} s, "
+              f"relu {r['relu_s']:.3f} s, step/relu = {r['ratio']:.2f}x; step: products {prof['step']['products_s']:.3f} s "
+              f"({prof['step']['product_factors']} factors), log domain {prof['step']['log_domain_s']:.3f} s "
+              f"({prof['step']['log_domain_columns']} columns, {prof['step']['log_domain_terms']} terms)", flush=True)
+    res["heavy"] = out
+
+
+_PEAK = """
+import sys, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+who, feats, rows, D = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+x = np.load(rows)
+if who == "rfsgen":
+    from rfsgen import load_features, transform
+    transform(load_features(feats), x, layout="dense")
+else:
+    from sklearn.kernel_approximation import RBFSampler
+    RBFSampler(n_components=D, gamma=1.0 / x.shape[1], random_state=0).fit(x).transform(x)
+"""
+
+
+def bench_peak(args, tmp, res):
+    """Peak RSS of the in-memory transform of every shipped skeleton against RBFSampler
+    fit + transform at equal D on the same float32 rows, each in a fresh process (the
+    features sampled beforehand in another: the transform's peak, not sampling's)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import load_shipped, rows_for
+
+    from rfsgen import SamplerError, sample, save_features
+
+    out = []
+    for path in sorted((ROOT / "skeletons").glob("*.yaml")):
+        s = load_shipped(str(path))
+        feats, rows = tmp / f"peak-{path.stem}.h5", tmp / f"peak-{path.stem}.npy"
+        np.save(rows, rows_for(s, args.peak_rows, seed=0).astype(np.float32))
+        try:
+            fs = sample(s, args.peak_columns, seed=1)
+        except SamplerError as e:  # a skeleton with fewer distinct features (categorical-poly): all of them
+            fs = sample(s, int(str(e).rsplit("at most ", 1)[1]), seed=1)
+        save_features(fs, feats, overwrite=True)
+        r = {"skeleton": path.stem, "rows": args.peak_rows, "columns": fs.columns}
+        for who in ("rfsgen", "rbfsampler"):
+            r[f"{who}_s"], r[f"{who}_rss_mib"], _ = run_rss([PY, "-c", _PEAK, who, feats, rows, fs.columns])
+        r["ratio"] = r["rfsgen_rss_mib"] / r["rbfsampler_rss_mib"]
+        out.append(r)
+        print(f"  peak RSS {path.stem:>18}, {args.peak_rows} rows, D = {fs.columns}: rfsgen "
+              f"{r['rfsgen_rss_mib']:.0f} MiB, RBFSampler {r['rbfsampler_rss_mib']:.0f} MiB "
+              f"(rfsgen/RBFSampler = {r['ratio']:.2f})", flush=True)
+        feats.unlink()
+        rows.unlink()
+    res["peak"] = out
 
 
 def bench_threads(args, tmp, res):
@@ -822,6 +928,13 @@ def table(res) -> str:
     for r in res.get("rks", []):
         lines.append(f"| in-memory {r['case']}, {r['rows']} rows | {r['rfsgen_s']:.3f} s | RBFSampler "
                      f"{r['rbfsampler_s']:.3f} s | {r['speedup']:.2f} |")
+    for r in res.get("heavy", []):
+        lines.append(f"| in-memory step over sphere d = {r['d']}, {r['rows']} rows, D = {r['columns']} | "
+                     f"{r['step_s']:.3f} s | relu, same node {r['relu_s']:.3f} s | {1 / r['ratio']:.2f} |")
+    for r in res.get("peak", []):
+        lines.append(f"| peak RSS, in-memory transform {r['skeleton']}, {r['rows']} rows, D = {r['columns']} | "
+                     f"{r['rfsgen_rss_mib']:.0f} MiB | RBFSampler {r['rbfsampler_rss_mib']:.0f} MiB | "
+                     f"{1 / r['ratio']:.2f} |")
     for r in res.get("threads", []):
         for what in ("transform", "compute"):
             lines.append(f"| in-memory {what} {r['skeleton']}, {r['rows']} rows, D = {r['columns']}, by threads | "
@@ -908,7 +1021,11 @@ def main(argv=None):
     args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
     args.check_rows, args.check_columns, args.check_repeats = 10_000, 10_000, 7
     args.dask_rows, args.dask_columns, args.dask_repeats = 20_000, 10_000, 3
+    args.heavy_widths, args.heavy_rows, args.heavy_columns = (64, 784), 10_000, 2048
+    args.peak_rows, args.peak_columns = 10_000, 4096
     if args.quick:
+        args.heavy_rows, args.heavy_columns = 1000, 512
+        args.peak_rows, args.peak_columns = 1000, 512
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2
         args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
