@@ -512,6 +512,44 @@ def check_shards(shards: list) -> list:
     return order
 
 
+class _Hasher:
+    """Hashes the blocks the readers read in one background thread, so that a block's
+    checksum (rfsgen._compiled: no GIL) overlaps reading the next block (h5py holds the
+    GIL) and writing this one.  At most one block waits or is hashed at a time (it is
+    alive anyway: the writer still holds it while the next is read).
+
+    The order of the checks is kept: :meth:`settle` (called before any other check of a
+    shard fails, before its checksums are compared, and before the end) reports a
+    block's NaN or infinity exactly where hashing it in line would have."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-verify")
+        self.pending = None  # (future of the first bad row or None, what raises for a bad row)
+
+    def submit(self, fn, args, bad_error) -> None:
+        """Run ``fn(*args)`` (returns the index of a bad row, or None) in the thread;
+        ``bad_error(index)`` is the error raised for a bad row."""
+        self.settle()
+        self.pending = (self.pool.submit(fn, *args), bad_error)
+
+    def settle(self) -> None:
+        """Wait for the block in flight; raise its error if it has a bad row."""
+        if self.pending is None:
+            return
+        done, bad_error = self.pending
+        self.pending = None
+        bad = done.result()
+        if bad is not None:
+            raise bad_error(bad)
+
+    def close(self) -> None:
+        """Wait for the thread (after an error too: the block in flight is a copy)."""
+        self.pending = None
+        self.pool.shutdown(wait=True)
+
+
 class _Reader:
     """Reads one shard's rows in order (as float arrays ``(m, columns)``), hashing each
     block once as it is read (:class:`rfsgen.output.DataChecksum`, keyed by the rows'
@@ -521,10 +559,11 @@ class _Reader:
     compares the checksums once every row was read; :meth:`digests` are then the
     shard's (current) checksums, which add up to the merged file's."""
 
-    def __init__(self, s: _Shard):
+    def __init__(self, s: _Shard, hasher: _Hasher):
         from .output import BlockChecksum, DataChecksum
 
         self.s = s
+        self.hasher = hasher
         self.next = 0  # the next row (within the shard) to read
         self.sums = DataChecksum(s.layout, s.dtype, s.columns, finite=True)
         self.v1 = s.record["version"] == 1
@@ -550,6 +589,13 @@ class _Reader:
                                      "does")
 
     def read(self, a: int, b: int) -> np.ndarray:
+        try:
+            return self._block(a, b)
+        except RfsgenError:
+            self.hasher.settle()  # a bad row in a block read before is reported first, as in line
+            raise
+
+    def _block(self, a: int, b: int) -> np.ndarray:
         s = self.s
         D = s.columns
         if s.layout == "dense":
@@ -559,10 +605,12 @@ class _Reader:
             block = self._read(self.x, a, b, "X")
             if self.v1:
                 self.old["X"].update(block)
-            bad = self.sums.dense(block, s.start + a)
-            if bad is not None:
+
+            def nonfinite(bad):
                 column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
-                raise self._nonfinite("X", s.start + a + bad, column)
+                return self._nonfinite("X", s.start + a + bad, column)
+
+            self.hasher.submit(self.sums.dense, (block, s.start + a), nonfinite)
             return block
         vals, cols, ptr = self.read_csr(a, b)
         block = np.zeros((b - a, D), dtype=s.dtype)
@@ -573,12 +621,19 @@ class _Reader:
     def read_csr(self, a: int, b: int):
         """CSR rows ``a:b`` of the shard (in order), verified: ``(data, indices, ptr)``
         with ``ptr`` int64 ``(b - a + 1,)`` pointing into them from 0."""
+        try:
+            return self._csr(a, b)
+        except RfsgenError:
+            self.hasher.settle()  # a bad row in a block read before is reported first, as in line
+            raise
+
+    def _csr(self, a: int, b: int):
         s = self.s
         if a != self.next:  # pragma: no cover - _ShardRows reads in order
             raise AssertionError("shard rows read out of order")
         self.next = b
         D = s.columns
-        ptr = self._read(self.indptr, a, b + 1, "X/indptr")
+        ptr = ptr0 = self._read(self.indptr, a, b + 1, "X/indptr")
         if self.v1:
             self.old["X/indptr"].update(ptr if a == 0 else ptr[1:])
         lo, hi = int(ptr[0]), int(ptr[-1])
@@ -591,11 +646,14 @@ class _Reader:
         if self.v1:
             self.old["X/data"].update(vals)
             self.old["X/indices"].update(cols)
-        bad = self.sums.csr(vals, cols, ptr, s.start + a)  # after the pointer's checks: it addresses vals
-        if bad is not None:
-            run = vals[ptr[bad] - lo:ptr[bad + 1] - lo]
+
+        def nonfinite(bad):
+            run = vals[ptr0[bad] - lo:ptr0[bad + 1] - lo]
             k = int(np.flatnonzero(~np.isfinite(run))[0])
-            raise self._nonfinite("X/data", s.start + a + bad, int(cols[ptr[bad] - lo + k]))
+            return self._nonfinite("X/data", s.start + a + bad, int(cols[ptr0[bad] - lo + k]))
+
+        # After the pointer's checks (it addresses vals); vals, cols and ptr0 are not changed below.
+        self.hasher.submit(self.sums.csr, (vals, cols, ptr0, s.start + a), nonfinite)
         ptr = ptr - lo
         if hi > lo:
             # Canonical CSR: within each row, columns strictly increasing from >= 0 to < D.
@@ -624,6 +682,7 @@ class _Reader:
         s = self.s
         if self.done:
             return
+        self.hasher.settle()  # this shard's last block (and any before it) hashed and checked
         self.done = True
         if s.layout == "csr":
             if s.stop == s.start:  # no rows read: indptr is [0]
@@ -651,7 +710,8 @@ class _ShardRows:
 
     def __init__(self, shards: list):
         self.shards = shards
-        self.readers = [_Reader(s) for s in shards]
+        self.hasher = _Hasher()
+        self.readers = [_Reader(s, self.hasher) for s in shards]
         self.name = shards[0].attrs["input"]
         self.width = shards[0].columns
         self.n_rows = shards[-1].stop
@@ -673,10 +733,12 @@ class _ShardRows:
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
             parts = [r.read(lo - s.start, hi - s.start) for s, r, lo, hi in self._pieces(a, b)]
-            for s, r in zip(self.shards, self.readers):
-                if s.stop <= b:  # read whole: compare its checksums now
-                    r.finish()
             yield a, parts[0] if len(parts) == 1 else np.concatenate(parts)
+            # Read whole: compare its checksums now, before anything more is read (after
+            # the block was handed on, so that its hashing overlapped the writing).
+            for s, r in zip(self.shards, self.readers):
+                if s.stop <= b:
+                    r.finish()
         # The writer asks for a next chunk after the last one (a for loop does), so a
         # mismatch found here still ends the write before the output is in place.
         for r in self.readers:
@@ -700,6 +762,10 @@ class _ShardRows:
                           np.concatenate([np.diff(p[2]) for p in parts]))
         for r in self.readers:
             r.finish()
+
+    def close(self) -> None:
+        """Stop the hashing thread (see :class:`_Hasher`)."""
+        self.hasher.close()
 
     def digests(self) -> dict:
         """The merged rows' :data:`rfsgen.output.CHECKSUM` digests: the sums of the
@@ -787,10 +853,8 @@ class _RawDense(_Copy):
                                 window.madvise(mmap.MADV_SEQUENTIAL)
                             block = np.frombuffer(window, dtype=self.dtype, count=(b - a) * self.columns,
                                                   offset=lo - at).reshape(b - a, self.columns)
-                            bad = r.sums.dense(block, s.start + a)
-                            if bad is not None:
-                                column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
-                                raise r._nonfinite("X", s.start + a + bad, column)
+                            # Hashed in the verifying thread while this process writes the same block.
+                            r.hasher.submit(r.sums.dense, (block, s.start + a), _first_nonfinite(r, block, s.start + a))
                             data = memoryview(block).cast("B")
                             pos = offset + (s.start + a - start) * row_bytes
                             while data:  # pwrite may write less than asked
@@ -798,12 +862,27 @@ class _RawDense(_Copy):
                                 data, pos = data[k:], pos + k
                         finally:
                             block = data = None
-                            window.close()
+                            try:
+                                r.hasher.settle()  # hashed before its map is closed
+                            finally:
+                                try:
+                                    window.close()
+                                except BufferError:  # an error's traceback still holds a view: unmapped when freed
+                                    pass
                         r.next = b
                         if progress:
                             progress(b - a)
             r.finish()
         return stop - start
+
+
+def _first_nonfinite(r, block, row0):
+    """What :class:`_Hasher` raises for a bad row of ``block`` (global rows ``row0`` on)."""
+    def error(bad):
+        column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
+        return r._nonfinite("X", row0 + bad, column)
+
+    return error
 
 
 def _clipped(order) -> int | None:
@@ -839,6 +918,7 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
     if not shards:
         raise UsageError("give the shards to merge")
     opened = []
+    src = None
     try:
         for p in shards:
             opened.append(_open_shard(p))
@@ -869,6 +949,8 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         info.update(shards=len(order), virtual=virtual)
         return info
     finally:
+        if src is not None:
+            src.close()
         for s in opened:
             s.file.close()
 

@@ -690,7 +690,7 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
     first (a full disk fails here, before any work, and never as a SIGBUS later) and
     each chunk is computed straight into a memory map of its rows: no copy, and the
     page-cache work is spread over the compiled loop's threads.  The window is
-    unmapped after each chunk, so resident memory stays bounded by the chunk.
+    unmapped after each chunk (once hashed), so resident memory stays bounded by two chunks.
     Elsewhere a writer thread fills the area with ``os.pwrite`` while the next chunk
     is computed.  A ``tr`` with ``copy_into`` (a merge of dense uncompressed shards,
     :class:`rfsgen.merge._RawDense`) fills the area itself.  HDF5 only places the dataset; the file's bytes are the same as
@@ -790,37 +790,66 @@ def _populator(threads: int, pool):
 
 def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum) -> int:
     """Compute each chunk into a shared memory map of its rows of the file (bytes
-    ``offset + (row - start) * row_bytes`` onwards, already allocated)."""
+    ``offset + (row - start) * row_bytes`` onwards, already allocated).  ``checksum``
+    (or None) hashes each chunk in a background thread while the next chunk is
+    computed; the chunk's map stays open until then (two chunks mapped at most)."""
     import mmap
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     from ._compiled import threads as thread_count
 
     threads = thread_count()
     n_rows = 0
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-populate") as pool:
+    held = None  # (hashing, window): the previous chunk, hashed while this one is computed
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rfsgen-populate") as pool, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-hash") as hasher:
         populate = _populator(threads, pool)
-        for row0, block in src.chunks(chunk_rows, start, stop):
-            m = block.shape[0]
-            first = offset + (row0 - start) * row_bytes
-            lo = first - first % mmap.ALLOCATIONGRANULARITY
-            window = mmap.mmap(fd, first + m * row_bytes - lo, offset=lo)
-            try:
-                populate(window)
-                out = np.frombuffer(window, dtype=tr.dtype, count=m * tr.columns, offset=first - lo)
-                tr.chunk(block, row0, src.name, out=out.reshape(m, tr.columns))
-                if checksum is not None:  # while the chunk is still (partly) in cache
-                    checksum.dense(out.reshape(m, tr.columns), row0)
-            finally:
-                out = None
+        try:
+            for row0, block in src.chunks(chunk_rows, start, stop):
+                m = block.shape[0]
+                first = offset + (row0 - start) * row_bytes
+                lo = first - first % mmap.ALLOCATIONGRANULARITY
+                window = mmap.mmap(fd, first + m * row_bytes - lo, offset=lo)
                 try:
-                    window.close()
-                except BufferError:  # an exception's traceback still holds a view: unmapped when freed
-                    pass
-            n_rows += m
-            if progress:
-                progress(m)
+                    populate(window)
+                    out = np.frombuffer(window, dtype=tr.dtype, count=m * tr.columns, offset=first - lo)
+                    tr.chunk(block, row0, src.name, out=out.reshape(m, tr.columns))
+                    held = _release(held)
+                    if checksum is not None:  # in the background (the compiled loop has no GIL), mapped till done
+                        held = (hasher.submit(checksum.dense, out.reshape(m, tr.columns), row0), window)
+                        window = None
+                finally:
+                    out = None
+                    _unmap(window)
+                n_rows += m
+                if progress:
+                    progress(m)
+            held = _release(held)
+        finally:
+            if held is not None:  # an error: the window is unmapped only once its hashing has stopped
+                wait([held[0]])
+                _unmap(held[1])
     return n_rows
+
+
+def _release(held) -> None:
+    """Wait for a chunk's hashing (``(future, window)`` from :func:`_fill_mapped`, or
+    None), then unmap its window.  Returns None."""
+    if held is not None:
+        try:
+            held[0].result()
+        finally:
+            _unmap(held[1])
+    return None
+
+
+def _unmap(window) -> None:
+    if window is None:
+        return
+    try:
+        window.close()
+    except BufferError:  # a view is still held (an exception's traceback, a finishing thread): unmapped when freed
+        pass
 
 
 def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X"):

@@ -158,6 +158,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import damage  # noqa: E402
 from rfsgen import load_skeleton, sample, save_features  # noqa: E402
+from rfsgen.errors import InputError  # noqa: E402
 from rfsgen.merge import merge_files  # noqa: E402
 from rfsgen.transform import transform_file  # noqa: E402
 
@@ -391,6 +392,27 @@ def test_nan_in_a_shard_is_not_copied(kit, tmp_path, kind):
     res = _merge(tmp_path, names)
     _refused(res, tmp_path, names[3])
     assert "holds NaN or infinity" in res.output
+
+
+# Merge hashes each block in a background thread while the next is read: a NaN in an
+# earlier block must still be the error reported when a later block fails another check.
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(i=st.integers(0, 20), gap=st.integers(1, 15), chunk=st.sampled_from([1, 3, 4]))
+def test_a_bad_row_is_reported_before_a_later_block_fails(base, i, gap, chunk):
+    with tempfile.TemporaryDirectory() as d:
+        names = [Path(d) / "s0.h5", Path(d) / "s1.h5"]
+        for name, rows in zip(names, ["0:41", "41:103"]):
+            transform_file(base / "f.h5", base / "x.npy", name, rows=rows, layout="csr")
+        j = i + gap + 1  # rows i and j - 1 are read in one block, or j - 1 in a later one
+        with h5py.File(names[1], "r+") as f:  # the record is not resealed: its checksums are compared last
+            ptr = f["X/indptr"][()]
+            f["X/data"][ptr[i]] = np.nan
+            f["X/indptr"][j] = ptr[j - 1] - 1  # a pointer that steps back, found before its block is hashed
+        later = (41 + i) // chunk != (41 + j - 1) // chunk
+        match = rf"holds NaN or infinity \(row {41 + i}, " if later else "is not a CSR row pointer"
+        with pytest.raises(InputError, match=match):
+            merge_files(names, Path(d) / "m.h5", chunk_rows=chunk)
+        assert not [p for p in Path(d).iterdir() if p.name.startswith(("m.h5", ".m.h5"))]
 
 
 def test_virtual_merge_over_mismatched_widths_is_refused(base, tmp_path):
