@@ -28,6 +28,10 @@ SKELETONS = {
                  "  - {name: b, base: brownian, columns: '1:4', domain: [-2, 2]}\n",
     "laplacebox3": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
                    "  - {name: l, base: laplace, scale: 0.7, columns: '1:4', domain: [[-2, -1, -3], [2, 1, 3]]}\n",
+    # A skeleton with a parameter: its feature file records the value (attribute 'params').
+    "params8": "rfsgen: 1\ninput: {width: 8}\nparams: {s: 0.4}\nnodes:\n"
+               "  - {name: g, base: gaussian, scale: $s}\n"
+               "  - {name: out, activation: relu, inputs: [g]}\n",
     # Scale-invariant: a sphere node normalises each row, so rows * 2^k give the same features.
     "sphere8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
                "  - {name: s, base: sphere, scheme: pair}\n"
@@ -46,14 +50,19 @@ FEATURES = {
     "sphere8": ("sphere8", 32, 1, None),
     "circle-4k": ("tabular-circle", 4096, 2, None),
     "cifar-deep-1k": ("cifar-deep", 1024, 2, None),
+    "exact-circle": ("tabular-circle", 48, 1, None),  # --scheme exact: float column weights
+    "params8": ("params8", 32, 1, None),
 }
+#: Feature fixtures sampled with another scheme than rfs.
+SCHEMES = {"exact-circle": "exact"}
 
 #: EOF feature fixtures (``rfsgen.eof.sample``): name -> (skeleton, level); their columns are the grid's.
 EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4)}
 
 #: Which fixture feature file a skeleton name's rows cases use, and the skeleton's row width.
 WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
-          "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8, "eof-brownian3": 4, "eof-laplace3": 4}
+          "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8, "eof-brownian3": 4, "eof-laplace3": 4,
+          "exact-circle": 8, "params8": 8}
 #: Skeletons whose kernel and features do not change when a row is multiplied by a positive scale.
 SCALE_INVARIANT = {"shallow-gaussian", "cifar-deep", "sphere8"}
 
@@ -130,7 +139,7 @@ def _build(cache: Path, name: str) -> Path:
         else:
             skel_name, cols, seed, width = FEATURES[key]
             skel = parse_skeleton(skeleton_text(skel_name), f"{skel_name}.yaml", width=width)
-            fs = sampler.sample(skel, cols, seed)
+            fs = sampler.sample(skel, cols, seed, scheme=SCHEMES.get(key, "rfs"))
         fs.tool_version = "fuzz-fixture"
         features.save(fs, str(tmp) + ".h5")
         os.replace(str(tmp) + ".h5", tmp)

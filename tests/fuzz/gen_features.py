@@ -10,7 +10,7 @@ import numpy as np
 from . import fixtures
 
 BASE = ["tabular-circle", "gauss8", "laplace8", "categorical-poly", "sphere8", "tabular-auto5", "shallow-gaussian",
-        "eof-brownian3", "eof-laplace3"]
+        "eof-brownian3", "eof-laplace3", "exact-circle", "params8"]
 #: EOF files: their own attribute and datasets (level and index vectors, int (D, d))
 EOF_DATASETS = ["eof_level", "eof_index"]
 EOF_ATTR_VALUES = ['{}', '[]', 'null', '{"level": 99}',
@@ -48,9 +48,37 @@ HOSTILE_SKELETONS = [
 ]
 
 
+#: Values forged into an ``exact`` file's float column weights, and into a file's ``params``.
+WEIGHT_VALUES = [float("nan"), float("inf"), -1.0, -0.0, 0.0, 1e308, 2.0**20, 2.0**21, 5e-324]
+PARAMS_VALUES = ['{}', '[]', 'null', '{"s": 0.4}', '{"s": -1}', '{"s": "x"}', '{"t": 0.4}', '{"s": 1e999}',
+                 '{"s": 0.4, "t": 1}', '"s"']
+
+
+def _own_op(rng, skel):
+    """Forgeries of the fields only some files have (every checksum and the seal recomputed)."""
+    if skel == "exact-circle":
+        k = rng.integers(4)
+        if k == 0:
+            return [{"op": "dataset", "file": "f.h5", "name": "column_weight", "how": "values", "reseal": True,
+                     "values": [float(rng.choice(WEIGHT_VALUES))],
+                     "index": "all" if rng.random() < 0.3 else [int(v) for v in rng.integers(0, 48, 3)]}]
+        if k == 1:
+            return [{"op": "dataset", "file": "f.h5", "name": "column_weight", "reseal": True,
+                     "how": str(rng.choice(["dtype", "reshape2d", "empty", "bomb", "external", "softlink"])),
+                     "dtype": str(rng.choice(["<f4", "<i8", "<f2"])), "shape": [10**9], "target": "/etc/passwd"}]
+        return [{"op": "set_attr", "file": "f.h5", "key": "column_weights", "reseal": True,
+                 "value": {"t": "str", "v": str(rng.choice(["float", "counts", "", "int"]))},
+                 "delete": bool(rng.random() < 0.5)}]
+    return [{"op": "set_attr", "file": "f.h5", "key": "params", "reseal": True,
+             "value": {"t": "str", "v": PARAMS_VALUES[rng.integers(len(PARAMS_VALUES))]},
+             "delete": bool(rng.random() < 0.3)}]
+
+
 def _op(rng, skel):
     if skel.startswith("eof-") and rng.random() < 0.5:
         return _eof_op(rng)
+    if skel in ("exact-circle", "params8") and rng.random() < 0.6:
+        return _own_op(rng, skel)
     k = rng.integers(10)
     if k == 0:
         return [{"op": "bitflip", "file": "f.h5", "pos": float(rng.random()), "bit": int(rng.integers(8)),

@@ -143,6 +143,8 @@ def render(sk: dict, desc: str = "fuzz", raw: dict | None = None) -> str:
         lines.append("  - " + json.dumps(n))
     if "output" in sk:
         lines.append("output: " + json.dumps(sk["output"]))
+    if "params" in sk:
+        lines.append("params: " + json.dumps(sk["params"]))
     text = "\n".join(lines) + "\n"
     for k, v in (raw or {}).items():
         text = text.replace(json.dumps(k), v)
@@ -263,10 +265,44 @@ def _document_mutation(rng, text):
     return text[: int(len(text) * rng.random())]
 
 
+#: Values a ``--set NAME=VALUE`` may carry (valid ones among hostile ones).
+SET_VALUES = ["0.3", "2", "1e-300", "-1", "0", "nan", "inf", "1e400", "abc", "", "0x10", "1" + "0" * 5000, "[1]"]
+
+
+def _parametrise(rng, sk) -> list:
+    """Turn some of the nodes' numbers into ``$name`` references with a ``params:`` block
+    (sometimes a hostile one); returns ``--set`` options for the command line."""
+    params = {}
+    for n in sk.get("nodes", []):
+        if "scale" in n and rng.random() < 0.7:
+            name = f"p{len(params)}"
+            params[name] = n["scale"]
+            n["scale"] = "$" + name
+    if not params:
+        return []
+    k = rng.integers(8)
+    if k == 0:  # a reference nobody declares
+        sk["nodes"][0]["scale" if "scale" in sk["nodes"][0] else "name"] = "$nobody"
+    elif k == 1:  # a declaration without a usable default
+        params[next(iter(params))] = str(rng.choice(["", "x", "[1, 2]", "null"]))
+    elif k == 2:
+        params[next(iter(params))] = {"default": 0.5, "min": 1.0, "max": 0.1}
+    sk["params"] = params
+    sets = []
+    for _ in range(int(rng.integers(0, 3))):
+        name = str(rng.choice(list(params) + ["unknown"]))
+        sets += ["--set", f"{name}={rng.choice(SET_VALUES)}"]
+    return sets
+
+
 def generate(rng: np.random.Generator, cid: str) -> dict:
     sk, width, discrete, bind = valid(rng)
     raw = {}
     mutated = []
+    sets = []
+    if rng.random() < 0.2:
+        sets = _parametrise(rng, sk)
+        mutated.append("params")
     r = rng.random()
     if r < 0.3:
         bind = _huge(rng, sk, bind)
@@ -288,12 +324,12 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
     files = {"s.yaml": {"text": text}}
     seed = int(rng.integers(0, 2**31))
     if cmd == "skeleton":
-        argv, out, check = ["skeleton", "s.yaml"], None, {"type": "skeleton"}
+        argv, out, check = ["skeleton", "s.yaml"] + sets, None, {"type": "skeleton"}
     elif cmd == "sample" or not width and not bind:
         n = int(rng.choice([1, 2, 8, 32, 64, 256]))
-        argv = ["sample", "s.yaml", "-n", str(n), "--seed", str(seed), "-o", "f.h5", "-q"]
+        argv = ["sample", "s.yaml", "-n", str(n), "--seed", str(seed), "-o", "f.h5", "-q"] + sets
         if rng.random() < 0.3:
-            argv += ["--scheme", str(rng.choice(["strat", "rr", "orf"]))]
+            argv += ["--scheme", str(rng.choice(["strat", "rr", "orf", "exact"]))]
         if bind:
             argv += ["--width", str(bind)]
         out, check = "f.h5", {"type": "sample", "columns": n}
@@ -305,7 +341,7 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
             files["rows.npy"] = {"rows": {"fmt": "crafted-npy", "declared_rows": n, "width": w, "seed": seed}}
         else:
             files["rows.npy"] = {"rows": {"seed": seed, "n": n, "width": w, "mode": mode, "fmt": "npy"}}
-        argv, out, check = ["kernel", "s.yaml", "rows.npy", "-o", "K.npy", "-q"], "K.npy", \
+        argv, out, check = ["kernel", "s.yaml", "rows.npy", "-o", "K.npy", "-q"] + sets, "K.npy", \
             {"type": "kernel", "shape": [n, n], "square": True}
     return {"kind": "skeletons", "id": cid, "files": files, "ops": [], "argv": argv, "output": out,
             "check": check, "note": "+".join(mutated) or "valid"}
