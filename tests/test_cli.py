@@ -202,11 +202,23 @@ def test_exit_codes_follow_one_rule(runner, inputs, monkeypatch, args, code, mes
 
 
 # ----------------------------------------------------------------------------- signals and pipes
+def _default_signals():
+    """In the child before exec: SIGINT, SIGTERM and SIGHUP at their defaults, as a job
+    started by a shell or a scheduler has them, whatever this test run inherited (``nohup
+    make test`` ignores SIGHUP, a background job SIGINT; rfsgen rightly keeps a signal
+    ignored that was ignored when it started)."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _rfsgen(*args, **kw):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "rfsgen", *map(str, args)], stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen([sys.executable, "-m", "rfsgen", *map(str, args)], stderr=subprocess.PIPE,
+                            preexec_fn=_default_signals, **kw)
 
 
 def _transform_in_progress(inputs, cifar_rows):

@@ -124,10 +124,12 @@ def _limits(cfg: Config):
         import signal
 
         os.setsid()
-        # The pool's workers ignore SIGINT (the runner stops them); a command started from
-        # a shell has it at its default, and an ignored signal is inherited across exec
-        # (rfsgen rightly keeps a signal ignored that was ignored when it started).
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The pool's workers ignore SIGINT (the runner stops them), and the runner may itself
+        # run under nohup (SIGHUP ignored) or as a background job; a command started from a
+        # shell or a scheduler has them at their defaults, and an ignored signal is inherited
+        # across exec (rfsgen rightly keeps a signal ignored that was ignored when it started).
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_AS, (cfg.memory_limit, cfg.memory_limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return pre
