@@ -350,7 +350,14 @@ def _exp_gap(beta, rho, delta):
 
 
 def _poisson_sum(beta, rng, m):
-    return rng.poisson(beta * np.asarray(m, np.float64)).astype(np.int64)
+    lam = beta * np.asarray(m, np.float64)
+    # Stacked exp layers multiply the mean degree by beta per layer: past 2**61 a draw's
+    # degree is neither representable downstream nor a Poisson numpy can draw.
+    if lam.size and float(lam.max()) >= DEGREE_LIMIT / 2:
+        raise SamplerError(
+            f"a sum of exp degrees in one draw would reach 2**61 (mean {float(lam.max()):.3g}): stacked exp layers "
+            f"multiply the mean degree by beta (here {beta:g}) at each layer; use fewer layers or a smaller beta")
+    return rng.poisson(lam).astype(np.int64)
 
 
 def _poisson_degrees(beta, rng, n):

@@ -581,12 +581,12 @@ class Transformer:
 
     def unit(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
         """Rows mapped to the unit cube, float64 ``(m, d)``; values outside are clipped
-        (and counted in ``clipped``); NaN is a :class:`DataError`."""
+        (and counted in ``clipped``); NaN or infinity in any column, used or not, is a
+        :class:`DataError`, as in every other transform."""
+        from .inputs import check_finite
+
+        check_finite(np.asarray(x), row0, source)
         u = self._mapped(x)
-        if np.isnan(u).any():
-            r, c = np.argwhere(np.isnan(u))[0]
-            raise DataError(f"{source}: row {row0 + int(r)}, column {int(self.cols[c])}: value is NaN; "
-                            "clean the rows before the transform")
         out = (u < 0.0) | (u > 1.0)
         n_out = int(np.count_nonzero(out))
         if n_out:

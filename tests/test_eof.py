@@ -240,8 +240,14 @@ def test_rows_outside_the_box_are_clipped_and_counted():
     vals = tr.chunk(x)
     assert tr.clipped == 2
     assert not vals[1:].any()  # clipped onto a face: zero
-    with pytest.raises(DataError, match="row 1, column 2: value is NaN"):
+    with pytest.raises(DataError, match="row 1, column 2: value is nan"):
         tr.chunk(np.array([[0.0, 0.5, 0.5], [0.0, 0.5, np.nan]]))
+    # Infinity is not clipped, and a column the skeleton does not use is checked too, as in
+    # every other transform (found by the fuzzer: a NaN in column 0 went through).
+    with pytest.raises(DataError, match="row 0, column 1: value is inf"):
+        tr.chunk(np.array([[0.0, np.inf, 0.5]]))
+    with pytest.raises(DataError, match="row 1, column 0: value is nan"):
+        tr.chunk(np.array([[0.0, 0.5, 0.5], [np.nan, 0.5, 0.5]]))
 
 
 @settings(max_examples=25, derandomize=True, deadline=None)

@@ -546,3 +546,17 @@ def test_new_activations_are_unbiased_over_seeds():
     iu = np.triu_indices(5, 1)
     assert np.all(np.abs(mean - exact)[iu] <= 4 * se[iu] + 1e-12), (mean[iu], exact[iu], se[iu])
     np.testing.assert_allclose(np.diag(mean), 1.0, atol=1e-9 + 4 * se.diagonal().max())
+
+
+def test_stacked_exp_whose_degrees_pass_2_61_is_one_error():
+    """Found by the fuzzer: eight exp layers with beta = 999.9 ask numpy for a Poisson of
+    mean ~1e21 (a ValueError traceback).  The sum is refused first, naming the cause."""
+    nodes = "".join(f"  - {{name: e{i}, activation: {{name: exp, beta: 999.9}}, inputs: [{'g' if i == 0 else f'e{i - 1}'}]}}\n"
+                    for i in range(8))
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: g, base: gaussian, per: column}\n" + nodes)
+    with pytest.raises(SamplerError, match=r"exp degrees in one draw would reach 2\*\*61 .*beta \(here 999.9\)"):
+        sample(s, 64, seed=2067398024)
+    # one layer of the same beta is fine
+    one = parse_skeleton("rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: g, base: gaussian, per: column}\n"
+                         "  - {name: e, activation: {name: exp, beta: 999.9}, inputs: [g]}\n")
+    assert sample(one, 64, seed=1).columns == 64

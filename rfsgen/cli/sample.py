@@ -22,7 +22,7 @@ from ._params import set_option
                    "docs/exact-degrees.md); rr / orf: Rahimi-Recht / orthogonal random features "
                    "wherever a node is a Gaussian on normalized sphere inputs (exp over sphere nodes); without such a node, "
                    "orf draws every gaussian input node's frequencies orthogonally; orf ends only on "
-                   "whole (cos, sin) pairs, so an odd -n (or a pair that passes -n) gives -n + 1 columns; eof: entropic optimal features of a skeleton whose kernel is one "
+                   "whole (cos, sin) pairs, so it gives -n or -n + 1 columns (an odd -n gives -n + 1 unless a column repeats); eof: entropic optimal features of a skeleton whose kernel is one "
                    "laplace (pinned on the box's faces) or brownian node (sparse, deterministic).")
 @click.option("--level", type=int, help="eof: take the whole sparse grid of this level (instead of -n).")
 @click.option("--domain-from", "domain_from", metavar="ROWS",

@@ -260,7 +260,8 @@ def _leftovers(d: Path) -> list:
 def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
     """(class, detail) for a finished run."""
     err, rc = res["stderr"], res["rc"]
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    # Warnings (one line each, e.g. a skeleton's VarianceWarning) may precede the one error line.
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("rfsgen: warning: ")]
     if res["timed_out"]:
         return "hang", f"no exit after {cfg.time_limit:.0f} s"
     if any(m in err for m in MEMORY_MARKS) or rc == -signal.SIGKILL:
@@ -437,9 +438,10 @@ def _check_sample(path, check):
     from rfsgen import features
 
     fs = features.load(path)
-    # orf ends on whole (cos, sin) pairs: an odd -n gives -n + 1 columns (docs/commands.md, rfsgen sample)
-    want = check["columns"] + check["columns"] % 2 if fs.scheme == "orf" else check["columns"]
-    if fs.columns != want:
+    # orf ends on whole (cos, sin) pairs, so -n or -n + 1 columns: a half that repeats an
+    # earlier column makes the count odd (docs/commands.md, rfsgen sample)
+    want = (check["columns"], check["columns"] + 1) if fs.scheme == "orf" else (check["columns"],)
+    if fs.columns not in want:
         return f"sample wrote {fs.columns} columns, asked {check['columns']}"
     for name in ("omega",):
         v = getattr(fs, name, None)
