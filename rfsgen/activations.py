@@ -415,7 +415,14 @@ def _polynomial_gap(degree, c, rho, delta):
 
 
 def _binomial_sum(degree, prob, rng, m):
-    return rng.binomial(np.asarray(m, np.int64) * degree, prob).astype(np.int64)
+    m = np.asarray(m, np.int64)
+    # Stacked polynomial layers multiply the trials by the degree per layer: checked in
+    # float64 before the int64 product could wrap.
+    if m.size and float(m.max()) * degree >= DEGREE_LIMIT / 2:
+        raise SamplerError(
+            f"a sum of polynomial degrees in one draw would reach 2**61 ({float(m.max()) * degree:.3g} trials): "
+            f"stacked polynomial layers multiply the degree by {degree} at each layer; use fewer layers or lower degrees")
+    return rng.binomial(m * degree, prob).astype(np.int64)
 
 
 def _series_activation(name, params, a, truncation=0.0, sum_fn=None, dual=None, gap=None) -> Activation:

@@ -560,3 +560,13 @@ def test_stacked_exp_whose_degrees_pass_2_61_is_one_error():
     one = parse_skeleton("rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: g, base: gaussian, per: column}\n"
                          "  - {name: e, activation: {name: exp, beta: 999.9}, inputs: [g]}\n")
     assert sample(one, 64, seed=1).columns == 64
+
+
+def test_stacked_polynomials_whose_trials_pass_2_61_are_one_error():
+    """Four polynomial layers of degree 100,000 need 1e20 binomial trials in one draw: the
+    int64 product used to wrap silently (a wrong draw, exit 0); now it is refused."""
+    nodes = "".join(f"  - {{name: p{i}, activation: {{name: polynomial, degree: 100000}}, "
+                    f"inputs: [{'g' if i == 0 else f'p{i - 1}'}]}}\n" for i in range(4))
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: g, base: gaussian, per: column}\n" + nodes)
+    with pytest.raises(SamplerError, match=r"polynomial degrees in one draw would reach 2\*\*61"):
+        sample(s, 8, seed=0)
