@@ -28,7 +28,8 @@ column's weight; the budget D counts every distinct column once.
 (cifar-deep: 576 sphere nodes of 3 values, 1,728 columns).  Degrees ``0 .. k`` are
 enumerated for the largest ``k <= 1`` whose columns take at most half of D; with degree 1
 left out its features are sampled as ``strat`` samples them (stratified codes), and with
-degree 0 left out too (D = 1) the scheme is ``strat``.  The file's ``stats`` record the
+degree 0 left out too (D = 1) the scheme is ``strat``.  Nodes are listed only while their
+columns fit in :data:`MAX_LISTED`; the rest are sampled like gaussian nodes.  The file's ``stats`` record the
 degrees enumerated (``exact_degrees``: -1, 0 or 1), their columns and their total weight.
 """
 
@@ -43,6 +44,11 @@ from .skeleton import InputNode, Skeleton
 
 #: Enumerated columns may take at most this fraction of the budget D (the wide-input rule).
 MAX_EXACT_SHARE = 0.5
+#: Most one-factor columns listed in all (before the wide-input rule picks among them):
+#: input nodes are listed in skeleton order while their columns fit, counted from the
+#: base's parameters before anything is built; a node that does not fit is sampled, as a
+#: gaussian node is (a categorical node of 2^31 categories would need 16 GiB to list).
+MAX_LISTED = 1 << 18
 #: Below this, the probability that a draw is not enumerated counts as zero: the
 #: enumerated columns are then every feature the skeleton has.
 NO_MASS = 1e-14
@@ -89,6 +95,16 @@ def degree_probabilities(skel: Skeleton, t):
     p1 = _push_down(skel, t, slope)
     p1[~t.is_input] = 0.0
     return float(p0[skel.output]), p1
+
+
+def one_factor_count(base):
+    """How many columns :func:`one_factor_columns` lists for ``base`` (None: not finitely
+    many), from its parameters alone."""
+    if base.name == "categorical":
+        return 2 * int(base.param("categories"))
+    if base.name == "sphere":
+        return int(base.width)
+    return {"binary": 1, "circle": 2}.get(base.name)
 
 
 def one_factor_columns(base):
@@ -157,9 +173,14 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
     p0, p1 = degree_probabilities(skel, t)
     enumerable = np.zeros(n_nodes, dtype=bool)
     rows = [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0, p0)]  # the constant
+    listed = 0
     for v in skel.nodes:
         if not isinstance(v, InputNode) or p1[v.id] <= 0.0:
             continue
+        count = one_factor_count(v.base)
+        if count is None or listed + count > MAX_LISTED:
+            continue
+        listed += count
         table = one_factor_columns(v.base)
         if table is None:
             continue

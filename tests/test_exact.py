@@ -338,3 +338,24 @@ def test_the_docs_page_blocks_run(tmp_path, cifar_rows):
         res = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)
         assert res.returncode == 0, f"{body}\n--- stderr:\n{res.stderr[-3000:]}"
+
+
+def test_a_node_with_too_many_single_factor_columns_is_sampled_not_listed():
+    """Found by the fuzzer: a categorical node of 2^31 categories made the plan list 2^32
+    columns (16 GiB).  Nodes are listed while their columns fit in MAX_LISTED, counted from
+    the base's parameters first; the rest are sampled, as gaussian nodes are."""
+    from rfsgen import exact
+    from rfsgen.sampler import _tables
+
+    text = ("rfsgen: 1\ninput: {width: 5}\nnodes:\n"
+            "  - {name: big, base: categorical, per: column, categories: 2147483648}\n"
+            "  - {name: small, base: circle, per: column, columns: '0:4'}\n"
+            "  - {name: out, activation: erf, inputs: [big, small]}\n")
+    s = parse_skeleton(text)
+    t = _tables(s)
+    p = exact.plan(s, t, 64, seed=1)
+    big = [v.id for v in s.input_nodes if v.layer == "big"]
+    small = [v.id for v in s.input_nodes if v.layer == "small"]
+    assert not p.enumerable[big].any() and p.enumerable[small].all()
+    fs = sample(s, 64, seed=424822871, scheme="exact")
+    assert fs.columns == 64 and np.isfinite(fs.column_weight).all()
