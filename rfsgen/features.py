@@ -830,6 +830,10 @@ def _attr(p, attrs, key, kind=str):
         return int(v)
     if not isinstance(v, str):
         raise _bad(p, f"attribute '{key}' must be a string, not {type(v).__name__}")
+    try:  # h5py hands invalid UTF-8 over as lone surrogates, which no output can print
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(p, f"attribute '{key}' is not UTF-8 text") from None
     return str(v)
 
 

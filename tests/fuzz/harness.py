@@ -311,6 +311,11 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
     check = case.get("check", {})
     if check.get("must_fail"):
         return "wrong_result", f"exit 0 but must fail: {check['must_fail']}"
+    if check.get("must_fail_unless_unchanged"):
+        same = _same_as_unforged(case, d, cfg)
+        if same is not True:
+            return "wrong_result", f"exit 0 but must fail: {check['must_fail_unless_unchanged']} ({same})"
+        return "passed", "exit 0: the flipped bit is in bytes no reader uses (the unforged file's output)"
     try:
         problem = check_output(case, d, res, cfg)
     except Exception as e:  # the output could not be read: that is a wrong result, not a harness error
@@ -318,6 +323,27 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
     if problem:
         return "wrong_result", problem
     return "passed", "exit 0"
+
+
+def _same_as_unforged(case, d: Path, cfg: Config):
+    """True when the case's command, run on its files before any forgery (the fixtures
+    themselves), gives the same output (X for a transform, stdout for inspect); else what
+    differs (one line)."""
+    with tempfile.TemporaryDirectory(prefix="rfsgen-fuzz-ref-") as t:
+        t = Path(t)
+        for name, spec in case["files"].items():
+            src = fixtures.path_of(cfg.cache, spec["fixture"]) if "fixture" in spec else d / name
+            shutil.copyfile(src, t / name)
+        env = dict(os.environ, PYTHONPATH=_pythonpath(), RFSGEN_MAX_MEMORY=str(cfg.budget))
+        proc = subprocess.run([sys.executable, "-m", "rfsgen", *_argv(case, cfg)], cwd=t, env=env,
+                              capture_output=True, timeout=max(60.0, 3 * cfg.time_limit))
+        if proc.returncode != 0:
+            return f"the unforged file fails too: {_short(proc.stderr.decode(errors='replace'))}"
+        if case.get("output"):
+            a, b = _finite_h5_x(d / case["output"])[0], _finite_h5_x(t / case["output"])[0]
+            return True if a.shape == b.shape and np.array_equal(a, b) else "X differs from the unforged file's"
+        same = (d / ".fuzz-stdout").read_bytes() == proc.stdout  # (the same file name in both)
+        return True if same else "inspect prints other values than for the unforged file"
 
 
 def _short(s, n=200):
