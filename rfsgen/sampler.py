@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from . import budget
-from .errors import LimitError, SamplerError, UsageError
+from .errors import LimitError, SamplerError, UsageError, count
 from .features import FeatureSet, term_keys
 from .skeleton import InputNode, Skeleton
 
@@ -191,7 +191,12 @@ def _push_down(skel: Skeleton, t: _Tables, factor: np.ndarray) -> np.ndarray:
         if not live.any():
             continue
         g, src = g[live], src[live]
-        share = src * factor[g]
+        f = factor[g]
+        # An estimate may overflow to inf (heavy tails, deep stacks) and is then compared
+        # with its limit as inf; a node that makes no children passes nothing down, not
+        # inf * 0 = NaN (which no limit check would catch).
+        with np.errstate(over="ignore", invalid="ignore"):
+            share = np.where(f == 0.0, 0.0, src * f)
         edges = _edges(t, g)
         value += np.bincount(t.children[edges], weights=np.repeat(share, t.fanin[g]), minlength=n)
     return value
@@ -913,7 +918,7 @@ def sample(
     space = feature_space(skeleton_for_walk, t)
     if space < columns:
         raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
-                           f"most {int(space)} distinct columns (the product over its input nodes of the values their "
+                           f"most {count(int(space), 'distinct column')} (the product over its input nodes of the values their "
                            f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
     fp = footprint(skeleton_for_walk, t)
     check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone

@@ -570,3 +570,25 @@ def test_stacked_polynomials_whose_trials_pass_2_61_are_one_error():
     s = parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: g, base: gaussian, per: column}\n" + nodes)
     with pytest.raises(SamplerError, match=r"polynomial degrees in one draw would reach 2\*\*61"):
         sample(s, 8, seed=0)
+
+
+def test_a_constant_activation_passes_nothing_down_even_under_an_infinite_estimate():
+    """Found by the fuzzer (seed 33): below a constant activation (degree 0 only) the size
+    estimates met inf * 0 = NaN, printed numpy's RuntimeWarning and overstated the feature
+    space (16 instead of 1: only the constant feature exists)."""
+    import warnings
+
+    from rfsgen.sampler import _tables, feature_space, footprint
+
+    s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n"
+                       "  - {name: a, base: binary, per: column}\n  - {name: b, base: binary, per: column}\n"
+                       "  - {name: h0, activation: {name: coefficients, values: [0.328]}, inputs: [a, b]}\n"
+                       "  - {name: h1, activation: {name: arccos, degree: 1}, inputs: [h0]}\n"
+                       "  - {name: out, activation: {name: polynomial, degree: 5, c: 0.45}, inputs: [h1]}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        t = _tables(s)
+        assert feature_space(s, t) == 1.0
+        assert np.isfinite(footprint(s, t).items)
+    with pytest.raises(SamplerError, match="at most 1 distinct column "):
+        sample(s, 256, seed=486617684)
