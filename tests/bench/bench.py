@@ -139,6 +139,16 @@ def med(v):
     return statistics.median(v)
 
 
+def paired_overhead(on, off, resamples: int = 2000):
+    """The median of the run-by-run ratios ``on[i] / off[i] - 1`` (each pair run side
+    by side, so that a slow spell of a shared machine slows both) and its 95% bootstrap
+    interval (fixed seed), as ``(median, (low, high))``."""
+    r = np.asarray(on) / np.asarray(off) - 1
+    rng = np.random.default_rng(0)
+    boot = np.median(r[rng.integers(0, r.size, (resamples, r.size))], axis=1)
+    return float(np.median(r)), (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)))
+
+
 def machine() -> dict:
     model = ""
     try:
@@ -841,12 +851,15 @@ def bench_checks(args, tmp, res):
                           f"{unit}off_median_s": med(off)})
                 r[f"{unit}overhead_min"] = min(on) / min(off) - 1
                 r[f"{unit}overhead_median"] = med(on) / med(off) - 1
+                r[f"{unit}overhead_paired"], r[f"{unit}overhead_paired_ci"] = paired_overhead(on, off)
             sh = share[f"{what}-{layout}"]
             r["hash_cpu_share_min"], r["hash_cpu_share_max"] = min(sh), max(sh)
             out[f"{what}_{layout}"] = r
             print(f"  checks {what} {layout} {n} x {args.check_columns}: on {r['on_min_s']:.3f} s, off "
                   f"{r['off_min_s']:.3f} s (min); overhead wall {100 * r['overhead_min']:+.1f}% (min), "
-                  f"{100 * r['overhead_median']:+.1f}% (median), CPU {100 * r['cpu_overhead_min']:+.1f}% (min), "
+                  f"{100 * r['overhead_median']:+.1f}% (median), {100 * r['overhead_paired']:+.1f}% (paired median, "
+                  f"95% CI {100 * r['overhead_paired_ci'][0]:+.1f}..{100 * r['overhead_paired_ci'][1]:+.1f}%), "
+                  f"CPU {100 * r['cpu_overhead_min']:+.1f}% (min), "
                   f"{100 * r['cpu_overhead_median']:+.1f}% (median); the checksum's own CPU "
                   f"{100 * r['hash_cpu_share_min']:.1f}-{100 * r['hash_cpu_share_max']:.1f}% of the operation's",
                   flush=True)
@@ -1020,7 +1033,10 @@ def table(res) -> str:
         c = res["checks"]
         lines.append(f"| integrity checks (data checksums on vs off), cifar-deep, {c['rows']} rows, D = {c['columns']} | "
                      + ", ".join(f"{w} {lay} {100 * c[f'{w}_{lay}']['overhead_min']:+.1f}% (median "
-                                 f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%; CPU "
+                                 f"{100 * c[f'{w}_{lay}']['overhead_median']:+.1f}%; paired "
+                                 f"{100 * c[f'{w}_{lay}']['overhead_paired']:+.1f}%, 95% CI "
+                                 f"{100 * c[f'{w}_{lay}']['overhead_paired_ci'][0]:+.1f}.."
+                                 f"{100 * c[f'{w}_{lay}']['overhead_paired_ci'][1]:+.1f}%; CPU "
                                  f"{100 * c[f'{w}_{lay}']['cpu_overhead_median']:+.1f}%; checksum's own CPU "
                                  f"{100 * c[f'{w}_{lay}']['hash_cpu_share_max']:.1f}% at most)"
                                  for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
@@ -1048,6 +1064,8 @@ def main(argv=None):
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the script itself")
     ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
+    ap.add_argument("--check-repeats", dest="check_repeats_given", type=int, default=None,
+                    help="alternate runs of each case of the checks section (default 7)")
     ap.add_argument("--dask-rows", dest="dask_rows_given", type=int, default=None, help="rows of the dask section")
     ap.add_argument("--dask-columns", dest="dask_columns_given", type=int, default=None, help="D of the dask section")
     args = ap.parse_args(argv)
@@ -1072,6 +1090,8 @@ def main(argv=None):
         args.eof_rows, args.eof_columns = 2000, 256
         args.check_rows, args.check_columns, args.check_repeats = 1000, 1000, 2
         args.dask_rows, args.dask_columns, args.dask_repeats = 2000, 1000, 2
+    if args.check_repeats_given:
+        args.check_repeats = args.check_repeats_given
     if args.dask_rows_given:
         args.dask_rows = args.dask_rows_given
     if args.dask_columns_given:
