@@ -893,6 +893,8 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
+    from concurrent.futures import ThreadPoolExecutor, wait
+
     g = f.create_group(name, track_order=False)
     index_dtype = np.int32 if D < 2**31 else np.int64
     pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check)
@@ -901,9 +903,18 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
 
     def put(row0, vals):
         d, i, counts = _sparse_parts(vals, full_indices)
-        if sums is not None:  # in this writer thread, beside the compute's threads
-            sums.csr(d, i, np.concatenate([[0], np.cumsum(counts)]), row0)
-        pairs.add(d, i)
+        # Hashed in a thread of its own beside this writer's HDF5 write (the compiled loop
+        # has no GIL): the writer is the CSR transform's slowest stage, and the hash in
+        # line lengthened it by its whole time.  One chunk in flight; d and i live until done.
+        hashing = None if sums is None else hasher.submit(sums.csr, d, i, np.concatenate([[0], np.cumsum(counts)]),
+                                                          row0)
+        try:
+            pairs.add(d, i)
+        finally:
+            if hashing is not None:
+                wait([hashing])
+        if hashing is not None:
+            hashing.result()
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
     direct = getattr(tr, "csr_chunks", None)  # a merge of CSR shards: their pieces as they are
@@ -917,7 +928,8 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
             if progress:
                 progress(counts.size)
     else:
-        n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-hash") as hasher:
+            n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)
