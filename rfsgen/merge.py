@@ -566,7 +566,7 @@ class _Reader:
         self.hasher = hasher
         self.next = 0  # the next row (within the shard) to read
         # One thread: the hasher's, beside this one's reads and writes.  Splitting a block
-        # over more threads only takes cores from the reading and writing (2-3% slower).
+        # over more threads only takes cores from the reading and writing (up to 3% slower).
         self.sums = DataChecksum(s.layout, s.dtype, s.columns, finite=True, threads=False)
         self.v1 = s.record["version"] == 1
         x = s.file["X"]

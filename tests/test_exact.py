@@ -359,3 +359,27 @@ def test_a_node_with_too_many_single_factor_columns_is_sampled_not_listed():
     assert not p.enumerable[big].any() and p.enumerable[small].all()
     fs = sample(s, 64, seed=424822871, scheme="exact")
     assert fs.columns == 64 and np.isfinite(fs.column_weight).all()
+
+
+def test_listed_column_counts_come_from_the_parameters_exactly():
+    """plan() bounds the listing by one_factor_count before anything is built: it must be
+    the number of columns one_factor_columns then lists, for every base (None: not finite)."""
+    from rfsgen.exact import one_factor_columns, one_factor_count
+
+    s = parse_skeleton("""
+rfsgen: 1
+input: {width: 13}
+nodes:
+  - {name: c, base: circle, scale: 0.6, columns: [0]}
+  - {name: b, base: binary, columns: [1]}
+  - {name: k, base: categorical, categories: 7, columns: [2]}
+  - {name: p, base: sphere, scheme: pair, columns: [3, 4, 5, 6]}
+  - {name: q, base: sphere, scheme: coordinate, columns: [7, 8, 9]}
+  - {name: g, base: gaussian, scale: 1.0, columns: [10, 11, 12]}
+  - {name: out, activation: exp, inputs: [c, b, k, p, q, g]}
+""")
+    bases = {v.label: v.base for v in s.nodes if hasattr(v, "base")}
+    assert set(bases) >= {"c", "b", "k", "p", "q", "g"}
+    for label, base in bases.items():
+        table = one_factor_columns(base)
+        assert one_factor_count(base) == (None if table is None else table[0].size), label
