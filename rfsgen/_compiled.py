@@ -588,14 +588,18 @@ def dense_sums(w, row0, seed, mlo, mhi, limit, out, start, stop):  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, out, start, stop):  # pragma: no cover - compiled
-    """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 7)): row ``r``
+def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, verify, out, start, stop):  # pragma: no cover - compiled
+    """The sums of CSR rows ``start:stop`` into ``out`` (uint32 (m, 8)): row ``r``
     (global ``row0 + r``) holds the values ``ptr[r] - ptr[0]`` up to ``ptr[r + 1] -
     ptr[0]`` of ``data`` (their bits as uint32, ``dper`` per value; dataset seed 2) and
     of ``indices`` (as uint32; seed 3; not for a full row, of ``width`` values: its
     columns can only be 0 .. width - 1, which merge checks); its
     length (``ptr[r + 1] - ptr[r]``) is one int64 word at position 0 (seed 4).  Columns:
-    data A, B, indices A, B, length A, B, bad (data)."""
+    data A, B, indices A, B, length A, B, bad (data), and, with ``verify``, the row's
+    structure faults (0 without): 1 when its columns are not strictly increasing within
+    0 .. width - 1 (a full row's must be exactly 0 .. width - 1), 2 when it stores a
+    zero (+0 or -0).  Checked while the row is still in cache from hashing it: the
+    verifying merge's per-value checks all in this one pass."""
     base = ptr[0]
     for r in range(start, stop):
         a = ptr[r] - base
@@ -616,6 +620,44 @@ def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, out, start,
         out[r, 4] = la
         out[r, 5] = lb
         out[r, 6] = bad
+        out[r, 7] = _csr_faults(data, dper, indices, a, b, width) if verify else _U32(0)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _csr_faults(data, dper, indices, a, b, width):  # pragma: no cover - compiled
+    """:func:`csr_sums`'s structure faults of the CSR row of values ``a:b`` (branch-free
+    reductions over slices, indexed from 0, so that the loops vectorise: a forged row
+    is rare, a valid one is read whole anyway)."""
+    faults = _U32(0)
+    if b == a:
+        return faults
+    cols = indices[a:b]
+    if b - a == width:
+        off = _U32(0)
+        for j in range(cols.size):
+            off |= _U32(cols[j] ^ _U32(j))
+        if off:
+            faults |= _U32(1)
+    else:
+        down = _U32(0)
+        for j in range(1, cols.size):
+            down |= _U32(cols[j] <= cols[j - 1])
+        # As uint32, a negative int32 column is above any width (< 2^31): strictly
+        # increasing and a last column below width put every column in range.
+        if down or cols[cols.size - 1] >= _U32(width):
+            faults |= _U32(1)
+    least = _U32(0xFFFFFFFF)
+    vals = data[dper * a:dper * b]
+    if dper == 1:
+        for j in range(vals.size):
+            least = min(least, _U32(vals[j] & _U32(0x7FFFFFFF)))
+    else:
+        for j in range(vals.size // 2):
+            least = min(least, _U32(vals[2 * j] | _U32(vals[2 * j + 1] & _U32(0x7FFFFFFF))))
+    if least == 0:
+        faults |= _U32(2)
+    return faults
+
 
 # ----------------------------------------------------------------------------- sampler walk
 # The walk's bookkeeping between its random draws: each loop computes exactly what the

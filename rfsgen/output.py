@@ -345,29 +345,41 @@ class DataChecksum:
         self._add(out[:, :2])
         return self._bad(out, 2)
 
-    def csr(self, data: np.ndarray, indices: np.ndarray, ptr: np.ndarray, row0: int) -> int | None:
+    def csr(self, data: np.ndarray, indices: np.ndarray, ptr: np.ndarray, row0: int) -> tuple | None:
         """Feed CSR rows: row ``r`` (global ``row0 + r``, for ``r < ptr.size - 1``) holds
         ``data`` and ``indices`` (int32 or int64) at ``ptr[r] - ptr[0]`` up to
-        ``ptr[r + 1] - ptr[0]`` (``ptr`` int64).  Returns the index of the first row whose
-        data holds NaN or infinity (``finite`` only), else None."""
+        ``ptr[r + 1] - ptr[0]`` (``ptr`` int64).  With ``finite`` (a merge verifying a
+        shard), also checks each row, in the same pass: returns ``(index, fault)`` for
+        the first row whose data holds NaN or infinity (``fault`` "nonfinite"), else the
+        first whose columns are not strictly increasing within 0 .. columns - 1
+        ("indices"), else the first that stores a zero ("zero"); None when every row
+        is sound (always, without ``finite``)."""
         from ._compiled import csr_sums
 
         m = ptr.size - 1
         if m <= 0:
             return None
+        if data.dtype != self.dtype:  # its bits are hashed as this checksum's dtype
+            raise ValueError(f"CSR data of dtype {data.dtype}, expected {self.dtype}")
         n = int(ptr[-1] - ptr[0])
         if np.any(np.diff(ptr) < 0) or n > min(data.size, indices.size):  # the compiled loop trusts the pointer
             raise ValueError(f"not a CSR row pointer into {min(data.size, indices.size)} values")
-        out = np.empty((m, 7), dtype=np.uint32)
+        out = np.empty((m, 8), dtype=np.uint32)
         # Column indices as uint32 (fewer than 2^32 columns: at most sampler.MAX_COLUMNS);
         # int64 ones (never written: fewer than 2^31 columns) are converted.
         indices = np.ascontiguousarray(indices)
         indices = indices.view(np.uint32) if indices.dtype == np.int32 else indices.astype(np.uint32)
         self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(np.uint32),
                   self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), self.columns,
-                  int(row0), *self.masks, out)
+                  int(row0), *self.masks, self.finite, out)
         self._add(out[:, :6])
-        return self._bad(out, 6)
+        if not self.finite:
+            return None
+        for fault, hit in (("nonfinite", out[:, 6] != 0), ("indices", (out[:, 7] & 1) != 0),
+                           ("zero", (out[:, 7] & 2) != 0)):
+            if hit.any():
+                return int(np.argmax(hit)), fault
+        return None
 
     def _add(self, parts) -> None:
         totals = parts.sum(axis=0, dtype=np.uint64)

@@ -245,10 +245,80 @@ def test_data_checksum_finds_the_rows_holding_nan_or_infinity(dtype):
                 y[r + 1:, 0] = np.nan  # a later row too: the first is named
             assert DataChecksum("dense", dtype, 33, finite=True).dense(y, 7) == r
             ptr = np.arange(51, dtype=np.int64) * 33
-            assert DataChecksum("csr", dtype, 33, finite=True).csr(y.reshape(-1), np.tile(np.arange(33), 50), ptr, 7) == r
+            assert DataChecksum("csr", dtype, 33, finite=True).csr(y.reshape(-1), np.tile(np.arange(33), 50), ptr,
+                                                                   7) == (r, "nonfinite")
     unchecked = DataChecksum("dense", dtype, 33, finite=True)
     unchecked.dense(x, 0)
     assert unchecked.hexdigests() == plain.hexdigests()  # the check does not change the checksum
+
+
+def _csr_faults_reference(data, indices, ptr, width):
+    """The verifying checksum's row faults, from their definition: per row, 1 when its
+    columns are not strictly increasing within 0 .. width - 1, 2 when it stores a zero."""
+    out = []
+    for r in range(ptr.size - 1):
+        cols = indices[ptr[r]:ptr[r + 1]].astype(np.int64)
+        vals = data[ptr[r]:ptr[r + 1]]
+        f = 0
+        if cols.size and (np.any(np.diff(cols) <= 0) or cols[0] < 0 or cols[-1] >= width):
+            f |= 1
+        if np.any(vals == 0):
+            f |= 2
+        out.append(f)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_verifying_csr_checksum_finds_every_structure_fault_first_row_first(dtype):
+    # Generated rows (empty, partial, full) with generated damage: a column moved out of
+    # order, repeated, negative, at or past the width, a full row's columns shifted, a
+    # stored +0 or -0, NaN; the first faulty row and its kind are what the definition says.
+    rng = np.random.default_rng(23)
+    width = 37
+    for case in range(400):
+        m = int(rng.integers(1, 12))
+        rows = [np.sort(rng.choice(width, size=int(rng.choice([0, width, rng.integers(1, width)])),
+                                   replace=False)) for _ in range(m)]
+        ptr = np.concatenate([[0], np.cumsum([r.size for r in rows])]).astype(np.int64)
+        indices = np.concatenate(rows).astype(np.int32) if ptr[-1] else np.zeros(0, np.int32)
+        data = (rng.uniform(0.5, 2, ptr[-1]) * rng.choice([-1, 1], ptr[-1])).astype(dtype)
+        for _ in range(int(rng.integers(0, 3))):
+            if not ptr[-1]:
+                break
+            k = int(rng.integers(0, ptr[-1]))
+            what = int(rng.integers(0, 8))
+            if what == 0:
+                indices[k] = -1 - int(rng.integers(0, 2**31 - 1))
+            elif what == 1:
+                indices[k] = width + int(rng.integers(0, 3))
+            elif what == 2 and k + 1 < ptr[-1]:
+                indices[k + 1] = indices[k]
+            elif what == 3 and k + 1 < ptr[-1]:
+                indices[k], indices[k + 1] = indices[k + 1], indices[k]
+            elif what == 4:
+                data[k] = 0.0
+            elif what == 5:
+                data[k] = -0.0
+            elif what == 6:
+                data[k] = np.nan
+            else:
+                indices[k] = (indices[k] + 1) % (width + 1)
+        ref = _csr_faults_reference(data, indices, ptr, width)
+        nan = np.flatnonzero(~np.isfinite(data))
+        if nan.size:
+            want = (int(np.searchsorted(ptr, nan[0], side="right")) - 1, "nonfinite")
+        elif (ref & 1).any():
+            want = (int(np.argmax((ref & 1) != 0)), "indices")
+        elif (ref & 2).any():
+            want = (int(np.argmax((ref & 2) != 0)), "zero")
+        else:
+            want = None
+        for threads in (False, True):
+            c = DataChecksum("csr", dtype, width, finite=True, threads=threads)
+            assert c.csr(data, indices, ptr, 5) == want, case
+        plain = DataChecksum("csr", dtype, width)
+        assert plain.csr(data, indices, ptr, 5) is None
+        assert plain.hexdigests() == c.hexdigests()  # the checks do not change the checksum
 
 
 def test_names_checksum_is_the_json_of_all_names_in_any_blocks():

@@ -745,7 +745,9 @@ def bench_checks(args, tmp, res):
     """Transform (cifar-deep, D = ``args.check_columns``, ``args.check_rows`` rows, to a
     file) and merge of two shards, dense and csr, with the record's data checksums on
     and off (:class:`rfsgen.output.DataChecksum`'s ``dense`` and ``csr`` made no-ops:
-    shards written without them carry zero sums, which their merge "verifies"), each
+    shards written without them carry zero sums, which their merge "verifies"; off, a
+    merge also skips the values' checks that run in the same pass: finite values, and
+    a CSR shard's canonical columns and no stored zeros), each
     pair run alternately ``args.check_repeats`` times.  Wall time, and the process's CPU
     time (all threads): on a shared, loaded machine the CPU time's difference is the
     steadier measure of the checks' work."""
@@ -1068,6 +1070,8 @@ def main(argv=None):
     ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
     ap.add_argument("--check-repeats", dest="check_repeats_given", type=int, default=None,
                     help="alternate runs of each case of the checks section (default 7)")
+    ap.add_argument("--check-rows", dest="check_rows_given", type=int, default=None,
+                    help="rows of the checks section (default 10000; the end-to-end rows are 50000)")
     ap.add_argument("--dask-rows", dest="dask_rows_given", type=int, default=None, help="rows of the dask section")
     ap.add_argument("--dask-columns", dest="dask_columns_given", type=int, default=None, help="D of the dask section")
     args = ap.parse_args(argv)
@@ -1094,6 +1098,8 @@ def main(argv=None):
         args.dask_rows, args.dask_columns, args.dask_repeats = 2000, 1000, 2
     if args.check_repeats_given:
         args.check_repeats = args.check_repeats_given
+    if args.check_rows_given:
+        args.check_rows = args.check_rows_given
     if args.dask_rows_given:
         args.dask_rows = args.dask_rows_given
     if args.dask_columns_given:
