@@ -324,6 +324,17 @@ def test_mismatched_columns_are_refused(kit, tmp_path):
     assert "its integrity record's shape" in res.output or "shape" in res.output
 
 
+@pytest.mark.parametrize("columns", [2**31, 2**40])
+def test_a_width_rfsgen_never_writes_is_refused_before_anything_is_read(kit, tmp_path, columns):
+    # The verifying pass takes column indices as uint32: a forged width of 2^31 or more
+    # (record forged to agree) is refused from the attributes, not read.
+    names = kit()
+    damage.forge_attr(names[1], "columns", columns)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[1])
+    assert f"attribute 'columns' is {columns}; rfsgen writes 1 to 2^31 - 1 columns" in res.output
+
+
 @pytest.mark.parametrize("dtype", ["int32", "float16"])
 @pytest.mark.parametrize("kind", ["csr", "dense"])
 def test_x_of_another_dtype_is_a_clear_error_not_a_keyerror(kit, tmp_path, dtype, kind):
