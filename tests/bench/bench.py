@@ -42,7 +42,9 @@ suite.  Measures, on the machine it runs on:
   (``shutil.copyfile``) on the same disk;
 * checks: the cost of the outputs' integrity record (docs/integrity.md): cifar-deep
   transform to a file and merge of two shards, dense and csr, with the data checksums
-  on and off (``DataChecksum`` made a no-op), alternately; min and median overheads.
+  on and off (``DataChecksum`` made a no-op), alternately; min, median and paired
+  overheads, in one process and then each run in a process of its own
+  (``--check-processes`` rounds).
 
 Data: real CIFAR-10 rows from ``../shared/data/cifar10/cifar10_exact_subset.npz``
 (5000 images, tiled to the sizes above, preprocessed like the paper: HWC, center crop
@@ -741,6 +743,56 @@ def bench_eof(args, tmp, res):
           f"sampling 10^6 EOF columns {sample_s:.2f} s", flush=True)
 
 
+def _checks_case(name: str, tmp: Path, n: int, runs: int = 3) -> dict:
+    """One case of :func:`bench_checks` (``transform-csr-on``, ``merge-dense-off``, ..)
+    run in this process: once to warm up, then ``runs`` times.  Returns the wall and CPU
+    seconds of those runs."""
+    from rfsgen import output
+    from rfsgen.merge import merge_files
+    from rfsgen.transform import transform_file
+
+    what, layout, mode = name.split("-")
+    if mode == "off":
+        output.DataChecksum.dense = output.DataChecksum.csr = lambda self, *a: None
+    if what == "transform":
+        def run():
+            transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", tmp / f"checks-o-{layout}-{mode}.h5",
+                           layout=layout, overwrite=True)
+    else:
+        def run():
+            merge_files([tmp / f"checks-s{i}-{layout}-{mode == 'on'}.h5" for i in range(2)],
+                        tmp / f"checks-m-{layout}-{mode}.h5", overwrite=True)
+    wall, cpu = [], []
+    for k in range(runs + 1):
+        c, w = time.process_time(), time.perf_counter()
+        run()
+        if k:
+            wall.append(time.perf_counter() - w)
+            cpu.append(time.process_time() - c)
+    return {"wall": wall, "cpu": cpu}
+
+
+def _checks_processes(tmp: Path, n: int, rounds: int) -> dict:
+    """Each case of :func:`bench_checks` in processes of its own, on and off alternately
+    (which goes first alternates too), ``rounds`` times: what one process's memory
+    layout, huge pages and thread placement do to a case lasts for that process, and in
+    one process one case was seen 15-40% slower throughout; a process per run spreads
+    that over both sides.  Returns per case the medians of each process's runs."""
+    import subprocess
+
+    cases = [f"{w}-{lay}" for lay in ("dense", "csr") for w in ("transform", "merge")]
+    out = {f"{c}-{m}": {"wall": [], "cpu": []} for c in cases for m in ("on", "off")}
+    for r in range(rounds):
+        for c in cases:
+            for m in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                got = subprocess.run([sys.executable, __file__, "--checks-case", f"{c}-{m}", str(tmp), str(n)],
+                                     capture_output=True, text=True, check=True).stdout
+                one = json.loads(got.strip().splitlines()[-1])
+                out[f"{c}-{m}"]["wall"].append(med(one["wall"]))
+                out[f"{c}-{m}"]["cpu"].append(med(one["cpu"]))
+    return out
+
+
 def bench_checks(args, tmp, res):
     """Transform (cifar-deep, D = ``args.check_columns``, ``args.check_rows`` rows, to a
     file) and merge of two shards, dense and csr, with the record's data checksums on
@@ -867,6 +919,22 @@ def bench_checks(args, tmp, res):
                   f"the checksum's own CPU "
                   f"{100 * r['hash_cpu_share_min']:.1f}-{100 * r['hash_cpu_share_max']:.1f}% of the operation's",
                   flush=True)
+    if args.check_processes:
+        proc = _checks_processes(tmp, n, args.check_processes)
+        out["processes"] = {"rounds": args.check_processes, "runs": proc}
+        for what in ("transform", "merge"):
+            for layout in ("dense", "csr"):
+                on, off = proc[f"{what}-{layout}-on"], proc[f"{what}-{layout}-off"]
+                r = {"on_median_s": med(on["wall"]), "off_median_s": med(off["wall"])}
+                r["overhead_paired"], r["overhead_paired_ci"] = paired_overhead(on["wall"], off["wall"])
+                r["cpu_overhead_paired"], r["cpu_overhead_paired_ci"] = paired_overhead(on["cpu"], off["cpu"])
+                out[f"{what}_{layout}"]["processes"] = r
+                print(f"  checks {what} {layout}, a process per run ({args.check_processes} rounds): on "
+                      f"{r['on_median_s']:.3f} s, off {r['off_median_s']:.3f} s (medians); overhead wall "
+                      f"{100 * r['overhead_paired']:+.1f}% (paired median, 95% CI "
+                      f"{100 * r['overhead_paired_ci'][0]:+.1f}..{100 * r['overhead_paired_ci'][1]:+.1f}%), CPU "
+                      f"{100 * r['cpu_overhead_paired']:+.1f}% (95% CI {100 * r['cpu_overhead_paired_ci'][0]:+.1f}.."
+                      f"{100 * r['cpu_overhead_paired_ci'][1]:+.1f}%)", flush=True)
     for f in tmp.glob("checks-*"):
         f.unlink()
     res["checks"] = out
@@ -1044,6 +1112,12 @@ def table(res) -> str:
                                  f"{100 * c[f'{w}_{lay}']['cpu_overhead_paired']:+.1f}%"
                                  f"; checksum's own CPU {100 * c[f'{w}_{lay}']['hash_cpu_share_max']:.1f}% at most)"
                                  for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
+        if "processes" in c:
+            lines.append(f"| integrity checks, a process per run, {c['processes']['rounds']} rounds | "
+                         + ", ".join(f"{w} {lay} {100 * c[f'{w}_{lay}']['processes']['overhead_paired']:+.1f}% (95% CI "
+                                     f"{100 * c[f'{w}_{lay}']['processes']['overhead_paired_ci'][0]:+.1f}.."
+                                     f"{100 * c[f'{w}_{lay}']['processes']['overhead_paired_ci'][1]:+.1f}%)"
+                                     for w in ("transform", "merge") for lay in ("dense", "csr")) + " | | |")
     if "dask" in res:
         d = res["dask"]
         for lay in ("dense", "csr"):
@@ -1062,6 +1136,10 @@ def table(res) -> str:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--checks-case"]:  # one case of the checks section, in a process of its own
+        print(json.dumps(_checks_case(argv[1], Path(argv[2]), int(argv[3]))))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench-output"))
     ap.add_argument("--data", default=None, help=".npy of channel-planar uint8 CIFAR rows (default: shared data)")
@@ -1070,6 +1148,8 @@ def main(argv=None):
     ap.add_argument("--rks-rows", dest="rks_rows_given", type=int, default=None, help="rows of the rks section's cases (laplace: 10x)")
     ap.add_argument("--check-repeats", dest="check_repeats_given", type=int, default=None,
                     help="alternate runs of each case of the checks section (default 7)")
+    ap.add_argument("--check-processes", dest="check_processes_given", type=int, default=None,
+                    help="rounds of the checks section's cases each in a process of its own (default 6; 0: none)")
     ap.add_argument("--check-rows", dest="check_rows_given", type=int, default=None,
                     help="rows of the checks section (default 10000; the end-to-end rows are 50000)")
     ap.add_argument("--dask-rows", dest="dask_rows_given", type=int, default=None, help="rows of the dask section")
@@ -1081,7 +1161,7 @@ def main(argv=None):
     args.rss_rows, args.rss_columns = (10_000, 100_000), 10_000
     args.eof_rows, args.eof_columns = 100_000, 2048
     args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
-    args.check_rows, args.check_columns, args.check_repeats = 10_000, 10_000, 7
+    args.check_rows, args.check_columns, args.check_repeats, args.check_processes = 10_000, 10_000, 7, 6
     args.dask_rows, args.dask_columns, args.dask_repeats = 20_000, 10_000, 3
     args.heavy_widths, args.heavy_rows, args.heavy_columns = (64, 784), 10_000, 2048
     args.peak_rows, args.peak_columns = 10_000, 4096
@@ -1094,12 +1174,14 @@ def main(argv=None):
         args.sample_repeats, args.gaussian_rows, args.gaussian_columns = 1, 500, 256
         args.rss_rows, args.rss_columns = (1000, 4000), 500
         args.eof_rows, args.eof_columns = 2000, 256
-        args.check_rows, args.check_columns, args.check_repeats = 1000, 1000, 2
+        args.check_rows, args.check_columns, args.check_repeats, args.check_processes = 1000, 1000, 2, 1
         args.dask_rows, args.dask_columns, args.dask_repeats = 2000, 1000, 2
     if args.check_repeats_given:
         args.check_repeats = args.check_repeats_given
     if args.check_rows_given:
         args.check_rows = args.check_rows_given
+    if args.check_processes_given is not None:
+        args.check_processes = args.check_processes_given
     if args.dask_rows_given:
         args.dask_rows = args.dask_rows_given
     if args.dask_columns_given:
