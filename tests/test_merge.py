@@ -71,15 +71,21 @@ def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
 
 @pytest.mark.parametrize("damage_kind, message", [("swap", "'X/indices' is not canonical CSR at row 41 "),
                                                     ("outside", "'X/indices' is not canonical CSR at row 41 "),
-                                                    ("zero", "'X/data' stores a zero at row 41 ")])
+                                                    ("zero", "'X/data' stores a zero at row 41 "),
+                                                    ("negative zero", "'X/data' stores a zero at row 41 "),
+                                                    ("negative last", "'X/indices' is not canonical CSR at row 41 ")])
 def test_non_canonical_csr_is_refused_naming_the_row(setup, damage_kind, message):
     """CSR shards are verified without densifying (issue 26 item 5): columns out of order
     or outside the width, and stored zeros, are still found, at the right row."""
-    parts = shards(2, "--layout", "csr")  # rows 0:51 and 51:103; full rows of 300 values
+    parts = shards(2, "--layout", "csr")  # rows 0:51 and 51:103 of 298 values (2 columns are zero)
     with h5py.File(parts[0], "r+") as f:
         k = 41 * 300 + 7
-        if damage_kind == "zero":
-            f["X/data"][k] = 0
+        if damage_kind in ("zero", "negative zero"):
+            f["X/data"][k] = 0.0 if damage_kind == "zero" else -0.0
+        elif damage_kind == "negative last":
+            # The row's last column -2^31: the numpy check this pass replaced took int32
+            # differences, which wrapped (x - -2^31 > 0), and let it through.
+            f["X/indices"][f["X/indptr"][42] - 1] = -2**31
         else:
             f["X/indices"][k:k + 2] = [8, 7] if damage_kind == "swap" else [7, 300]
     res = run(["merge", *parts, "-o", "m.h5", "-q"])
