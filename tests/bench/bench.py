@@ -743,25 +743,30 @@ def bench_eof(args, tmp, res):
           f"sampling 10^6 EOF columns {sample_s:.2f} s", flush=True)
 
 
-def _checks_case(name: str, tmp: Path, n: int, runs: int = 3) -> dict:
+def _checks_op(what: str, layout: str, on: bool, tmp: Path):
+    """The operation of one case of :func:`bench_checks`: the transform to a file, or the
+    merge of the two shards written with the checks ``on`` or off."""
+    from rfsgen.merge import merge_files
+    from rfsgen.transform import transform_file
+
+    tag = "on" if on else "off"
+    if what == "transform":
+        return lambda: transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", tmp / f"checks-o-{layout}-{tag}.h5",
+                                      layout=layout, overwrite=True)
+    return lambda: merge_files([tmp / f"checks-s{i}-{layout}-{on}.h5" for i in range(2)],
+                               tmp / f"checks-m-{layout}-{tag}.h5", overwrite=True)
+
+
+def _checks_case(name: str, tmp: Path, runs: int = 3) -> dict:
     """One case of :func:`bench_checks` (``transform-csr-on``, ``merge-dense-off``, ..)
     run in this process: once to warm up, then ``runs`` times.  Returns the wall and CPU
     seconds of those runs."""
     from rfsgen import output
-    from rfsgen.merge import merge_files
-    from rfsgen.transform import transform_file
 
     what, layout, mode = name.split("-")
     if mode == "off":
         output.DataChecksum.dense = output.DataChecksum.csr = lambda self, *a: None
-    if what == "transform":
-        def run():
-            transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", tmp / f"checks-o-{layout}-{mode}.h5",
-                           layout=layout, overwrite=True)
-    else:
-        def run():
-            merge_files([tmp / f"checks-s{i}-{layout}-{mode == 'on'}.h5" for i in range(2)],
-                        tmp / f"checks-m-{layout}-{mode}.h5", overwrite=True)
+    run = _checks_op(what, layout, mode == "on", tmp)
     wall, cpu = [], []
     for k in range(runs + 1):
         c, w = time.process_time(), time.perf_counter()
@@ -772,7 +777,7 @@ def _checks_case(name: str, tmp: Path, n: int, runs: int = 3) -> dict:
     return {"wall": wall, "cpu": cpu}
 
 
-def _checks_processes(tmp: Path, n: int, rounds: int) -> dict:
+def _checks_processes(tmp: Path, rounds: int) -> dict:
     """Each case of :func:`bench_checks` in processes of its own, on and off alternately
     (which goes first alternates too), ``rounds`` times: what one process's memory
     layout, huge pages and thread placement do to a case lasts for that process, and in
@@ -785,7 +790,7 @@ def _checks_processes(tmp: Path, n: int, rounds: int) -> dict:
     for r in range(rounds):
         for c in cases:
             for m in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                got = subprocess.run([sys.executable, __file__, "--checks-case", f"{c}-{m}", str(tmp), str(n)],
+                got = subprocess.run([sys.executable, __file__, "--checks-case", f"{c}-{m}", str(tmp)],
                                      capture_output=True, text=True, check=True).stdout
                 one = json.loads(got.strip().splitlines()[-1])
                 out[f"{c}-{m}"]["wall"].append(med(one["wall"]))
@@ -808,7 +813,6 @@ def bench_checks(args, tmp, res):
 
     from rfsgen import load_skeleton, output, sample
     from rfsgen.features import save
-    from rfsgen.merge import merge_files
     from rfsgen.transform import transform_file
 
     n = args.check_rows
@@ -829,10 +833,11 @@ def bench_checks(args, tmp, res):
             output.DataChecksum.dense, output.DataChecksum.csr = orig
 
     def transform(layout, on):
+        op = _checks_op("transform", layout, on, tmp)
+
         def run():
             with checks(on):
-                transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", tmp / f"checks-o-{layout}.h5", layout=layout,
-                               overwrite=True)
+                op()
         return run
 
     def merge(layout, on):
@@ -842,9 +847,11 @@ def bench_checks(args, tmp, res):
                 transform_file(tmp / "checks-f.h5", tmp / "checks-x.npy", p, layout=layout, overwrite=True,
                                rows=f"{a}:{b}")
 
+        op = _checks_op("merge", layout, on, tmp)
+
         def run():
             with checks(on):
-                merge_files(parts, tmp / f"checks-m-{layout}.h5", overwrite=True)
+                op()
         return run
 
     fns = {}
@@ -920,7 +927,7 @@ def bench_checks(args, tmp, res):
                   f"{100 * r['hash_cpu_share_min']:.1f}-{100 * r['hash_cpu_share_max']:.1f}% of the operation's",
                   flush=True)
     if args.check_processes:
-        proc = _checks_processes(tmp, n, args.check_processes)
+        proc = _checks_processes(tmp, args.check_processes)
         out["processes"] = {"rounds": args.check_processes, "runs": proc}
         for what in ("transform", "merge"):
             for layout in ("dense", "csr"):
@@ -1138,7 +1145,7 @@ def table(res) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--checks-case"]:  # one case of the checks section, in a process of its own
-        print(json.dumps(_checks_case(argv[1], Path(argv[2]), int(argv[3]))))
+        print(json.dumps(_checks_case(argv[1], Path(argv[2]))))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench-output"))
