@@ -366,9 +366,13 @@ class DataChecksum:
             raise ValueError(f"not a CSR row pointer into {min(data.size, indices.size)} values")
         out = np.empty((m, 8), dtype=np.uint32)
         # Column indices as uint32 (fewer than 2^32 columns: at most sampler.MAX_COLUMNS);
-        # int64 ones (never written: fewer than 2^31 columns) are converted.
+        # int64 ones (never written: fewer than 2^31 columns) are converted, a column
+        # outside 0 .. 2^32 - 1 to 2^32 - 1 (past any width) so that verifying finds it.
         indices = np.ascontiguousarray(indices)
-        indices = indices.view(np.uint32) if indices.dtype == np.int32 else indices.astype(np.uint32)
+        if indices.dtype == np.int32:
+            indices = indices.view(np.uint32)
+        else:
+            indices = np.where((indices < 0) | (indices > 0xFFFFFFFF), 0xFFFFFFFF, indices).astype(np.uint32)
         self._run(csr_sums, m, max(1, data.size // m), np.ascontiguousarray(data).view(np.uint32),
                   self.dtype.itemsize // 4, indices, np.ascontiguousarray(ptr, dtype=np.int64), self.columns,
                   int(row0), *self.masks, self.finite, out)

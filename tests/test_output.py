@@ -321,6 +321,13 @@ def test_verifying_csr_checksum_finds_every_structure_fault_first_row_first(dtyp
         assert plain.hexdigests() == c.hexdigests()  # the checks do not change the checksum
 
 
+@pytest.mark.parametrize("bad", [2**32 + 3, -1, -2**32 + 3])
+def test_verifying_csr_checksum_finds_int64_columns_that_uint32_would_wrap(bad):
+    ptr = np.array([0, 2, 4], dtype=np.int64)
+    cols = np.array([0, 1, 1, bad], dtype=np.int64)
+    assert DataChecksum("csr", np.float32, 5, finite=True).csr(np.ones(4, np.float32), cols, ptr, 0) == (1, "indices")
+
+
 def test_names_checksum_is_the_json_of_all_names_in_any_blocks():
     names = ["a", "é", "x\ny", '"q"', "", "7"]
     want = hashlib.sha256(json.dumps(names, separators=(",", ":")).encode()).hexdigest()
