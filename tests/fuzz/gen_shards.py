@@ -47,7 +47,9 @@ def _op(rng, layout, shards):
     if k == 8:
         return {"op": "truncate", "file": s, "keep": float(rng.choice([0.5, 0.9, 0.99]))}
     return {"op": "dataset", "file": s, "name": xname, "how": "values",
-            "values": [float(rng.choice([1e30, -2.0, 0.0, 1e-45]))], "index": [int(rng.integers(0, 10))]}
+            # -0.0: a stored zero by its sign bit alone; -2^31: a column that int32 differences wrap
+            "values": [float(rng.choice([1e30, -2.0, 0.0, -0.0, 1e-45, -2.0**31]))],
+            "index": [int(rng.integers(0, 10))]}
 
 
 def generate(rng: np.random.Generator, cid: str) -> dict:
