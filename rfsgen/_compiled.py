@@ -609,10 +609,7 @@ def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, verify, out
         ia, ib = _U32(0), _U32(0)
         if b - a != width:
             ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
-        key = row_key(4, row, 0)
-        n = np.uint64(b - a)
-        la, lb = _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32),
-                            _U32(key >> np.uint64(32)), _U32(0))
+        la, lb = _length_sums(row, b - a)
         out[r, 0] = da
         out[r, 1] = db
         out[r, 2] = ia
@@ -646,17 +643,119 @@ def _csr_faults(data, dper, indices, a, b, width):  # pragma: no cover - compile
         # increasing and a last column below width put every column in range.
         if down or cols[cols.size - 1] >= _U32(width):
             faults |= _U32(1)
+    if _stores_zero(data[dper * a:dper * b], dper):
+        faults |= _U32(2)
+    return faults
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _stores_zero(vals, dper):  # pragma: no cover - compiled
+    """Whether the values whose bits ``vals`` holds (uint32, ``dper`` per value) include
+    +0 or -0: the least magnitude's bits, a branch-free reduction that vectorises."""
     least = _U32(0xFFFFFFFF)
-    vals = data[dper * a:dper * b]
     if dper == 1:
         for j in range(vals.size):
             least = min(least, _U32(vals[j] & _U32(0x7FFFFFFF)))
     else:
         for j in range(vals.size // 2):
             least = min(least, _U32(vals[2 * j] | _U32(vals[2 * j + 1] & _U32(0x7FFFFFFF))))
-    if least == 0:
-        faults |= _U32(2)
-    return faults
+    return least == 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _stored(vals, dper):  # pragma: no cover - compiled
+    """How many of the values whose bits ``vals`` holds (uint32, ``dper`` per value) are
+    not zero (+0 or -0): a branch-free count that vectorises."""
+    n = 0
+    if dper == 1:
+        for j in range(vals.size):
+            n += (vals[j] & _U32(0x7FFFFFFF)) != 0
+    else:
+        for j in range(vals.size // 2):
+            n += (vals[2 * j] | (vals[2 * j + 1] & _U32(0x7FFFFFFF))) != 0
+    return n
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _length_sums(row, n):  # pragma: no cover - compiled
+    """The sums of a CSR row's length ``n``: one word at position 0 of dataset 4."""
+    key = row_key(4, row, 0)
+    n = np.uint64(n)
+    return _value_mix(_U32(n & _MASK32), _U32(n >> np.uint64(32)), _U32(key & _MASK32), _U32(key >> np.uint64(32)),
+                      _U32(0))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def stored_counts(w, dper, row0, hashing, mlo, mhi, limit, counts, out, start, stop):  # pragma: no cover - compiled
+    """The first pass of a dense chunk's CSR pieces (rfsgen.output): for each row ``r``
+    of ``start:stop`` of ``w`` (uint32 (m, dper * k), C order: the values' bits; global
+    row ``row0 + r``), its count of values that are not zero into ``counts[r]`` (int64).
+    With ``hashing``, a row storing all ``k`` values gets its :func:`csr_sums` columns
+    into ``out[r]`` (uint32 (m, 8)) right after, while in cache: its CSR data is the row
+    itself and its columns, 0 .. k - 1, are not hashed.  The other rows' are left to
+    :func:`compress_hashed`."""
+    k = w.shape[1] // dper
+    for r in range(start, stop):
+        n = _stored(w[r], dper)
+        counts[r] = n
+        if hashing and n == k:
+            row = row0 + r
+            da, db, bad = run_sums(w[r], 2, row, 0, mlo, mhi, limit)
+            la, lb = _length_sums(row, k)
+            out[r, 0] = da
+            out[r, 1] = db
+            out[r, 2] = 0
+            out[r, 3] = 0
+            out[r, 4] = la
+            out[r, 5] = lb
+            out[r, 6] = bad
+            out[r, 7] = 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def compress_hashed(w, dper, ptr, data, indices, row0, hashing, mlo, mhi, limit, out, start, stop):  # pragma: no cover
+    """The second pass: rows ``start:stop`` of ``w`` (as :func:`stored_counts`') without
+    their zeros, the values' bits into ``data`` (uint32, ``dper`` a value) and their
+    columns into ``indices`` (uint32), row ``r`` at ``ptr[r] .. ptr[r + 1]`` (int64, the
+    first pass's counts summed).  With ``hashing``, a row not storing all ``k`` values
+    gets its :func:`csr_sums` columns into ``out[r]`` right after it is written, while
+    in cache.  Writes stay within a row's own range (a write past it could land in
+    another thread's rows), a branch that is always predicted but at a row's end."""
+    k = w.shape[1] // dper
+    for r in range(start, stop):
+        a = ptr[r]
+        b = ptr[r + 1]
+        src = w[r]
+        p = a
+        if dper == 1:
+            for j in range(k):
+                v = src[j]
+                if p < b:
+                    data[p] = v
+                    indices[p] = j
+                p += (v & _U32(0x7FFFFFFF)) != 0
+        else:
+            for j in range(k):
+                lo = src[2 * j]
+                hi = src[2 * j + 1]
+                if p < b:
+                    data[2 * p] = lo
+                    data[2 * p + 1] = hi
+                    indices[p] = j
+                p += (lo | (hi & _U32(0x7FFFFFFF))) != 0
+        if hashing and b - a != k:
+            row = row0 + r
+            da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
+            ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
+            la, lb = _length_sums(row, b - a)
+            out[r, 0] = da
+            out[r, 1] = db
+            out[r, 2] = ia
+            out[r, 3] = ib
+            out[r, 4] = la
+            out[r, 5] = lb
+            out[r, 6] = bad
+            out[r, 7] = 0
 
 
 # ----------------------------------------------------------------------------- sampler walk

@@ -225,26 +225,56 @@ class _Appender:
         self.n_pending = 0
 
 
-def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None):
-    """CSR pieces of a dense chunk: ``(data, indices, counts per row)`` without exact zeros.
+def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums=None, row0: int = 0):
+    """CSR pieces of a dense chunk: ``(data, indices, counts per row)`` without exact zeros
+    (+0 or -0).
 
-    Compositional features are almost never exactly zero, so the common case is
-    one check and views, not a gather.  ``full_indices`` may hold a cached
-    ``tile(arange(D), m)`` of sufficient length.
+    Compositional features are rarely exactly zero, so a chunk without any costs one
+    counting pass and gives views, not a gather; otherwise a second pass compresses
+    each row into place (rows split over :func:`rfsgen._compiled.threads` threads).
+    ``full_indices`` may hold a cached ``tile(arange(D), m)`` of sufficient length.
+    ``sums`` (a CSR :class:`DataChecksum` of ``vals``' dtype and width, or None) is fed
+    the CSR rows, global ``row0`` onwards, each hashed in the pass that last touched it
+    (:meth:`DataChecksum.csr_parts`).
     """
-    m, d = vals.shape
-    nz = vals != 0
-    if nz.all():
-        if full_indices is None or full_indices.size < m * d:
-            full_indices = np.tile(np.arange(d, dtype=np.int32 if d < 2**31 else np.int64), m)
-        return vals.reshape(-1), full_indices[:m * d], np.full(m, d, dtype=np.int64)
-    from ._compiled import compress_rows
+    from ._compiled import compress_hashed, compress_rows, on_rows, stored_counts
 
-    data = np.empty(m * d, dtype=vals.dtype)
-    indices = np.empty(m * d, dtype=np.int32 if d < 2**31 else np.int64)
+    m, d = vals.shape
+    index_dtype = np.int32 if d < 2**31 else np.int64
+    if (vals.dtype not in (np.float32, np.float64) or index_dtype != np.int32 or not m or not d
+            or (sums is not None and (sums.layout != "csr" or sums.dtype != vals.dtype or sums.columns != d))):
+        # Never written by rfsgen's transform: the general path, in numpy.
+        data = np.empty(m * d, dtype=vals.dtype)
+        indices = np.empty(m * d, dtype=index_dtype)
+        counts = np.empty(m, dtype=np.int64)
+        nnz = compress_rows(np.ascontiguousarray(vals), data, indices, counts) if m and d else 0
+        if sums is not None:
+            sums.csr(data[:nnz], indices[:nnz], np.concatenate([[0], np.cumsum(counts)]), row0)
+        return data[:nnz], indices[:nnz], counts
+    vals = np.ascontiguousarray(vals)
+    w = vals.view(np.uint32)
+    dper = vals.dtype.itemsize // 4
+    hashing = sums is not None
+    out = np.empty((m if hashing else 0, 8), dtype=np.uint32)
+    masks = sums.masks if hashing else (np.uint32(0), np.uint32(0), np.uint32(1))
     counts = np.empty(m, dtype=np.int64)
-    nnz = compress_rows(vals, data, indices, counts)
-    return data[:nnz], indices[:nnz], counts
+    min_rows = max(1, (1 << 17) // d)
+    on_rows(stored_counts, m, w, dper, int(row0), hashing, *masks, counts, out, min_rows=min_rows)
+    if (counts == d).all():
+        if full_indices is None or full_indices.size < m * d:
+            full_indices = np.tile(np.arange(d, dtype=index_dtype), m)
+        data, indices = vals.reshape(-1), full_indices[:m * d]
+    else:
+        ptr = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        nnz = int(ptr[-1])
+        data = np.empty(nnz, dtype=vals.dtype)
+        indices = np.empty(nnz, dtype=index_dtype)
+        on_rows(compress_hashed, m, w, dper, ptr, data.view(np.uint32), indices.view(np.uint32), int(row0), hashing,
+                *masks, out, min_rows=min_rows)
+    if hashing:
+        sums._add(out[:, :6])
+    return data, indices, counts
 
 
 # ----------------------------------------------------------------------------- integrity record
@@ -384,6 +414,17 @@ class DataChecksum:
             if hit.any():
                 return int(np.argmax(hit)), fault
         return None
+
+    def csr_parts(self, vals: np.ndarray, row0: int, full_indices: np.ndarray | None = None):
+        """:func:`_sparse_parts` of the dense rows ``vals`` (float ``(m, D)``, this
+        checksum's dtype; the first of them global row ``row0``), fed to this checksum
+        as the CSR rows they become, in the same passes: each row is hashed right after
+        it is counted or compressed, while still in cache.  Returns ``(data, indices,
+        counts per row)``.  A writer's checksum only (not ``finite``: a verifying
+        merge checks CSR pieces as they are, with :meth:`csr`)."""
+        if self.finite:
+            raise ValueError("csr_parts feeds a writer's checksum; verify CSR pieces with csr()")
+        return _sparse_parts(vals, full_indices, self, row0)
 
     def _add(self, parts) -> None:
         totals = parts.sum(axis=0, dtype=np.uint64)
@@ -909,8 +950,6 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                 ds.resize((ds.shape[0] + pending.shape[0], D))
                 ds[-pending.shape[0]:] = pending
         return n_rows, n_rows * D
-    from concurrent.futures import ThreadPoolExecutor, wait
-
     g = f.create_group(name, track_order=False)
     index_dtype = np.int32 if D < 2**31 else np.int64
     pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check)
@@ -918,19 +957,10 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     indptr_parts = [np.zeros(1, dtype=np.int64)]
 
     def put(row0, vals):
-        d, i, counts = _sparse_parts(vals, full_indices)
-        # Hashed in a thread of its own beside this writer's HDF5 write (the compiled loop
-        # has no GIL): the writer is the CSR transform's slowest stage, and the hash in
-        # line lengthened it by its whole time.  One chunk in flight; d and i live until done.
-        hashing = None if sums is None else hasher.submit(sums.csr, d, i, np.concatenate([[0], np.cumsum(counts)]),
-                                                          row0)
-        try:
-            pairs.add(d, i)
-        finally:
-            if hashing is not None:
-                wait([hashing])
-        if hashing is not None:
-            hashing.result()
+        # Each row hashed in the pass that counts or compresses it, while in cache: a
+        # pass of its own over the chunk (from memory) cost 4-20% (docs/performance.md).
+        d, i, counts = _sparse_parts(vals, full_indices) if sums is None else sums.csr_parts(vals, row0, full_indices)
+        pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
     direct = getattr(tr, "csr_chunks", None)  # a merge of CSR shards: their pieces as they are
@@ -944,8 +974,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
             if progress:
                 progress(counts.size)
     else:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-hash") as hasher:
-            n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
+        n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])
     pairs.close()
     indptr = np.concatenate(indptr_parts)

@@ -230,6 +230,70 @@ def test_data_checksum_adds_up_over_any_pieces_and_threads(m, d, cuts, dtype, ze
         assert add_digests({"X": "0" * 16}, *parts) == {"X": want["X"]}
 
 
+def _numpy_csr(x):
+    """CSR pieces without zeros, spelled out in numpy: (data, indices, counts)."""
+    rows, cols = np.nonzero(x)
+    return x[rows, cols], cols.astype(np.int32), np.bincount(rows, minlength=x.shape[0]).astype(np.int64)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(shape=st.sampled_from([(1, 1), (3, 7), (17, 40), (5, 1001), (300, 1000), (263, 1001)]),
+       dtype=st.sampled_from(["float32", "float64"]), row0=st.sampled_from([0, 9, 2**31 - 3, 2**32 + 1]),
+       zeros=st.sampled_from([0.0, 0.001, 0.3, 1.0]), tail=st.booleans(), tiny=st.booleans(), at=st.integers(0, 10**6))
+def test_csr_pieces_of_a_chunk_are_hashed_as_they_are_made(shape, dtype, row0, zeros, tail, tiny, at):
+    """A transform's CSR pieces, and its checksum fed in the same passes: the numpy
+    definition's pieces (+0 and -0 dropped, subnormals kept) and the reference's digests,
+    with rows in every state (full, some zeros, none stored), rows ending in zeros at the
+    boundary between two threads' rows (300 x 1000 and 263 x 1001 split in two), and
+    chunks with no zero at all (given as views)."""
+    from rfsgen.output import _sparse_parts
+
+    m, d = shape
+    rng = np.random.default_rng([m, d, at])
+    x = rng.standard_normal((m, d)).astype(dtype)
+    hit = rng.random((m, d)) < zeros
+    x[hit] = np.where(rng.random(int(hit.sum())) < 0.5, 0.0, -0.0)  # both zeros, by their sign
+    if tail:  # rows ending in zeros, the one before a thread's first row among them
+        x[[(m // 2 - 1) % m, m - 1], d // 2:] = -0.0
+    if tiny:  # the least magnitudes, all their bits zero but sign and the lowest
+        x.reshape(-1)[at % x.size] = np.finfo(dtype).smallest_subnormal * (-1) ** at
+    want = _numpy_csr(x)
+    ptr = np.concatenate([[0], np.cumsum(want[2])])
+    ref = reference_digests({"X/data": want[0], "X/indices": want[1], "X/indptr": ptr}, row0, d)
+    plain = _sparse_parts(x)
+    c = DataChecksum("csr", dtype, d)
+    hashed = c.csr_parts(x, row0)
+    for got in (plain, hashed):
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert c.hexdigests() == ref
+    if not zeros and not tail:  # no zero: the chunk itself, no copy
+        assert np.shares_memory(plain[0], x) and np.shares_memory(hashed[0], x)
+    with pytest.raises(ValueError, match="CSR data of dtype"):  # not its rows
+        DataChecksum("csr", "float64" if dtype == "float32" else "float32", d).csr_parts(x, row0)
+    with pytest.raises(ValueError, match="writer's checksum"):
+        DataChecksum("csr", dtype, d, finite=True).csr_parts(x, row0)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, None])
+def test_csr_outputs_mixing_chunks_with_and_without_zeros_carry_the_reference_checksums(files, chunk, tmp_path):
+    """Chunks without zeros are hashed in the writer's search for zeros, the others
+    after compressing: any mix of the two gives the reference's digests and one file."""
+    x = np.random.default_rng(3).standard_normal((30, 8))
+    x[[4, 5, 21], 5] = 0.0  # these rows only get zero features
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / f"o{chunk}.h5"
+    transform_file(files / "f.h5", tmp_path / "x.npy", out, layout="csr", chunk_rows=chunk, rows="2:30")
+    with h5py.File(out, "r") as f:
+        parts = {f"X/{k}": f["X"][k][()] for k in ("data", "indices", "indptr")}
+    short = sorted(np.flatnonzero(np.diff(parts["X/indptr"]) < 150) + 2)
+    assert short == [4, 5, 21]
+    assert _record(out)["datasets"] == reference_digests(parts, 2, 150)
+    ref = tmp_path / "o-ref.h5"
+    transform_file(files / "f.h5", tmp_path / "x.npy", ref, layout="csr", chunk_rows=30, rows="2:30")
+    assert out.read_bytes() == ref.read_bytes()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_data_checksum_finds_the_rows_holding_nan_or_infinity(dtype):
     x = np.random.default_rng(1).standard_normal((50, 33)).astype(dtype)

@@ -743,6 +743,35 @@ def bench_eof(args, tmp, res):
           f"sampling 10^6 EOF columns {sample_s:.2f} s", flush=True)
 
 
+#: The methods of rfsgen.output.DataChecksum that hash (switched off, or timed, by
+#: :func:`bench_checks`).  ``csr_parts`` also makes the CSR pieces of a chunk, which the
+#: transform does with the checks off too: off, it makes them without hashing; timed,
+#: its share includes making them.
+_HASHES = ("dense", "csr", "csr_parts")
+
+
+def _no_check(self, *a):
+    return None
+
+
+def _parts_unchecked(self, vals, row0, full_indices=None):
+    from rfsgen.output import _sparse_parts
+
+    return _sparse_parts(vals, full_indices)
+
+
+def _patch_checks(output, methods):
+    """Set DataChecksum's hashing methods from ``methods`` (a dict by name, or one
+    function for all; None: no change).  Returns the ones it had."""
+    was = {k: getattr(output.DataChecksum, k) for k in _HASHES}
+    for k in _HASHES if methods is not None else ():
+        if isinstance(methods, dict):
+            setattr(output.DataChecksum, k, methods[k])
+        else:
+            setattr(output.DataChecksum, k, _parts_unchecked if k == "csr_parts" and methods is _no_check else methods)
+    return was
+
+
 def _checks_op(what: str, layout: str, on: bool, tmp: Path):
     """The operation of one case of :func:`bench_checks`: the transform to a file, or the
     merge of the two shards written with the checks ``on`` or off."""
@@ -765,7 +794,7 @@ def _checks_case(name: str, tmp: Path, runs: int = 3) -> dict:
 
     what, layout, mode = name.split("-")
     if mode == "off":
-        output.DataChecksum.dense = output.DataChecksum.csr = lambda self, *a: None
+        _patch_checks(output, _no_check)
     run = _checks_op(what, layout, mode == "on", tmp)
     wall, cpu = [], []
     for k in range(runs + 1):
@@ -821,16 +850,16 @@ def bench_checks(args, tmp, res):
     del x
     save(sample(load_skeleton(SKELETONS["cifar-deep"]), args.check_columns, seed=1), tmp / "checks-f.h5",
          overwrite=True)
-    orig = (output.DataChecksum.dense, output.DataChecksum.csr)
+    orig = _patch_checks(output, None)
 
     @contextlib.contextmanager
     def checks(on):
         if not on:
-            output.DataChecksum.dense = output.DataChecksum.csr = lambda self, *a: None
+            _patch_checks(output, _no_check)
         try:
             yield
         finally:
-            output.DataChecksum.dense, output.DataChecksum.csr = orig
+            _patch_checks(output, orig)
 
     def transform(layout, on):
         op = _checks_op("transform", layout, on, tmp)
@@ -893,13 +922,13 @@ def bench_checks(args, tmp, res):
             shares = []
             for _ in range(3):
                 spent[0] = 0.0
-                output.DataChecksum.dense, output.DataChecksum.csr = timed(orig[0]), timed(orig[1])
+                _patch_checks(output, {k: timed(f) for k, f in orig.items()})
                 try:
                     c = time.process_time()
                     fn()  # checks(True) leaves the patch in place, and restores the originals after
                     total = time.process_time() - c
                 finally:
-                    output.DataChecksum.dense, output.DataChecksum.csr = orig
+                    _patch_checks(output, orig)
                 shares.append(spent[0] / max(total, 1e-9))
             share[name[:-3]] = shares
     out["hash_cpu_share"] = share
