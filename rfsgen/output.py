@@ -420,8 +420,9 @@ class DataChecksum:
         checksum's dtype; the first of them global row ``row0``), fed to this checksum
         as the CSR rows they become, in the same passes: each row is hashed right after
         it is counted or compressed, while still in cache.  Returns ``(data, indices,
-        counts per row)``.  A writer's checksum only (not ``finite``: a verifying
-        merge checks CSR pieces as they are, with :meth:`csr`)."""
+        counts per row)``, split over threads as :func:`_sparse_parts` is, whatever
+        ``threads``.  A writer's checksum only (not ``finite``: a verifying merge checks
+        CSR pieces as they are, with :meth:`csr`)."""
         if self.finite:
             raise ValueError("csr_parts feeds a writer's checksum; verify CSR pieces with csr()")
         return _sparse_parts(vals, full_indices, self, row0)
