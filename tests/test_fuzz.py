@@ -178,3 +178,21 @@ def test_oracle_tells_a_signal_in_pythons_start_up_from_one_in_rfsgen(tmp_path, 
     assert harness.judge(case, tmp_path, _res(1, site, **sent), cfg)[0] == "startup"
     assert harness.judge(case, tmp_path, _res(1, ours, **sent), cfg)[0] == "traceback"
     assert harness.judge(_case(), tmp_path, _res(1, site), cfg)[0] == "traceback"  # no signal sent: a bug
+
+
+def test_forging_never_reads_a_bomb_whole(tmp_path):
+    """A case that declares a huge dataset and then rewrites it (seed 38, case 1026 took
+    the builder to 16 GB and the machine's OOM killer) cannot be built: it is skipped
+    with a reason, before any memory is spent."""
+    import h5py
+    import numpy as np
+
+    from tests.fuzz import forge
+
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("eof_index", data=np.arange(6, dtype=np.uint8))
+    forge.apply({"op": "dataset", "file": "f.h5", "name": "eof_index", "how": "bomb", "shape": [10**6, 1000]},
+                tmp_path)
+    with pytest.raises(ValueError, match="'eof_index' declares 1000000000 bytes: too large"):
+        forge.apply({"op": "dataset", "file": "f.h5", "name": "eof_index", "how": "values", "values": [2**62],
+                     "dtype": "<u8", "index": "all"}, tmp_path)

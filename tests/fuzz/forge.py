@@ -36,6 +36,21 @@ def _reseal(path: Path) -> None:
             features._write_header(fh, int(m.group(1)) if m else features.FORMAT_VERSION)
 
 
+#: Largest dataset a forging operation reads whole (a "bomb" declares up to 10^9 rows:
+#: rewriting one in a later operation of the same case would take the builder's memory).
+MAX_READ = 256 << 20
+
+
+def _whole(f, name):
+    """Dataset ``name`` of the open file ``f`` read whole, if at most :data:`MAX_READ`
+    bytes (else ValueError: the case cannot be built and is skipped)."""
+    ds = f[name]
+    nbytes = int(np.prod(ds.shape, dtype=object)) * ds.dtype.itemsize if ds.shape is not None else 0
+    if nbytes > MAX_READ:
+        raise ValueError(f"'{name}' declares {nbytes} bytes: too large to rewrite in a case")
+    return ds[()]
+
+
 def _value(spec):
     """An attribute value from its JSON description ``{"t": type, "v": value}``."""
     t, v = spec["t"], spec["v"]
@@ -150,7 +165,7 @@ def _dataset_op(p: Path, op: dict) -> None:
     name, how = op["name"], op["how"]
     with h5py.File(p, "r+") as f:
         if how == "values":  # set entries (index list or 'all') to values, keep dtype unless told
-            old = f[name][()]
+            old = _whole(f, name)
             dt = np.dtype(op.get("dtype", old.dtype.str))
             new = old.astype(np.float64 if dt.kind == "f" else np.int64)
             idx = op.get("index", "all")
@@ -173,17 +188,17 @@ def _dataset_op(p: Path, op: dict) -> None:
                                                                                       dtype=object).astype(dt).reshape(new.shape)
             _rewrite(f, name, data, compression="gzip" if dt.kind != "f" or name != "X" else None)
         elif how == "dtype":
-            data = f[name][()]
+            data = _whole(f, name)
             with np.errstate(all="ignore"):
                 _rewrite(f, name, data.astype(op["dtype"]))
         elif how == "reshape2d":
-            data = f[name][()]
+            data = _whole(f, name)
             _rewrite(f, name, data.reshape(1, -1) if data.ndim == 1 else data.reshape(-1))
         elif how == "narrow":  # drop the last column of a 2-D dataset
-            data = f[name][()]
+            data = _whole(f, name)
             _rewrite(f, name, data[:, :-1], checksum=False)
         elif how == "empty":
-            data = f[name][()]
+            data = _whole(f, name)
             _rewrite(f, name, data[:0])
         elif how == "bomb":  # a tiny dataset that declares a huge size: unwritten chunks read as the fill value
             old = f[name]
@@ -205,7 +220,7 @@ def _dataset_op(p: Path, op: dict) -> None:
             f.create_dataset(name, shape=shape, dtype=dt, external=[(tpath, 0, max(nbytes, 1))])
         elif how in ("softlink", "extlink", "loop"):
             target = op.get("target", "/elsewhere")
-            data = f[name][()] if isinstance(f[name], h5py.Dataset) else None
+            data = _whole(f, name) if isinstance(f[name], h5py.Dataset) else None
             del f[name]
             if how == "loop":
                 f[name] = h5py.SoftLink("/" + name)
@@ -219,7 +234,7 @@ def _dataset_op(p: Path, op: dict) -> None:
                         g.create_dataset("d", data=data)
                 f[name] = h5py.ExternalLink(other.name, "/d")
         elif how == "virtual":
-            data = f[name][()]
+            data = _whole(f, name)
             other = p.parent / op.get("other", "source.h5")
             with h5py.File(other, "a") as g:
                 if "d" not in g:

@@ -199,8 +199,13 @@ def main(argv=None) -> int:
             try:  # a worker that died takes its case with it: never wait for ever
                 case, r = it.next(timeout=a.time_limit * 4 + 120)
             except mp.TimeoutError:
-                print(f"  no verdict for {a.time_limit * 4 + 120:.0f} s: a worker died; stopping", flush=True)
-                raise
+                seen = {x["id"] for x in results}
+                lost = [c["id"] for c in cases if c["id"] not in seen][:a.jobs * 2]
+                pool.terminate()
+                print(f"error: no verdict for {a.time_limit * 4 + 120:.0f} s after {len(results)} cases: a worker died "
+                      f"(out of memory while building a case?); the first without a verdict: {', '.join(lost)}; "
+                      f"replay one with --only ID", file=sys.stderr, flush=True)
+                return 2
             results.append(r)
             log.write(json.dumps(r, default=str) + "\n")
             log.flush()
