@@ -237,20 +237,23 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums
     the CSR rows, global ``row0`` onwards, each hashed in the pass that last touched it
     (:meth:`DataChecksum.csr_parts`).
     """
-    from ._compiled import compress_hashed, compress_rows, on_rows, stored_counts
+    from ._compiled import compress_hashed, on_rows, stored_counts
 
     m, d = vals.shape
     index_dtype = np.int32 if d < 2**31 else np.int64
     if (vals.dtype not in (np.float32, np.float64) or index_dtype != np.int32 or not m or not d
             or (sums is not None and (sums.layout != "csr" or sums.dtype != vals.dtype or sums.columns != d))):
-        # Never written by rfsgen's transform: the general path, in numpy.
-        data = np.empty(m * d, dtype=vals.dtype)
-        indices = np.empty(m * d, dtype=index_dtype)
-        counts = np.empty(m, dtype=np.int64)
-        nnz = compress_rows(np.ascontiguousarray(vals), data, indices, counts) if m and d else 0
+        # Never written by rfsgen's transform (other dtypes, no rows or columns): numpy.
+        keep = vals != 0
+        counts = keep.sum(axis=1, dtype=np.int64)
+        if keep.all():
+            data, indices = np.ascontiguousarray(vals).reshape(-1), np.tile(np.arange(d, dtype=index_dtype), m)
+        else:
+            rows, cols = np.nonzero(keep)
+            data, indices = vals[rows, cols], cols.astype(index_dtype)
         if sums is not None:
-            sums.csr(data[:nnz], indices[:nnz], np.concatenate([[0], np.cumsum(counts)]), row0)
-        return data[:nnz], indices[:nnz], counts
+            sums.csr(data, indices, np.concatenate([[0], np.cumsum(counts)]), row0)
+        return data, indices, counts
     vals = np.ascontiguousarray(vals)
     w = vals.view(np.uint32)
     dper = vals.dtype.itemsize // 4
