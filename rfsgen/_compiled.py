@@ -604,20 +604,26 @@ def csr_sums(data, dper, indices, ptr, width, row0, mlo, mhi, limit, verify, out
     for r in range(start, stop):
         a = ptr[r] - base
         b = ptr[r + 1] - base
-        row = row0 + r
-        da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
-        ia, ib = _U32(0), _U32(0)
-        if b - a != width:
-            ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
-        la, lb = _length_sums(row, b - a)
-        out[r, 0] = da
-        out[r, 1] = db
-        out[r, 2] = ia
-        out[r, 3] = ib
-        out[r, 4] = la
-        out[r, 5] = lb
-        out[r, 6] = bad
+        _csr_row_sums(data, dper, indices, a, b, width, row0 + r, mlo, mhi, limit, out[r])
         out[r, 7] = _csr_faults(data, dper, indices, a, b, width) if verify else _U32(0)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _csr_row_sums(data, dper, indices, a, b, width, row, mlo, mhi, limit, out):  # pragma: no cover - compiled
+    """:func:`csr_sums`'s columns 0-6 of one CSR row (values ``a:b``, global ``row``) into
+    ``out`` (uint32 (8,)); its columns' sums are 0 for a full row of ``width`` values."""
+    da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
+    ia, ib = _U32(0), _U32(0)
+    if b - a != width:
+        ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
+    la, lb = _length_sums(row, b - a)
+    out[0] = da
+    out[1] = db
+    out[2] = ia
+    out[3] = ib
+    out[4] = la
+    out[5] = lb
+    out[6] = bad
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -744,17 +750,7 @@ def compress_hashed(w, dper, ptr, data, indices, row0, hashing, mlo, mhi, limit,
                     indices[p] = j
                 p += (lo | (hi & _U32(0x7FFFFFFF))) != 0
         if hashing and b - a != k:
-            row = row0 + r
-            da, db, bad = run_sums(data[dper * a:dper * b], 2, row, 0, mlo, mhi, limit)
-            ia, ib, _ = run_sums(indices[a:b], 3, row, 0, _NO_CHECK, _NO_CHECK, _U32(1))
-            la, lb = _length_sums(row, b - a)
-            out[r, 0] = da
-            out[r, 1] = db
-            out[r, 2] = ia
-            out[r, 3] = ib
-            out[r, 4] = la
-            out[r, 5] = lb
-            out[r, 6] = bad
+            _csr_row_sums(data, dper, indices, a, b, k, row0 + r, mlo, mhi, limit, out[r])
             out[r, 7] = 0
 
 
