@@ -657,15 +657,8 @@ def _csr_faults(data, dper, indices, a, b, width):  # pragma: no cover - compile
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _stores_zero(vals, dper):  # pragma: no cover - compiled
     """Whether the values whose bits ``vals`` holds (uint32, ``dper`` per value) include
-    +0 or -0: the least magnitude's bits, a branch-free reduction that vectorises."""
-    least = _U32(0xFFFFFFFF)
-    if dper == 1:
-        for j in range(vals.size):
-            least = min(least, _U32(vals[j] & _U32(0x7FFFFFFF)))
-    else:
-        for j in range(vals.size // 2):
-            least = min(least, _U32(vals[2 * j] | _U32(vals[2 * j + 1] & _U32(0x7FFFFFFF))))
-    return least == 0
+    +0 or -0."""
+    return _stored(vals, dper) < vals.size // dper
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -704,17 +697,8 @@ def stored_counts(w, dper, row0, hashing, mlo, mhi, limit, counts, out, start, s
     for r in range(start, stop):
         n = _stored(w[r], dper)
         counts[r] = n
-        if hashing and n == k:
-            row = row0 + r
-            da, db, bad = run_sums(w[r], 2, row, 0, mlo, mhi, limit)
-            la, lb = _length_sums(row, k)
-            out[r, 0] = da
-            out[r, 1] = db
-            out[r, 2] = 0
-            out[r, 3] = 0
-            out[r, 4] = la
-            out[r, 5] = lb
-            out[r, 6] = bad
+        if hashing and n == k:  # the row is its own CSR data (its columns, unused, not hashed)
+            _csr_row_sums(w[r], dper, w[r], 0, k, k, row0 + r, mlo, mhi, limit, out[r])
             out[r, 7] = 0
 
 

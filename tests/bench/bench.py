@@ -760,15 +760,16 @@ def _parts_unchecked(self, vals, row0, full_indices=None):
     return _sparse_parts(vals, full_indices)
 
 
+#: The checks switched off: no hash; a CSR transform's pieces made without one.
+_UNCHECKED = {"dense": _no_check, "csr": _no_check, "csr_parts": _parts_unchecked}
+
+
 def _patch_checks(output, methods):
-    """Set DataChecksum's hashing methods from ``methods`` (a dict by name, or one
-    function for all; None: no change).  Returns the ones it had."""
+    """Set DataChecksum's hashing methods from ``methods`` (a dict by name, e.g.
+    :data:`_UNCHECKED`; None: no change).  Returns the ones it had."""
     was = {k: getattr(output.DataChecksum, k) for k in _HASHES}
-    for k in _HASHES if methods is not None else ():
-        if isinstance(methods, dict):
-            setattr(output.DataChecksum, k, methods[k])
-        else:
-            setattr(output.DataChecksum, k, _parts_unchecked if k == "csr_parts" and methods is _no_check else methods)
+    for k, f in (methods or {}).items():
+        setattr(output.DataChecksum, k, f)
     return was
 
 
@@ -794,7 +795,7 @@ def _checks_case(name: str, tmp: Path, runs: int = 3) -> dict:
 
     what, layout, mode = name.split("-")
     if mode == "off":
-        _patch_checks(output, _no_check)
+        _patch_checks(output, _UNCHECKED)
     run = _checks_op(what, layout, mode == "on", tmp)
     wall, cpu = [], []
     for k in range(runs + 1):
@@ -830,7 +831,8 @@ def _checks_processes(tmp: Path, rounds: int) -> dict:
 def bench_checks(args, tmp, res):
     """Transform (cifar-deep, D = ``args.check_columns``, ``args.check_rows`` rows, to a
     file) and merge of two shards, dense and csr, with the record's data checksums on
-    and off (:class:`rfsgen.output.DataChecksum`'s ``dense`` and ``csr`` made no-ops:
+    and off (:class:`rfsgen.output.DataChecksum`'s hashing methods switched off,
+    :data:`_UNCHECKED`:
     shards written without them carry zero sums, which their merge "verifies"; off, a
     merge also skips the values' checks that run in the same pass: finite values, and
     a CSR shard's canonical columns and no stored zeros), each
@@ -855,7 +857,7 @@ def bench_checks(args, tmp, res):
     @contextlib.contextmanager
     def checks(on):
         if not on:
-            _patch_checks(output, _no_check)
+            _patch_checks(output, _UNCHECKED)
         try:
             yield
         finally:
