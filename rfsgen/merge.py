@@ -577,6 +577,7 @@ class _Reader:
             self.data, self.indices, self.indptr = x["data"], x["indices"], x["indptr"]
             self.old = {"X/data": BlockChecksum(), "X/indices": BlockChecksum(), "X/indptr": BlockChecksum()}
             self.end = 0  # indptr where the next row starts
+        self.map = _CSRMap(s) if _CSRMap.applies(s) else None
         self.done = False
 
     def _read(self, ds, a, b, where):
@@ -586,9 +587,9 @@ class _Reader:
             detail = " ".join(str(e).split())[:100]
             raise _damaged(self.s.path, f"'{where}' cannot be read at {a}:{b} ({type(e).__name__}: {detail})") from None
 
-    def _csr_fault(self, row0, vals, cols, ptr):
+    def _csr_fault(self, row0, run_of):
         """The error for a fault :meth:`rfsgen.output.DataChecksum.csr` found in CSR rows
-        ``row0`` on (global), whose values are ``vals``, ``cols`` at ``ptr`` (from 0)."""
+        ``row0`` on (global); ``run_of(r)`` gives row ``r``'s ``(values, columns)``."""
         s, D = self.s, self.s.columns
 
         def fault(found):
@@ -599,9 +600,9 @@ class _Reader:
                                         f"0..{D - 1}, out of order or repeated)")
             if kind == "zero":
                 return _damaged(s.path, f"'X/data' stores a zero at row {row} (an output never does)")
-            run = vals[ptr[bad]:ptr[bad + 1]]
+            run, cols = run_of(bad)
             k = int(np.flatnonzero(~np.isfinite(run))[0])
-            return self._nonfinite("X/data", row, int(cols[ptr[bad] + k]))
+            return self._nonfinite("X/data", row, int(cols[k]))
         return fault
 
     def _nonfinite(self, where, row, column):
@@ -648,32 +649,55 @@ class _Reader:
             self.hasher.settle()  # a bad row in a block read before is reported first, as in line
             raise
 
-    def _csr(self, a: int, b: int):
+    def _pointer(self, a: int, b: int) -> np.ndarray:
+        """The row pointer of rows ``a:b`` (read in order), checked: it goes on from the
+        rows before, never down, no row longer than a row, not past nnz."""
         s = self.s
         if a != self.next:  # pragma: no cover - _ShardRows reads in order
             raise AssertionError("shard rows read out of order")
         self.next = b
-        D = s.columns
-        ptr = ptr0 = self._read(self.indptr, a, b + 1, "X/indptr")
+        ptr = self._read(self.indptr, a, b + 1, "X/indptr")
         if self.v1:
             self.old["X/indptr"].update(ptr if a == 0 else ptr[1:])
-        lo, hi = int(ptr[0]), int(ptr[-1])
         steps = np.diff(ptr)
-        if lo != self.end or np.any(steps < 0) or hi > s.record["nnz"] or np.any(steps > D):
+        if int(ptr[0]) != self.end or np.any(steps < 0) or int(ptr[-1]) > s.record["nnz"] or np.any(steps > s.columns):
             raise _damaged(s.path, f"'X/indptr' is not a CSR row pointer at rows {s.start + a}:{s.start + b}")
-        self.end = hi
+        self.end = int(ptr[-1])
+        return ptr
+
+    def _csr(self, a: int, b: int):
+        s = self.s
+        ptr = ptr0 = self._pointer(a, b)
+        lo, hi = int(ptr[0]), int(ptr[-1])
         vals = self._read(self.data, lo, hi, "X/data")
         cols = self._read(self.indices, lo, hi, "X/indices")
         if self.v1:
             self.old["X/data"].update(vals)
             self.old["X/indices"].update(cols)
+        ptr = ptr - lo
         # After the pointer's checks (it addresses vals); vals, cols and ptr0 are not changed
         # below.  The values' checks (finite; canonical CSR: columns strictly increasing
         # within 0 .. D - 1; no stored zero) come with the hash, in the hasher's thread, in
         # one pass (in numpy on this thread they took 13% of a CSR merge's wall time).
         self.hasher.submit(self.sums.csr, (vals, cols, ptr0, s.start + a),
-                           self._csr_fault(s.start + a, vals, cols, ptr0 - lo))
-        return vals, cols, ptr - lo
+                           self._csr_fault(s.start + a, lambda r: (vals[ptr[r]:ptr[r + 1]], cols[ptr[r]:ptr[r + 1]])))
+        return vals, cols, ptr
+
+    def csr_pieces(self, a: int, b: int):
+        """As :meth:`read_csr`, from the shard's map (:class:`_CSRMap`, which must be
+        set): ``(pieces, counts)``, the values and columns of rows ``a:b`` as views of
+        the file, ``[(data, indices), ..]`` one pair per HDF5 chunk they lie in, and each
+        row's count (int64 ``(b - a,)``).  They are hashed and checked in the hasher's
+        thread while the caller writes them (until :meth:`finish` or the next read)."""
+        try:
+            ptr = self._pointer(a, b)
+            row0 = self.s.start + a
+            self.hasher.submit(self.map.verify, (self.sums, ptr, row0),
+                               self._csr_fault(row0, lambda r: self.map.run(ptr[r], ptr[r + 1])))
+            return self.map.pieces(int(ptr[0]), int(ptr[-1])), np.diff(ptr)
+        except RfsgenError:
+            self.hasher.settle()  # a bad row in a block read before is reported first, as in line
+            raise
 
     def finish(self) -> None:
         """Compare the checksums (every row must have been read)."""
@@ -701,6 +725,109 @@ class _Reader:
         return self.sums.hexdigests()
 
 
+class _CSRMap:
+    """An uncompressed CSR shard's ``X/data`` and ``X/indices`` read in place: its file
+    mapped (read only) once, each HDF5 chunk's values a view at the offset HDF5's chunk
+    index gives (checked first: unfiltered, whole, inside the file).  No HDF5 read, no
+    copy: the verifying thread hashes the views while the writer copies them out, and
+    faults their pages in for it (as :class:`_RawDense` does for dense shards).
+
+    The two datasets' chunks interleave in the file (transform writes them in turn), so
+    a block of rows is one view per chunk it spans: a row across a chunk boundary is
+    hashed from a copy of its few values (checksum words pair values across the cut)."""
+
+    @staticmethod
+    def applies(s: _Shard) -> bool:
+        """Whether ``s`` (checked by :func:`_check_shard`) can be read so."""
+        if s.layout != "csr" or s.compression != "none" or s.record["version"] < 2:
+            return False
+        data, indices = s.file["X/data"], s.file["X/indices"]
+        return data.chunks is not None and data.chunks == indices.chunks
+
+    def __init__(self, s: _Shard):
+        import mmap
+
+        x = s.file["X"]
+        nnz = s.record["nnz"]
+        self.C = C = x["data"].chunks[0]
+        self.empty = (np.empty(0, x["data"].dtype), np.empty(0, x["indices"].dtype))
+        self.data, self.indices = [], []
+        self.mm = None
+        if not nnz:
+            return
+        try:
+            with open(s.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise _damaged(s.path, f"it cannot be mapped ({e})") from None
+        for k in range(-(-nnz // C)):
+            count = min(C, nnz - k * C)
+            for name, views in (("data", self.data), ("indices", self.indices)):
+                ds = x[name]
+                try:
+                    info = ds.id.get_chunk_info_by_coord((k * C,))
+                except (OSError, RuntimeError, ValueError, KeyError) as e:
+                    raise _damaged(s.path, f"'X/{name}' chunk {k} cannot be found ({type(e).__name__})") from None
+                nbytes = C * ds.dtype.itemsize
+                if info.byte_offset is None or info.filter_mask or info.size != nbytes \
+                        or info.byte_offset + nbytes > size:
+                    raise _damaged(s.path, f"'X/{name}' chunk {k} is not {nbytes} unfiltered bytes inside the file "
+                                           f"(it is {info.size} at offset {info.byte_offset} of {size})")
+                views.append(np.frombuffer(self.mm, dtype=ds.dtype, count=count, offset=info.byte_offset))
+
+    def pieces(self, lo: int, hi: int) -> list:
+        """Values ``lo:hi`` as ``[(data, indices), ..]``, a pair of views per chunk."""
+        C = self.C
+        out = []
+        for k in range(lo // C, -(-hi // C)):
+            a, b = max(lo, k * C) - k * C, min(hi, (k + 1) * C) - k * C
+            out.append((self.data[k][a:b], self.indices[k][a:b]))
+        return out
+
+    def run(self, lo: int, hi: int):
+        """Values ``lo:hi`` as one ``(data, indices)`` (a copy when they span chunks)."""
+        parts = self.pieces(lo, hi)
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return self.empty
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def verify(self, sums, ptr: np.ndarray, row0: int):
+        """:meth:`rfsgen.output.DataChecksum.csr` of the rows ``ptr`` points to (int64
+        ``(m + 1,)``, into the shard's values; global rows ``row0`` on), fed a run of
+        rows in one chunk at a time: the first fault ``(row index, kind)`` or None."""
+        C = self.C
+        starts, ends = ptr[:-1], ptr[1:]
+        k = starts // C
+        split = (ends > starts) & ((ends - 1) // C != k)  # a row in two chunks or more
+        new = np.ones(k.size, dtype=bool)
+        new[1:] = (k[1:] != k[:-1]) | split[1:] | split[:-1]
+        firsts = np.flatnonzero(new).tolist()
+        for r0, r1 in zip(firsts, firsts[1:] + [k.size]):
+            lo, hi = int(ptr[r0]), int(ptr[r1])
+            if split[r0]:
+                d, i = self.run(lo, hi)
+            elif lo == hi:
+                d, i = self.empty
+            else:
+                base = int(k[r0]) * C
+                d, i = self.data[k[r0]][lo - base:hi - base], self.indices[k[r0]][lo - base:hi - base]
+            found = sums.csr(d, i, ptr[r0:r1 + 1], row0 + r0)
+            if found is not None:
+                return r0 + found[0], found[1]
+        return None
+
+    def close(self) -> None:
+        self.data = self.indices = None
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:  # a view is still held (an error's traceback): unmapped when freed
+                pass
+
+
 class _ShardRows:
     """The shards' rows in order, numbered as in the input (``rows_start`` onwards),
     verified as they are read (see :class:`_Reader`); each shard's checksums are
@@ -709,7 +836,13 @@ class _ShardRows:
     def __init__(self, shards: list):
         self.shards = shards
         self.hasher = _Hasher()
-        self.readers = [_Reader(s, self.hasher) for s in shards]
+        self.readers = []
+        try:
+            for s in shards:
+                self.readers.append(_Reader(s, self.hasher))
+        except BaseException:
+            self.close()
+            raise
         self.name = shards[0].attrs["input"]
         self.width = shards[0].columns
         self.n_rows = shards[-1].stop
@@ -743,27 +876,35 @@ class _ShardRows:
             r.finish()
 
     def csr_chunks(self, chunk_rows, start=0, stop=None):
-        """As :meth:`chunks`, for CSR shards, without densifying: ``(row0, (data,
-        indices, counts per row))``, verified the same way."""
+        """As :meth:`chunks`, for CSR shards, without densifying: ``(row0, (pieces,
+        counts))``, the rows' values and columns as ``[(data, indices), ..]`` and their
+        counts per row, verified the same way (read through a map where the shard
+        allows it: :class:`_CSRMap`)."""
         stop = self.n_rows if stop is None else stop
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
-            parts = [r.read_csr(lo - s.start, hi - s.start) for s, r, lo, hi in self._pieces(a, b)]
+            pieces, counts = [], []
+            for s, r, lo, hi in self._pieces(a, b):
+                if r.map is not None:
+                    p, c = r.csr_pieces(lo - s.start, hi - s.start)
+                else:
+                    vals, cols, ptr = r.read_csr(lo - s.start, hi - s.start)
+                    p, c = [(vals, cols)], np.diff(ptr)
+                pieces += p
+                counts.append(c)
             for s, r in zip(self.shards, self.readers):
                 if s.stop <= b:
                     r.finish()
-            if len(parts) == 1:
-                vals, cols, ptr = parts[0]
-                yield a, (vals, cols, np.diff(ptr))
-            else:
-                yield a, (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                          np.concatenate([np.diff(p[2]) for p in parts]))
+            yield a, (pieces, counts[0] if len(counts) == 1 else np.concatenate(counts))
         for r in self.readers:
             r.finish()
 
     def close(self) -> None:
-        """Stop the hashing thread (see :class:`_Hasher`)."""
+        """Stop the hashing thread (see :class:`_Hasher`), then unmap the shards."""
         self.hasher.close()
+        for r in self.readers:
+            if getattr(r, "map", None) is not None:
+                r.map.close()
 
     def digests(self) -> dict:
         """The merged rows' :data:`rfsgen.output.CHECKSUM` digests: the sums of the
@@ -804,7 +945,8 @@ class _Copy:
             yield row0, self.chunk(block)
 
     def csr_chunks(self, src, chunk_rows, start=0, stop=None):
-        """CSR shards' rows as ``(row0, (data, indices, counts))``, not densified."""
+        """CSR shards' rows as ``(row0, (pieces, counts))``, not densified (see
+        :meth:`_ShardRows.csr_chunks`)."""
         return src.csr_chunks(chunk_rows, start, stop)
 
 

@@ -967,12 +967,12 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
 
-    direct = getattr(tr, "csr_chunks", None)  # a merge of CSR shards: their pieces as they are
+    # A merge of CSR shards (whose sums are known): their pieces as they are.
+    direct = getattr(tr, "csr_chunks", None) if sums is None else None
     if direct is not None:
-        for row0, (d, i, counts) in direct(src, chunk_rows, start, stop):
-            if sums is not None:
-                sums.csr(d, i, np.concatenate([[0], np.cumsum(counts)]), row0)
-            pairs.add(d, i)
+        for row0, (pieces, counts) in direct(src, chunk_rows, start, stop):
+            for d, i in pieces:
+                pairs.add(d, i)
             indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
             n_rows += counts.size
             if progress:
