@@ -155,6 +155,7 @@ def test_merge_does_not_overwrite_without_overwrite(setup):
 
 
 # ----------------------------------------------------------------------------- shards that cannot be trusted
+import contextlib  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -171,18 +172,47 @@ from rfsgen.transform import transform_file  # noqa: E402
 CUTS = (0, 17, 40, 41, 77, 103)  # the base shards' row ranges: 0:17, 17:40, 40:41, 41:77, 77:103
 
 
+#: The kinds of shard sets: "small" is CSR in HDF5 chunks of 16 values (see
+#: :func:`small_chunks`), so that rows lie across chunks, up to 9 of them.
+KINDS = ("csr", "dense", "gzip", "csr-gzip", "small")
+OPTS = {"csr": {"layout": "csr"}, "dense": {"layout": "dense"}, "gzip": {"layout": "dense", "compression": "gzip"},
+        "csr-gzip": {"layout": "csr", "compression": "gzip"}, "small": {"layout": "csr"}}
+
+
+@contextlib.contextmanager
+def small_chunks(values=16):
+    """CSR outputs written meanwhile store ``data`` and ``indices`` in HDF5 chunks of
+    ``values`` values (transform writes 2^12 to 2^20; another writer need not)."""
+    from rfsgen.output import _Appender
+
+    was = _Appender.__init__.__defaults__
+    _Appender.__init__.__defaults__ = (values,)
+    try:
+        yield
+    finally:
+        _Appender.__init__.__defaults__ = was
+
+
+def write_shard(base, kind, name, **kw):
+    with small_chunks() if kind == "small" else contextlib.nullcontext():
+        transform_file(base / "f.h5", base / "x.npy", name, **OPTS[kind], **kw)
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """Feature file, rows, an unsharded output and shards at CUTS, for csr, dense and gzip."""
+    """Feature file, rows, an unsharded output and shards at CUTS, for each of KINDS (the
+    unsharded output of "small" is the plain CSR one)."""
     d = tmp_path_factory.mktemp("base")
     x = np.random.default_rng(1).standard_normal((103, 8))
     x[:, 3] = 0.0
     np.save(d / "x.npy", x)
     save_features(sample(load_skeleton(skeleton_path("tabular-circle")), 120, seed=3), d / "f.h5")
-    for kind, opts in {"csr": {}, "dense": {"layout": "dense"}, "gzip": {"compression": "gzip"}}.items():
-        transform_file(d / "f.h5", d / "x.npy", d / f"{kind}-all.h5", **opts)
+    for kind in KINDS:
+        transform_file(d / "f.h5", d / "x.npy", d / f"{kind}-all.h5", **OPTS[kind])
         for k, (a, b) in enumerate(zip(CUTS, CUTS[1:])):
-            transform_file(d / "f.h5", d / "x.npy", d / f"{kind}-{k}.h5", rows=f"{a}:{b}", chunk_rows=7, **opts)
+            write_shard(d, kind, d / f"{kind}-{k}.h5", rows=f"{a}:{b}", chunk_rows=7)
+    with h5py.File(d / "small-1.h5", "r") as f:
+        assert f["X/data"].chunks == f["X/indices"].chunks == (16,)
     return d
 
 
@@ -206,7 +236,7 @@ def _refused(res, into, *names):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["csr", "dense", "gzip"]), which=st.integers(0, len(CUTS) - 2),
+@given(kind=st.sampled_from(KINDS), which=st.integers(0, len(CUTS) - 2),
        damage_name=st.sampled_from(sorted(damage.DAMAGES)), seed=st.integers(0, 2**32 - 1),
        virtual=st.booleans())
 def test_a_damaged_or_forged_shard_is_refused_and_nothing_is_written(base, kind, which, damage_name, seed, virtual):
@@ -216,15 +246,15 @@ def test_a_damaged_or_forged_shard_is_refused_and_nothing_is_written(base, kind,
         damage.DAMAGES[damage_name](names[which], np.random.default_rng(seed))
         args = ["merge", *names, "-o", into / "m.h5", "-q"] + (["--virtual"] if virtual and kind == "dense" else [])
         res = run(args)
-        if res.exit_code == 0 and kind == "gzip" and damage_name.startswith("flip"):
+        if res.exit_code == 0 and kind.endswith("gzip") and damage_name.startswith("flip"):
             # A compressed chunk's last padding bits are no data: the merge must then be exact.
-            assert (into / "m.h5").read_bytes() == (base / "gzip-all.h5").read_bytes()
+            assert (into / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
             return
         _refused(res, into, names[which])
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["csr", "dense", "gzip"]), how=st.sampled_from(["gap", "overlap", "swap", "twice"]),
+@given(kind=st.sampled_from(KINDS), how=st.sampled_from(["gap", "overlap", "swap", "twice"]),
        i=st.integers(0, len(CUTS) - 4))
 def test_shard_sets_that_do_not_tile_their_rows_are_refused(base, kind, how, i):
     with tempfile.TemporaryDirectory() as tmp:
@@ -235,9 +265,7 @@ def test_shard_sets_that_do_not_tile_their_rows_are_refused(base, kind, how, i):
             named = [names[i], names[i + 2]]
             del names[i + 1]
         elif how == "overlap":
-            transform_file(base / "f.h5", base / "x.npy", into / "wide.h5", rows=f"{CUTS[i]}:{CUTS[i + 2]}",
-                           layout="dense" if kind == "dense" else "csr",
-                           compression="gzip" if kind == "gzip" else "none")
+            write_shard(base, kind, into / "wide.h5", rows=f"{CUTS[i]}:{CUTS[i + 2]}")
             names.append(into / "wide.h5")
             named = [into / "wide.h5"]
         elif how == "swap":  # row ranges exchanged in the attributes, records resealed
@@ -251,17 +279,16 @@ def test_shard_sets_that_do_not_tile_their_rows_are_refused(base, kind, how, i):
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["csr", "dense", "gzip"]), cuts=st.sets(st.integers(1, 102), max_size=4),
+@given(kind=st.sampled_from(KINDS), cuts=st.sets(st.integers(1, 102), max_size=4),
        chunk=st.sampled_from([None, 1, 5, 64]), merge_chunk=st.sampled_from([None, 3, 50]),
        order=st.randoms(use_true_random=False))
 def test_every_valid_shard_set_merges_to_the_bytes_of_the_unsharded_run(base, kind, cuts, chunk, merge_chunk, order):
-    opts = {"csr": {}, "dense": {"layout": "dense"}, "gzip": {"compression": "gzip"}}[kind]
     points = [0, *sorted(cuts), 103]
     with tempfile.TemporaryDirectory() as tmp:
         into = Path(tmp)
         names = []
         for k, (a, b) in enumerate(zip(points, points[1:])):
-            transform_file(base / "f.h5", base / "x.npy", into / f"s{k}.h5", rows=f"{a}:{b}", chunk_rows=chunk, **opts)
+            write_shard(base, kind, into / f"s{k}.h5", rows=f"{a}:{b}", chunk_rows=chunk)
             names.append(into / f"s{k}.h5")
         order.shuffle(names)  # any order on the command line: shards are sorted by rows_start
         merge_files(names, into / "m.h5", chunk_rows=merge_chunk)
@@ -360,7 +387,7 @@ def test_a_narrower_shard_is_refused_also_virtually(kit, tmp_path, virtual):
     assert "'X' has shape (36, 119), but its record says (36, 120)" in res.output
 
 
-@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_truncated_shard_is_refused(kit, tmp_path, kind):
     names = kit(kind)
     with open(names[4], "r+b") as fh:
@@ -402,7 +429,7 @@ def test_x_stored_outside_the_shard_is_refused(kit, tmp_path, how):
     assert "external files" in res.output or "virtual dataset" in res.output
 
 
-@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_nan_in_a_shard_is_not_copied(kit, tmp_path, kind):
     names = kit(kind)
     damage.put_nan(names[3], np.random.default_rng(0))
@@ -440,27 +467,29 @@ def test_virtual_merge_over_mismatched_widths_is_refused(base, tmp_path):
     _refused(res, tmp_path, names[1])
 
 
-@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_one_flipped_bit_anywhere_in_the_data_is_found(base, kit, tmp_path, kind):
-    """Random bytes of every piece of X's stored data, one bit each: the merge refuses,
-    naming the shard and (uncompressed) the dataset.  (Compressed, a flip in the
-    deflate stream's last padding bits changes no value: the merge must then give the
-    unsharded bytes.)"""
+    """Random bytes of every piece of X's stored data (of 24 pieces at most: "small" has
+    hundreds), one bit each: the merge refuses, naming the shard and (uncompressed) the
+    dataset.  (Compressed, a flip in the deflate stream's last padding bits changes no
+    value: the merge must then give the unsharded bytes.)"""
     names = kit(kind)
     pristine = names[3].read_bytes()
     extents = damage.data_extents(names[3])
     rng = np.random.default_rng(5)
+    if len(extents) > 24:
+        extents = [extents[i] for i in sorted(rng.choice(len(extents), 24, replace=False))]
     offsets = [(name, off + int(rng.integers(size))) for name, off, size in extents for _ in range(4)]
     for name, off in offsets:
         names[3].write_bytes(pristine)
         damage.flip_bit(names[3], off, int(rng.integers(8)))
         res = _merge(tmp_path, names)
-        if kind == "gzip" and res.exit_code == 0:
-            assert (tmp_path / "m.h5").read_bytes() == (base / "gzip-all.h5").read_bytes()
+        if kind.endswith("gzip") and res.exit_code == 0:
+            assert (tmp_path / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
             (tmp_path / "m.h5").unlink()
             continue
         _refused(res, tmp_path, names[3])
-        if kind != "gzip":
+        if not kind.endswith("gzip"):
             assert f"'{name}'" in res.output, res.output
 
 
@@ -522,7 +551,7 @@ def test_version1_shards_verify_and_merge_alone_or_with_current_ones(base, tmp_p
     else:
         damage.flip_bit(names[2], off + 5, 3)
     res = _merge(tmp_path, names)
-    if not (res.exit_code == 0 and kind == "gzip"):  # a gzip chunk's padding bits are no data
+    if not (res.exit_code == 0 and kind.endswith("gzip")):  # a gzip chunk's padding bits are no data
         _refused(res, tmp_path, names[2])
 
 
@@ -609,3 +638,83 @@ def test_eof_clipped_values_add_up_in_copied_and_virtual_merges(tmp_path):
     for name in ("m.h5", "v.h5"):
         with h5py.File(tmp_path / name) as f:
             assert f.attrs["clipped_values"] == want > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_uncompressed_csr_shards_are_read_through_a_map(base, tmp_path, monkeypatch, kind):
+    """Uncompressed CSR shards (version 2) are read in place (rfsgen.merge._CSRMap), in
+    whatever HDF5 chunks they come, verified, and merge to the unsharded bytes; other
+    shards are read through HDF5."""
+    import rfsgen.merge as rm
+
+    rows = []
+    real = rm._CSRMap.verify
+    monkeypatch.setattr(rm._CSRMap, "verify", lambda self, sums, ptr, row0: rows.append(ptr.size - 1)
+                        or real(self, sums, ptr, row0))
+    names = _copy_set(base, kind, tmp_path)
+    merge_files(names, tmp_path / "m.h5", chunk_rows=5)
+    assert (tmp_path / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
+    assert sum(rows) == (103 if kind in ("csr", "small") else 0)
+
+
+def _straddling(path, values):
+    """A row of the CSR shard ``path`` whose values lie across a chunk boundary (chunks
+    of ``values``), and the place of the first value after that boundary."""
+    with h5py.File(path, "r") as f:
+        ptr = f["X/indptr"][()]
+    for r in range(ptr.size - 1):
+        cut = (ptr[r] // values + 1) * values
+        if ptr[r] < cut < ptr[r + 1] - 1 and cut - ptr[r] > 2:
+            return r, int(cut)
+    raise AssertionError("no row across a chunk boundary")
+
+
+@pytest.mark.parametrize("values", [16, 1])
+@pytest.mark.parametrize("fault", ["nan", "zero", "columns down", "column repeated"])
+def test_a_fault_in_a_row_across_chunks_is_found_naming_its_row_and_column(base, tmp_path, values, fault):
+    """A row that lies in two chunks or more is verified whole: a fault just after a
+    chunk boundary, or in the order of columns across it, names the row (and column)."""
+    names = []
+    for k, rows in enumerate(("0:41", "41:103")):
+        names.append(tmp_path / f"s{k}.h5")
+        with small_chunks(values):
+            transform_file(base / "f.h5", base / "x.npy", names[-1], rows=rows, layout="csr")
+    r, cut = _straddling(names[1], 16)
+    with h5py.File(names[1], "r+") as f:  # the record is not resealed: the fault is found first
+        assert f["X/data"].chunks == (values,)
+        column = int(f["X/indices"][cut])
+        if fault == "nan":
+            f["X/data"][cut] = np.nan
+        elif fault == "zero":
+            f["X/data"][cut] = -0.0
+        elif fault == "columns down":
+            f["X/indices"][cut - 1:cut + 1] = f["X/indices"][cut - 1:cut + 1][::-1]
+        else:
+            f["X/indices"][cut] = f["X/indices"][cut - 1]
+    message = {"nan": rf"'X/data' holds NaN or infinity \(row {41 + r}, column {column}\)",
+               "zero": rf"'X/data' stores a zero at row {41 + r} ",
+               "columns down": rf"'X/indices' is not canonical CSR at row {41 + r} ",
+               "column repeated": rf"'X/indices' is not canonical CSR at row {41 + r} "}[fault]
+    with pytest.raises(InputError, match=message):
+        merge_files(names, tmp_path / "m.h5", chunk_rows=7)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("m.h5", ".m.h5"))]
+
+
+def test_csr_shards_whose_datasets_are_chunked_differently_are_read_through_hdf5(base, tmp_path, monkeypatch):
+    """X/data and X/indices in chunks of different sizes (valid HDF5, not transform's)
+    cannot be read in place chunk by chunk: they are read through HDF5 and still merge
+    to the unsharded bytes."""
+    import rfsgen.merge as rm
+
+    names = _copy_set(base, "csr", tmp_path)
+    with h5py.File(names[3], "r+") as f:
+        indices = f["X/indices"][()]
+        del f["X/indices"]
+        f["X"].create_dataset("indices", data=indices, chunks=(7,), maxshape=(None,))
+    rows = []
+    real = rm._CSRMap.verify
+    monkeypatch.setattr(rm._CSRMap, "verify", lambda self, sums, ptr, row0: rows.append(ptr.size - 1)
+                        or real(self, sums, ptr, row0))
+    merge_files(names, tmp_path / "m.h5")
+    assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
+    assert sum(rows) == 103 - (CUTS[4] - CUTS[3])  # the other shards are read in place
