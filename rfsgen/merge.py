@@ -25,7 +25,9 @@ What is verified, and when:
   the data's checksums (a flipped bit anywhere in ``X`` is found), NaN and infinities,
   and (CSR) the index structure.  The data is read and hashed once: the merged
   file's checksums are the sums of its shards' (:data:`rfsgen.output.CHECKSUM`), so
-  the output is never hashed again.  Nothing that fails a check ever becomes the
+  the output is never hashed again.  Uncompressed shards (record version 2) are read
+  in place, through a map of the file (:class:`_RawDense`, :class:`_CSRMap`): the
+  bytes verified are the bytes written.  Nothing that fails a check ever becomes the
   output, and no temporary file remains.
 
 Shards with a record of version 1 (:data:`rfsgen.output.CHECKSUM_V1`) are verified by
