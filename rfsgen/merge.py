@@ -579,7 +579,8 @@ class _Reader:
             self.data, self.indices, self.indptr = x["data"], x["indices"], x["indptr"]
             self.old = {"X/data": BlockChecksum(), "X/indices": BlockChecksum(), "X/indptr": BlockChecksum()}
             self.end = 0  # indptr where the next row starts
-        self.map = _CSRMap(s) if _CSRMap.applies(s) else None
+        self.map = None
+        self.mappable = s.layout == "csr" and _CSRMap.applies(s)  # mapped when its rows are first read
         self.done = False
 
     def _read(self, ds, a, b, where):
@@ -686,12 +687,18 @@ class _Reader:
         return vals, cols, ptr
 
     def csr_pieces(self, a: int, b: int):
-        """As :meth:`read_csr`, from the shard's map (:class:`_CSRMap`, which must be
-        set): ``(pieces, counts)``, the values and columns of rows ``a:b`` as views of
-        the file, ``[(data, indices), ..]`` one pair per HDF5 chunk they lie in, and each
-        row's count (int64 ``(b - a,)``).  They are hashed and checked in the hasher's
-        thread while the caller writes them (until :meth:`finish` or the next read)."""
+        """CSR rows ``a:b`` of the shard (in order), to be verified in the hasher's thread
+        while the caller writes them (until :meth:`finish` or the next read): ``(pieces,
+        counts)``, their values and columns as ``[(data, indices), ..]`` and each row's
+        count (int64 ``(b - a,)``).  Read in place where the shard allows it
+        (:class:`_CSRMap`: a pair of views per HDF5 chunk), else through HDF5."""
         try:
+            if self.mappable:
+                self.mappable = False
+                self.map = _CSRMap.open(self.s)
+            if self.map is None:
+                vals, cols, ptr = self._csr(a, b)
+                return [(vals, cols)], np.diff(ptr)
             ptr = self._pointer(a, b)
             row0 = self.s.start + a
             self.hasher.submit(self.map.verify, (self.sums, ptr, row0),
@@ -700,6 +707,12 @@ class _Reader:
         except RfsgenError:
             self.hasher.settle()  # a bad row in a block read before is reported first, as in line
             raise
+
+    def unmap(self) -> None:
+        """Close the shard's map (once its pieces are written and verified)."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
 
     def finish(self) -> None:
         """Compare the checksums (every row must have been read)."""
@@ -727,12 +740,23 @@ class _Reader:
         return self.sums.hexdigests()
 
 
+#: Fewest values an HDF5 chunk of a CSR shard must hold to be read in place
+#: (:class:`_CSRMap`; transform writes 2^12 to 2^20): shards of smaller chunks (another
+#: writer's) are read through HDF5, which handles many small chunks better than a view
+#: and a checked place each.
+MAP_MIN_CHUNK = 1 << 12
+#: Which fault :meth:`rfsgen.output.DataChecksum.csr` reports first in a block.
+_FAULT_RANK = {"nonfinite": 0, "indices": 1, "zero": 2}
+
+
 class _CSRMap:
     """An uncompressed CSR shard's ``X/data`` and ``X/indices`` read in place: its file
-    mapped (read only) once, each HDF5 chunk's values a view at the offset HDF5's chunk
-    index gives (checked first: unfiltered, whole, inside the file).  No HDF5 read, no
-    copy: the verifying thread hashes the views while the writer copies them out, and
-    faults their pages in for it (as :class:`_RawDense` does for dense shards).
+    mapped (read only), each HDF5 chunk's values a view at the offset HDF5's chunk
+    index gives (checked first: each chunk once, unfiltered, whole, inside the file).
+    No HDF5 read, no copy: the verifying thread hashes the views while the writer
+    copies them out, and faults their pages in for it (as :class:`_RawDense` does for
+    dense shards).  A shard is mapped when its rows are first read and unmapped once
+    they are written, so a merge of many shards holds one or two maps at a time.
 
     The two datasets' chunks interleave in the file (transform writes them in turn), so
     a block of rows is one view per chunk it spans: a row across a chunk boundary is
@@ -744,39 +768,63 @@ class _CSRMap:
         if s.layout != "csr" or s.compression != "none" or s.record["version"] < 2:
             return False
         data, indices = s.file["X/data"], s.file["X/indices"]
-        return data.chunks is not None and data.chunks == indices.chunks
+        return (data.chunks is not None and data.chunks == indices.chunks and data.chunks[0] >= MAP_MIN_CHUNK
+                and hasattr(data.id, "chunk_iter"))
 
-    def __init__(self, s: _Shard):
+    @classmethod
+    def open(cls, s: _Shard):
+        """The shard's map, or None when the system will not map it (too many open
+        files, a file system without mmap...): it is then read through HDF5.  A chunk
+        out of place raises :class:`InputError`."""
         import mmap
 
+        try:
+            with open(s.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
+        try:
+            return cls(s, mm, size)
+        except BaseException:
+            mm.close()
+            raise
+
+    def __init__(self, s: _Shard, mm, size: int):
         x = s.file["X"]
         nnz = s.record["nnz"]
         self.C = C = x["data"].chunks[0]
         self.empty = (np.empty(0, x["data"].dtype), np.empty(0, x["indices"].dtype))
+        self.mm = mm
+        n = -(-nnz // C)
         self.data, self.indices = [], []
-        self.mm = None
-        if not nnz:
-            return
-        try:
-            with open(s.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise _damaged(s.path, f"it cannot be mapped ({e})") from None
-        for k in range(-(-nnz // C)):
-            count = min(C, nnz - k * C)
-            for name, views in (("data", self.data), ("indices", self.indices)):
-                ds = x[name]
-                try:
-                    info = ds.id.get_chunk_info_by_coord((k * C,))
-                except (OSError, RuntimeError, ValueError, KeyError) as e:
-                    raise _damaged(s.path, f"'X/{name}' chunk {k} cannot be found ({type(e).__name__})") from None
-                nbytes = C * ds.dtype.itemsize
-                if info.byte_offset is None or info.filter_mask or info.size != nbytes \
-                        or info.byte_offset + nbytes > size:
-                    raise _damaged(s.path, f"'X/{name}' chunk {k} is not {nbytes} unfiltered bytes inside the file "
-                                           f"(it is {info.size} at offset {info.byte_offset} of {size})")
-                views.append(np.frombuffer(self.mm, dtype=ds.dtype, count=count, offset=info.byte_offset))
+        for name, views in (("data", self.data), ("indices", self.indices)):
+            ds = x[name]
+            nbytes = C * ds.dtype.itemsize
+            places = np.full(n, -1, dtype=np.int64)
+            bad = []
+
+            def seen(info):
+                k, off = divmod(int(info.chunk_offset[0]), C)
+                where = info.byte_offset
+                if off or not 0 <= k < n or places[k] >= 0 or info.filter_mask or info.size != nbytes \
+                        or where is None or where + nbytes > size:
+                    bad.append(f"'X/{name}' has a chunk at {info.chunk_offset[0]} that is not {nbytes} unfiltered "
+                               f"bytes inside the file, once (it is {info.size} at offset {where} of {size})")
+                    return True  # ends the iteration
+                places[k] = where
+                return None
+
+            try:
+                ds.id.chunk_iter(seen)
+            except (OSError, RuntimeError, ValueError, KeyError) as e:
+                raise _damaged(s.path, f"'X/{name}' has a chunk index HDF5 cannot read ({type(e).__name__})") from None
+            if bad:
+                raise _damaged(s.path, bad[0])
+            if n and places.min() < 0:  # _check_shard counted them: a chunk given twice hides another
+                raise _damaged(s.path, f"'X/{name}' has no chunk at {int(np.argmin(places)) * C}")
+            views.extend(np.frombuffer(mm, dtype=ds.dtype, count=min(C, nnz - k * C), offset=int(places[k]))
+                         for k in range(n))
 
     def pieces(self, lo: int, hi: int) -> list:
         """Values ``lo:hi`` as ``[(data, indices), ..]``, a pair of views per chunk."""
@@ -799,7 +847,8 @@ class _CSRMap:
     def verify(self, sums, ptr: np.ndarray, row0: int):
         """:meth:`rfsgen.output.DataChecksum.csr` of the rows ``ptr`` points to (int64
         ``(m + 1,)``, into the shard's values; global rows ``row0`` on), fed a run of
-        rows in one chunk at a time: the first fault ``(row index, kind)`` or None."""
+        rows in one chunk at a time.  Returns the fault ``(row index, kind)`` that one
+        call over all the rows would report (whatever the chunks), or None."""
         C = self.C
         starts, ends = ptr[:-1], ptr[1:]
         k = starts // C
@@ -807,6 +856,7 @@ class _CSRMap:
         new = np.ones(k.size, dtype=bool)
         new[1:] = (k[1:] != k[:-1]) | split[1:] | split[:-1]
         firsts = np.flatnonzero(new).tolist()
+        first = None
         for r0, r1 in zip(firsts, firsts[1:] + [k.size]):
             lo, hi = int(ptr[r0]), int(ptr[r1])
             if split[r0]:
@@ -818,16 +868,17 @@ class _CSRMap:
                 d, i = self.data[k[r0]][lo - base:hi - base], self.indices[k[r0]][lo - base:hi - base]
             found = sums.csr(d, i, ptr[r0:r1 + 1], row0 + r0)
             if found is not None:
-                return r0 + found[0], found[1]
-        return None
+                found = (r0 + found[0], found[1])
+                if first is None or (_FAULT_RANK[found[1]], found[0]) < (_FAULT_RANK[first[1]], first[0]):
+                    first = found
+        return first
 
     def close(self) -> None:
         self.data = self.indices = None
-        if self.mm is not None:
-            try:
-                self.mm.close()
-            except BufferError:  # a view is still held (an error's traceback): unmapped when freed
-                pass
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still held (an error's traceback): unmapped when freed
+            pass
 
 
 class _ShardRows:
@@ -880,24 +931,24 @@ class _ShardRows:
     def csr_chunks(self, chunk_rows, start=0, stop=None):
         """As :meth:`chunks`, for CSR shards, without densifying: ``(row0, (pieces,
         counts))``, the rows' values and columns as ``[(data, indices), ..]`` and their
-        counts per row, verified the same way (read through a map where the shard
-        allows it: :class:`_CSRMap`)."""
+        counts per row, verified the same way (read in place where the shard allows it:
+        :meth:`_Reader.csr_pieces`)."""
         stop = self.n_rows if stop is None else stop
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
             pieces, counts = [], []
             for s, r, lo, hi in self._pieces(a, b):
-                if r.map is not None:
-                    p, c = r.csr_pieces(lo - s.start, hi - s.start)
-                else:
-                    vals, cols, ptr = r.read_csr(lo - s.start, hi - s.start)
-                    p, c = [(vals, cols)], np.diff(ptr)
+                p, c = r.csr_pieces(lo - s.start, hi - s.start)
                 pieces += p
                 counts.append(c)
             for s, r in zip(self.shards, self.readers):
                 if s.stop <= b:
                     r.finish()
             yield a, (pieces, counts[0] if len(counts) == 1 else np.concatenate(counts))
+            pieces = None
+            for s, r in zip(self.shards, self.readers):  # written: their maps are no longer needed
+                if s.stop <= b:
+                    r.unmap()
         for r in self.readers:
             r.finish()
 
@@ -905,8 +956,7 @@ class _ShardRows:
         """Stop the hashing thread (see :class:`_Hasher`), then unmap the shards."""
         self.hasher.close()
         for r in self.readers:
-            if getattr(r, "map", None) is not None:
-                r.map.close()
+            r.unmap()
 
     def digests(self) -> dict:
         """The merged rows' :data:`rfsgen.output.CHECKSUM` digests: the sums of the

@@ -193,6 +193,16 @@ def small_chunks(values=16):
         _Appender.__init__.__defaults__ = was
 
 
+@pytest.fixture(autouse=True)
+def map_small_chunks(monkeypatch):
+    """Merges here read CSR shards in place whatever their HDF5 chunks (by default only
+    chunks of 2^12 values or more, transform's, are), so that "small" has rows across
+    chunks read in place."""
+    import rfsgen.merge as rm
+
+    monkeypatch.setattr(rm, "MAP_MIN_CHUNK", 1)
+
+
 def write_shard(base, kind, name, **kw):
     with small_chunks() if kind == "small" else contextlib.nullcontext():
         transform_file(base / "f.h5", base / "x.npy", name, **OPTS[kind], **kw)
@@ -718,3 +728,86 @@ def test_csr_shards_whose_datasets_are_chunked_differently_are_read_through_hdf5
     merge_files(names, tmp_path / "m.h5")
     assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
     assert sum(rows) == 103 - (CUTS[4] - CUTS[3])  # the other shards are read in place
+
+
+def _spy_maps(monkeypatch):
+    """Count the maps open at a time: returns a dict with 'opened' and 'most' (open at once)."""
+    import rfsgen.merge as rm
+
+    seen = {"opened": 0, "open": 0, "most": 0}
+    real_open, real_close = rm._CSRMap.open.__func__, rm._CSRMap.close
+
+    def opened(cls, s):
+        m = real_open(cls, s)
+        if m is not None:
+            seen["opened"] += 1
+            seen["open"] += 1
+            seen["most"] = max(seen["most"], seen["open"])
+        return m
+
+    def closed(self):
+        seen["open"] -= 1
+        real_close(self)
+
+    monkeypatch.setattr(rm._CSRMap, "open", classmethod(opened))
+    monkeypatch.setattr(rm._CSRMap, "close", closed)
+    return seen
+
+
+def test_a_merge_of_many_csr_shards_holds_a_map_or_two_at_a_time(base, tmp_path, monkeypatch):
+    """Each shard is mapped when its rows are first read and unmapped once they are
+    written (a map holds a file descriptor: hundreds of shards must not run out)."""
+    seen = _spy_maps(monkeypatch)
+    names = []
+    for k, a in enumerate(range(0, 103, 3)):
+        names.append(tmp_path / f"s{k}.h5")
+        write_shard(base, "small", names[-1], rows=f"{a}:{min(a + 3, 103)}")
+    merge_files(names, tmp_path / "m.h5", chunk_rows=5)
+    assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
+    assert seen["opened"] == len(names) and seen["open"] == 0 and seen["most"] <= 3, seen
+
+
+def test_a_shard_the_system_will_not_map_is_read_through_hdf5(base, tmp_path, monkeypatch):
+    """mmap failing (too many open files, a file system without it) is no fault of the
+    shard: it is read through HDF5 instead, to the same bytes."""
+    import errno
+    import mmap
+
+    def refuse(*a, **k):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    seen = _spy_maps(monkeypatch)
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    names = _copy_set(base, "csr", tmp_path)
+    merge_files(names, tmp_path / "m.h5")
+    assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
+    assert seen["opened"] == 0
+
+
+def test_chunks_smaller_than_transform_writes_are_read_through_hdf5_by_default(base, tmp_path, monkeypatch):
+    import rfsgen.merge as rm
+
+    monkeypatch.setattr(rm, "MAP_MIN_CHUNK", 1 << 12)
+    seen = _spy_maps(monkeypatch)
+    merge_files(_copy_set(base, "small", tmp_path), tmp_path / "m.h5")
+    assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
+    assert seen["opened"] == 0
+    merge_files(_copy_set(base, "csr", tmp_path), tmp_path / "m2.h5")  # 2^12 values a chunk: mapped
+    assert seen["opened"] == len(CUTS) - 1
+
+
+@pytest.mark.parametrize("values", [16, 1 << 12])
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+def test_which_fault_is_named_does_not_depend_on_the_hdf5_chunks(base, tmp_path, values, chunk_rows):
+    """Two faults of different kinds in one block: the block's NaN is named (as one
+    pass over the block names it), whether its rows lie in one HDF5 chunk or many."""
+    name = tmp_path / "s.h5"
+    with small_chunks(values):
+        transform_file(base / "f.h5", base / "x.npy", name, layout="csr")
+    with h5py.File(name, "r+") as f:
+        ptr = f["X/indptr"][()]
+        f["X/indices"][ptr[2]] = 10**6  # row 2: a column past the width
+        f["X/data"][ptr[5] + 1] = np.inf  # row 5: an infinity, same block of 7 rows
+        column = int(f["X/indices"][ptr[5] + 1])
+    with pytest.raises(InputError, match=rf"holds NaN or infinity \(row 5, column {column}\)"):
+        merge_files([name], tmp_path / "m.h5", chunk_rows=chunk_rows)
