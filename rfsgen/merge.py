@@ -454,7 +454,12 @@ def _verify_names(s: _Shard) -> None:
     digest = NamesChecksum()
     keep = s.record["obs_names"] == "input"
     for a in range(0, s.stop - s.start, NAME_BLOCK):
-        block = list(ds[a:min(a + NAME_BLOCK, s.stop - s.start)])
+        b = min(a + NAME_BLOCK, s.stop - s.start)
+        try:  # variable-length strings: a damaged global heap fails here, not in the checksum
+            block = list(ds[a:b])
+        except (OSError, RuntimeError, ValueError) as e:
+            detail = " ".join(str(e).split())[:100]
+            raise _damaged(s.path, f"'obs/_index' cannot be read at {a}:{b} ({type(e).__name__}: {detail})") from None
         digest.update(block)
         if keep:
             s.names.extend(block)
@@ -466,7 +471,11 @@ def _verify_names(s: _Shard) -> None:
 
         n = s.stop - s.start
         budget.check(obs_mod.nbytes(s.obs_columns, n), f"shard {s.path}: its {len(s.obs_columns)} obs columns")
-        s.obs = obs_mod.in_memory(s.file["obs"], s.obs_columns, n)
+        try:
+            s.obs = obs_mod.in_memory(s.file["obs"], s.obs_columns, n)
+        except (OSError, RuntimeError, ValueError) as e:
+            detail = " ".join(str(e).split())[:100]
+            raise _damaged(s.path, f"its obs columns cannot be read ({type(e).__name__}: {detail})") from None
         if s.obs.digest(0, n) != s.record["obs_columns_sha256"]:
             raise _damaged(s.path, "its obs columns do not match the checksum in its integrity record (a changed "
                                    "value)")
