@@ -589,7 +589,7 @@ class _Reader:
             self.old = {"X/data": BlockChecksum(), "X/indices": BlockChecksum(), "X/indptr": BlockChecksum()}
             self.end = 0  # indptr where the next row starts
         self.map = None
-        self.mappable = s.layout == "csr" and _CSRMap.applies(s)  # mapped when its rows are first read
+        self.mappable = _CSRMap.applies(s)  # mapped when its rows are first read
         self.done = False
 
     def _read(self, ds, a, b, where):
@@ -796,7 +796,7 @@ class _CSRMap:
         try:
             return cls(s, mm, size)
         except BaseException:
-            mm.close()
+            mm.close()  # no view of it exists yet: they are made once every chunk is checked
             raise
 
     def __init__(self, s: _Shard, mm, size: int):
@@ -806,8 +806,8 @@ class _CSRMap:
         self.empty = (np.empty(0, x["data"].dtype), np.empty(0, x["indices"].dtype))
         self.mm = mm
         n = -(-nnz // C)
-        self.data, self.indices = [], []
-        for name, views in (("data", self.data), ("indices", self.indices)):
+        found = {}
+        for name in ("data", "indices"):
             ds = x[name]
             nbytes = C * ds.dtype.itemsize
             places = np.full(n, -1, dtype=np.int64)
@@ -832,8 +832,10 @@ class _CSRMap:
                 raise _damaged(s.path, bad[0])
             if n and places.min() < 0:  # _check_shard counted them: a chunk given twice hides another
                 raise _damaged(s.path, f"'X/{name}' has no chunk at {int(np.argmin(places)) * C}")
-            views.extend(np.frombuffer(mm, dtype=ds.dtype, count=min(C, nnz - k * C), offset=int(places[k]))
-                         for k in range(n))
+            found[name] = places
+        self.data, self.indices = ([np.frombuffer(mm, dtype=x[name].dtype, count=min(C, nnz - k * C),
+                                                  offset=int(found[name][k])) for k in range(n)]
+                                   for name in ("data", "indices"))
 
     def pieces(self, lo: int, hi: int) -> list:
         """Values ``lo:hi`` as ``[(data, indices), ..]``, a pair of views per chunk."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -303,3 +304,29 @@ DAMAGES = {
     "missing member": remove_member,
     "soft link": lambda p, rng: link_x(p, None, "soft"),
 }
+
+
+def repoint_chunk(path, name: str, coord: int, offset: int) -> bool:
+    """Make the chunk index of dataset ``name`` place its chunk at ``coord`` at file
+    ``offset`` (no bytes moved; the record is not touched): the first 8-byte match of
+    its address that HDF5 then reads back as the chunk's.  False when none does."""
+    import struct
+
+    with h5py.File(path, "r") as f:
+        was = f[name].id.get_chunk_info_by_coord((coord,)).byte_offset
+    raw = Path(path).read_bytes()
+    key = struct.pack("<Q", was)
+    at = raw.find(key)
+    while at >= 0:
+        forged = bytearray(raw)
+        forged[at:at + 8] = struct.pack("<Q", offset)
+        Path(path).write_bytes(bytes(forged))
+        try:
+            with h5py.File(path, "r") as f:
+                if f[name].id.get_chunk_info_by_coord((coord,)).byte_offset == offset:
+                    return True
+        except (OSError, RuntimeError, KeyError, ValueError):
+            pass
+        at = raw.find(key, at + 1)
+    Path(path).write_bytes(raw)
+    return False

@@ -811,3 +811,28 @@ def test_which_fault_is_named_does_not_depend_on_the_hdf5_chunks(base, tmp_path,
         column = int(f["X/indices"][ptr[5] + 1])
     with pytest.raises(InputError, match=rf"holds NaN or infinity \(row 5, column {column}\)"):
         merge_files([name], tmp_path / "m.h5", chunk_rows=chunk_rows)
+
+
+@pytest.mark.parametrize("name", ["X/data", "X/indices"])
+@pytest.mark.parametrize("where", ["past the end", "across the end", "another chunk"])
+def test_a_chunk_placed_out_of_the_file_or_twice_is_refused_before_its_rows_are_read(base, tmp_path, name, where):
+    """The chunk index of a shard read in place is checked when its rows are first read:
+    a chunk outside the file is one line naming the shard and the dataset, and rows of
+    the shards before are still checked first.  (Two chunks at one place are valid HDF5,
+    read as HDF5 reads them: the checksum finds the values changed.)"""
+    names = _copy_set(base, "small", tmp_path)
+    size = names[3].stat().st_size
+    with h5py.File(names[3], "r") as f:
+        other = f[name].id.get_chunk_info_by_coord((0,)).byte_offset
+    offset = {"past the end": 10**9, "across the end": size - 40, "another chunk": other}[where]
+    assert damage.repoint_chunk(names[3], name, 32, offset)
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[3])
+    if where == "another chunk":  # the checksum, or first the checks of canonical CSR in its pass
+        assert re.search(rf"'{name}' (does not match the checksum|is not canonical CSR)", res.output), res.output
+    else:
+        assert f"'{name}' has a chunk at " in res.output
+    damage.put_nan(names[1], np.random.default_rng(1))  # an earlier shard's fault is named first
+    res = _merge(tmp_path, names)
+    _refused(res, tmp_path, names[1])
+    assert "holds NaN or infinity" in res.output
