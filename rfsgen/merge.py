@@ -562,9 +562,10 @@ class _Hasher:
 
 
 class _Reader:
-    """Reads one shard's rows in order (as float arrays ``(m, columns)``), hashing each
-    block once as it is read (:class:`rfsgen.output.DataChecksum`, keyed by the rows'
-    global numbers) and checking values (finite, in the same pass; CSR: nonzero, column
+    """Reads one shard's rows in order (dense: float arrays ``(m, columns)``; CSR: its
+    pieces, :meth:`csr_pieces`), hashing each block once as it is read
+    (:class:`rfsgen.output.DataChecksum`, keyed by the rows' global numbers) and
+    checking values (finite, in the same pass; CSR: nonzero, column
     indices increasing within each row).  A shard with a version-1 record is also fed
     to the :class:`rfsgen.output.BlockChecksum` it was sealed with.  :meth:`finish`
     compares the checksums once every row was read; :meth:`digests` are then the
@@ -622,6 +623,8 @@ class _Reader:
                                      "does")
 
     def read(self, a: int, b: int) -> np.ndarray:
+        """Dense rows ``a:b`` of the shard (in order), hashed and checked in the hasher's
+        thread (CSR shards are read with :meth:`csr_pieces`)."""
         try:
             return self._block(a, b)
         except RfsgenError:
@@ -630,36 +633,19 @@ class _Reader:
 
     def _block(self, a: int, b: int) -> np.ndarray:
         s = self.s
-        D = s.columns
-        if s.layout == "dense":
-            if a != self.next:  # pragma: no cover - _ShardRows reads in order
-                raise AssertionError("shard rows read out of order")
-            self.next = b
-            block = self._read(self.x, a, b, "X")
-            if self.v1:
-                self.old["X"].update(block)
+        if a != self.next:  # pragma: no cover - _ShardRows reads in order
+            raise AssertionError("shard rows read out of order")
+        self.next = b
+        block = self._read(self.x, a, b, "X")
+        if self.v1:
+            self.old["X"].update(block)
 
-            def nonfinite(bad):
-                column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
-                return self._nonfinite("X", s.start + a + bad, column)
+        def nonfinite(bad):
+            column = int(np.flatnonzero(~np.isfinite(block[bad]))[0])
+            return self._nonfinite("X", s.start + a + bad, column)
 
-            self.hasher.submit(self.sums.dense, (block, s.start + a), nonfinite)
-            return block
-        vals, cols, ptr = self.read_csr(a, b)
-        self.hasher.settle()  # the columns are checked (in range) before they place values
-        block = np.zeros((b - a, D), dtype=s.dtype)
-        if vals.size:
-            block[np.repeat(np.arange(b - a), np.diff(ptr)), cols] = vals
+        self.hasher.submit(self.sums.dense, (block, s.start + a), nonfinite)
         return block
-
-    def read_csr(self, a: int, b: int):
-        """CSR rows ``a:b`` of the shard (in order), verified: ``(data, indices, ptr)``
-        with ``ptr`` int64 ``(b - a + 1,)`` pointing into them from 0."""
-        try:
-            return self._csr(a, b)
-        except RfsgenError:
-            self.hasher.settle()  # a bad row in a block read before is reported first, as in line
-            raise
 
     def _pointer(self, a: int, b: int) -> np.ndarray:
         """The row pointer of rows ``a:b`` (read in order), checked: it goes on from the
