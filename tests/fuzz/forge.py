@@ -120,6 +120,17 @@ def apply(op: dict, d: Path) -> None:
             b = fh.read(1)[0]
             fh.seek(pos)
             fh.write(bytes([b ^ (1 << op["bit"])]))
+    elif kind == "chunk_place":  # the chunk index points chunk 0 elsewhere (no bytes moved)
+        from tests.damage import repoint_chunk
+
+        size = p.stat().st_size
+        with h5py.File(p, "r") as f:
+            if not f[op["name"]].id.get_num_chunks():
+                return
+            other = "X/indices" if op["name"] == "X/data" else "X/data"
+            offset = {"past end": 10**9, "across end": size - 40, "file start": 0,
+                      "other dataset": f[other].id.get_chunk_info(0).byte_offset}[op["where"]]
+        repoint_chunk(p, op["name"], 0, offset)
     elif kind == "truncate":
         size = p.stat().st_size
         os.truncate(p, int(size * op["keep"]))

@@ -1,6 +1,6 @@
 """Shard cases: 3 transform shards of one input (dense or CSR, float32 or float64), damaged or
 lied about (bit flips, swapped or overlapping row ranges, missing or repeated shards, wrong
-attributes, other dtypes, narrower X, NaN, external links), merged with ``rfsgen merge``.
+attributes, other dtypes, narrower X, NaN, external links, CSR chunks placed elsewhere), merged with ``rfsgen merge``.
 
 The oracle is exact: a merge that exits 0 must equal the whole-range transform bit for bit.
 """
@@ -16,7 +16,7 @@ from . import fixtures
 def _op(rng, layout, shards):
     s = shards[rng.integers(len(shards))]
     xname = "X" if layout == "dense" else "X/data"
-    k = rng.integers(10)
+    k = rng.integers(11)
     if k == 0:
         return {"op": "bitflip", "file": s, "pos": float(rng.random()), "bit": int(rng.integers(8))}
     if k == 1:
@@ -46,6 +46,9 @@ def _op(rng, layout, shards):
                 "other": "elsewhere.h5"}
     if k == 8:
         return {"op": "truncate", "file": s, "keep": float(rng.choice([0.5, 0.9, 0.99]))}
+    if k == 10 and layout == "csr":  # a chunk's place in the file, as merge reads it in place
+        return {"op": "chunk_place", "file": s, "name": str(rng.choice(["X/data", "X/indices"])),
+                "where": str(rng.choice(["past end", "across end", "other dataset", "file start"]))}
     return {"op": "dataset", "file": s, "name": xname, "how": "values",
             # -0.0: a stored zero by its sign bit alone; -2^31: a column that int32 differences wrap
             "values": [float(rng.choice([1e30, -2.0, 0.0, -0.0, 1e-45, -2.0**31]))],
