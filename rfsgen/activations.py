@@ -592,6 +592,58 @@ _NAMED: dict[str, Callable[[float], float]] = {
 }
 
 
+#: Work counters for tests (the parse cost is bounded by counts, not clocks): points at which a
+#: user function was evaluated, and Hermite recurrences run (projections).
+COUNTS = {"evaluations": 0, "projections": 0}
+
+
+@functools.lru_cache(maxsize=1)
+def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The quadrature of :func:`_hermite`: nodes ``z``, weights ``w``, ``sqrt(phi(z))`` and the
+    number of nodes per panel (read-only arrays, built once)."""
+    nodes, weights = np.polynomial.legendre.leggauss(24)
+    half_width = 40.0
+    panels = 1600  # even, so 0 is a panel boundary
+    edges = np.linspace(-half_width, half_width, panels + 1)
+    mid = 0.5 * (edges[1:] + edges[:-1])[:, None]
+    half = 0.5 * (edges[1:] - edges[:-1])[:, None]
+    z = (mid + half * nodes[None, :]).ravel()
+    w = (half * weights[None, :]).ravel()
+    root_phi = _libm(math.exp, -z * z / 4) / (2 * math.pi) ** 0.25
+    for arr in (z, w, root_phi):
+        arr.setflags(write=False)
+    return z, w, root_phi, nodes.size
+
+
+def _moments(f: np.ndarray) -> tuple[float, tuple]:
+    """``(second_moment, (outer, total))`` of the values ``f`` at the nodes (see :func:`_hermite`)."""
+    z, w, root_phi, per_panel = _grid()
+    second = float(np.sum((w * f * f) * (root_phi * root_phi)))  # as ever: the named tables' bits
+    mass = w * np.square(f * root_phi)  # for the checks: root_phi^2 alone underflows at |z| near 40
+    outer = float(np.sum(mass[: 2 * per_panel]) + np.sum(mass[-2 * per_panel:]))  # two panels each side
+    return second, (outer, float(np.sum(mass)))
+
+
+def _recurrence(f: np.ndarray, degree: int, second: float | None = None) -> np.ndarray:
+    """``b[i] = E[f(Z) He_i(Z)] / sqrt(i!)`` for ``i = 0 .. degree`` from the values ``f`` at the
+    nodes.  With ``second``, stops early once the dropped mass ``1 - sum b_i^2 / second`` is at
+    most TOLERANCE (checked every 32 degrees), returning the prefix computed so far: the same
+    bits as the full run's prefix, and :func:`_cut` finds the same cut in it."""
+    z, w, root_phi, _ = _grid()
+    COUNTS["projections"] += 1
+    g = w * f * root_phi
+    b = np.empty(degree + 1)
+    h_prev = np.zeros_like(z)
+    h = root_phi.copy()
+    for i in range(degree + 1):  # recurrence over degree, vectorised over nodes
+        b[i] = np.sum(g * h)
+        if second is not None and i % 32 == 31 and (1.0 - np.cumsum(b[: i + 1] * b[: i + 1] / second) <= TOLERANCE).any():
+            return b[: i + 1]
+        h_next = (z * h - math.sqrt(i) * h_prev) / math.sqrt(i + 1)
+        h_prev, h = h, h_next
+    return b
+
+
 def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float, tuple]:
     """HermiteE coefficients of the scalar function ``fn`` under the standard normal weight.
 
@@ -606,28 +658,9 @@ def _hermite(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, flo
     are numpy's pairwise sums of elementwise products, never a BLAS dot product,
     so the result is the same on every CPU.
     """
-    nodes, weights = np.polynomial.legendre.leggauss(24)
-    half_width = 40.0
-    panels = 1600  # even, so 0 is a panel boundary
-    edges = np.linspace(-half_width, half_width, panels + 1)
-    mid = 0.5 * (edges[1:] + edges[:-1])[:, None]
-    half = 0.5 * (edges[1:] - edges[:-1])[:, None]
-    z = (mid + half * nodes[None, :]).ravel()
-    w = (half * weights[None, :]).ravel()
-    root_phi = _libm(math.exp, -z * z / 4) / (2 * math.pi) ** 0.25
-    f = _libm(fn, z)
-    g = w * f * root_phi
-    second = float(np.sum((w * f * f) * (root_phi * root_phi)))  # as ever: the named tables' bits
-    mass = w * np.square(f * root_phi)  # for the checks: root_phi^2 alone underflows at |z| near 40
-    b = np.empty(degree + 1)
-    h_prev = np.zeros_like(z)
-    h = root_phi.copy()
-    for i in range(degree + 1):  # recurrence over degree, vectorised over nodes
-        b[i] = np.sum(g * h)
-        h_next = (z * h - math.sqrt(i) * h_prev) / math.sqrt(i + 1)
-        h_prev, h = h, h_next
-    outer = float(np.sum(mass[: 2 * nodes.size]) + np.sum(mass[-2 * nodes.size:]))  # two panels each side
-    return b, second, (outer, float(np.sum(mass)))
+    f = _libm(fn, _grid()[0])
+    second, outer = _moments(f)
+    return _recurrence(f, degree), second, outer
 
 
 def hermite_coefficients(fn: Callable[[float], float], degree: int) -> tuple[np.ndarray, float]:
@@ -685,22 +718,38 @@ class _Checked:
         return v
 
 
-def project(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]:
-    """The conjugate series of the scalar function ``fn`` (float -> float) by HermiteE
-    projection: ``(a, truncation)`` with ``a`` float64 (the normalised squared Hermite
-    coefficients ``b_i^2 / E[f(Z)^2]``, cut where the dropped mass falls below
-    :data:`TOLERANCE` or at :data:`MAX_QUADRATURE_DEGREE`) and ``truncation`` the dropped
-    mass.  Raises :class:`ProjectionError` (naming ``what``) when ``fn`` raises or is not
-    finite at a quadrature node (|x| <= 40), is not square-integrable under the Gaussian,
-    or is zero."""
+def _values(fn: Callable[[float], float], what: str) -> np.ndarray:
+    """``fn`` at the quadrature nodes (float64), or :class:`ProjectionError` naming ``what``.
+    A compiled expression is evaluated a whole array at a time (the same bits); where that
+    fails, the scalar path finds the first bad node for the message."""
+    from .expression import Expr, evaluate
+
     checked = _Checked(fn, what)
     for z in (0.0, -1.0, 1.0):  # kinks sit at panel edges, which the quadrature nodes skip (1/x)
         checked(z)
+    z = _grid()[0]
+    COUNTS["evaluations"] += z.size
+    if isinstance(fn, Expr):
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                f = evaluate(fn, z)
+            if np.isfinite(f).all():
+                return f
+        except (ArithmeticError, ValueError, TypeError):
+            pass
+    return _libm(checked, z)
+
+
+def check_function(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]:
+    """The checks of :func:`project` without the projection (cheap: one evaluation of ``fn``
+    at the quadrature nodes): ``(values, second_moment)``, or :class:`ProjectionError` when
+    ``fn`` raises or is not finite at a node, is not square-integrable under the Gaussian, or
+    is zero."""
+    f = _values(fn, what)
     with np.errstate(over="ignore", invalid="ignore"):
-        b, second, outer = _hermite(checked, MAX_QUADRATURE_DEGREE)
+        second, (outer, total) = _moments(f)
     if not math.isfinite(second) or second > 1e300:
         raise ProjectionError(f"{what} is not square-integrable under the standard normal (E[f(Z)^2] overflows)")
-    outer, total = outer
     if total <= 0.0:
         raise ProjectionError(f"{what} is identically zero (E[f(Z)^2] = 0); its kernel would be 0/0")
     if not outer <= OUTER_SHARE * total:
@@ -709,6 +758,20 @@ def project(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]
     if not second > 1e-300:
         raise ProjectionError(f"{what} is too small (E[f(Z)^2] = {total:.2g} underflows); scale it up (the kernel "
                               "does not depend on the scale)")
+    return f, second
+
+
+def project(fn: Callable[[float], float], what: str) -> tuple[np.ndarray, float]:
+    """The conjugate series of the scalar function ``fn`` (float -> float) by HermiteE
+    projection: ``(a, truncation)`` with ``a`` float64 (the normalised squared Hermite
+    coefficients ``b_i^2 / E[f(Z)^2]``, cut where the dropped mass falls below
+    :data:`TOLERANCE` or at :data:`MAX_QUADRATURE_DEGREE`) and ``truncation`` the dropped
+    mass.  Raises :class:`ProjectionError` (naming ``what``) when ``fn`` raises or is not
+    finite at a quadrature node (|x| <= 40), is not square-integrable under the Gaussian,
+    or is zero (:func:`check_function`)."""
+    f, second = check_function(fn, what)
+    with np.errstate(over="ignore", invalid="ignore"):
+        b = _recurrence(f, MAX_QUADRATURE_DEGREE, second)
     return _cut(b * b / second)
 
 
@@ -929,12 +992,58 @@ def _arccos_degree(v):
 
 def _expression(v):
     """Check an ``expr`` (compiling it, so that errors come at parse time); keep the text."""
-    from .expression import compile_expression
-
-    # Both are ValueErrors, so the parser adds file, line and node: a bad expression, or
-    # one without a projection (not finite, not square-integrable, zero), fails at parse time.
-    _projected_series(("function", (("expr", v),)), compile_expression(v), f"expression '{v}'")
+    check_expression(v)
     return v
+
+
+def check_expression(text) -> None:
+    """Refuse at parse time, in one line, an expression that is not a conjugate activation:
+    outside the whitelist (ExpressionError), not a finite real number somewhere on the real
+    line (a pole, tan, log / sqrt / ** outside their domains: found by interval arithmetic,
+    whatever the quadrature nodes see), not square-integrable under the standard normal,
+    or zero (ProjectionError; both are ValueErrors, so the parser adds file, line and node).
+    Costs one interval analysis and one evaluation at the quadrature nodes; the projection
+    itself waits for the sampler or the kernel."""
+    from .expression import compile_expression, render, singular_point
+
+    fn = compile_expression(text)
+    what = f"expression '{_short_text(text)}'"
+    bad = singular_point(fn)
+    if bad is not None:
+        x, why, operand = bad
+        raise ProjectionError(f"{what} is not a finite real number near x = {x:.6g}: {why} (of '{render(operand)}'); "
+                              "an activation must be finite for every real x and square-integrable under the "
+                              "standard normal")
+    check_function(fn, what)
+
+
+#: Most distinct expressions (``activation: {name: function, expr: ...}``) in one skeleton,
+#: checked before any is compiled: each costs about 40 ms to check at parse time and up to
+#: 0.2-0.5 s to project when sampling or computing the kernel.
+MAX_EXPRESSIONS = 64
+
+
+def heavy_tailed(act) -> bool:
+    """Whether ``act``'s degree series is infinite with radius of convergence 1 and is sampled
+    exactly (relu, step, leaky_relu with slope != 1, arccos of degree 0 and 1): then
+    sum_i a_i m^i is infinite for every m > 1, and a feature above an input with C > 1 has
+    infinite variance.  Truncated series (tanh, elu, expressions, ...) and entire ones (exp,
+    polynomials) are finite at every m.  Decided from the name where it can be, without
+    building the series."""
+    name, params = act.name, dict(act.params)
+    if name in ("relu", "step"):
+        return True
+    if name == "arccos":
+        return params.get("degree", 2) <= 1
+    if name == "leaky_relu":
+        return params.get("slope") != 1.0
+    if name in ("identity", "exp", "polynomial", "coefficients") or name in _NAMED:
+        return False
+    return act.tail is not None
+
+
+def _short_text(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _function(params) -> Activation:

@@ -213,8 +213,16 @@ def plot(records: list[dict], path, title: str = "", format: str | None = None) 
         plt.close(fig)
 
 
-def parse_budgets(spec: str) -> list[int]:
-    """``'256,1024'`` or ``'2^8..2^15'`` (powers of two) -> list of ints."""
+def parse_budgets(spec) -> list[int]:
+    """``'256,1024'`` or ``'2^8..2^15'`` (powers of two) -> list of ints; a list or tuple of
+    such specs (``-n`` given several times) -> their budgets in order, each once."""
+    if isinstance(spec, (list, tuple)):
+        out = []
+        for one in spec:
+            out += [d for d in parse_budgets(one) if d not in out]
+        if not out:
+            raise UsageError("-n: give at least one budget")
+        return out
     spec = spec.strip()
     try:
         if ".." in spec:

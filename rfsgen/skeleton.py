@@ -508,17 +508,38 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
     return skel
 
 
+def _count_expressions(builder, entries) -> None:
+    """Refuse, before any is compiled, more than MAX_EXPRESSIONS distinct expressions."""
+    seen = {}
+    for e in entries:
+        spec = e.get("activation")
+        if isinstance(spec, dict) and spec.get("name") == "function" and isinstance(spec.get("expr"), str):
+            seen.setdefault(spec["expr"], e)
+            if len(seen) > _act.MAX_EXPRESSIONS:
+                raise builder.err(e.lines.get("activation", e.line),
+                                  f"node '{e['name']}': more than {_act.MAX_EXPRESSIONS} distinct expressions in one "
+                                  "skeleton (each is checked at parse time and projected when sampling); reuse "
+                                  "expressions or use named activations")
+
+
 def _warn_variance(skel: Skeleton) -> None:
-    """Warn (:class:`~rfsgen.errors.VarianceWarning`) when a node whose degree has an
-    infinite mean (step and its kin: sigma_hat'(1) = inf) sits above an input base
-    with C = sup |psi| > 1 (sphere nodes of width > 2): a draw multiplies a heavy-tailed
-    number of factors whose squares have mean 1 but spread, so the estimate of k(x, x)
-    (and of k(x, x')) has infinite variance: its sample mean wanders from seed to seed."""
+    """Warn (:class:`~rfsgen.errors.VarianceWarning`) when a node whose degree series is
+    infinite with radius 1 (relu, step, leaky_relu, arccos 0 and 1: ``heavy_tailed``) sits
+    above an input base with C = sup |psi| > 1 (sphere nodes of width > 2).
+
+    The variance of one draw's estimate of k(x, x') is at most its fourth moment, which
+    obeys m_input <= C^4 and m_v = sigma_hat_v(mean of m over v's children): the dual's
+    series evaluated at a point m >= 1, with m > 1 as soon as some input below has C > 1
+    (E|psi|^4 > (E|psi|^2)^2 = 1 unless |psi| is constant).  An entire series (exp,
+    polynomial) or a truncated one (tanh, elu, expressions) is finite there; a series with
+    radius 1 and an infinite tail (a_i ~ i^-2.5 for relu, i^-1.5 for step) is not.  So the
+    estimate has infinite variance exactly when such a node has an input with C > 1 below it:
+    most seeds give estimates a little low and rare ones far off."""
     if not skel.bound:
         return
-    # Cheap tests first: most skeletons have no such activation, or only C = 1 bases.
+    # Cheap tests first: most skeletons have only C = 1 bases, or no such activation.
     if not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups) \
-            or not any(n.activation.derivative_at_one == float("inf") for n in skel.internal_nodes):
+            or not any(_act.heavy_tailed(n.activation) for n in skel.internal_nodes):
         return
     big = np.zeros(len(skel.nodes), dtype=bool)  # reaches an input node with C > 1
     for n in skel.nodes:  # children first
@@ -526,7 +547,7 @@ def _warn_variance(skel: Skeleton) -> None:
             big[n.id] = n.base.norm_bound > 1.0 + 1e-12
         else:
             big[n.id] = bool(big[list(n.children)].any())
-            if big[n.id] and n.activation.derivative_at_one == float("inf"):
+            if big[n.id] and _act.heavy_tailed(n.activation):
                 first = next(c for c in skel.input_nodes if big[c.id])
                 import warnings
 
@@ -536,10 +557,10 @@ def _warn_variance(skel: Skeleton) -> None:
                 line = f":{layer.line}" if layer is not None else ""
                 warnings.warn(VarianceWarning(
                     f"{skel.path}{line}: node '{n.label}' ({n.activation.label}) sits above input node '{first.label}' "
-                    f"({first.base.label}, C = {first.base.norm_bound:.3g} > 1): its random features estimate "
-                    "k(x, x) with infinite variance (means wander from seed to seed); use a base with C = 1 under it "
-                    "(circle, gaussian, laplace, or sphere over 2 columns), or an activation with a finite "
-                    "sigma_hat'(1) (relu, erf, exp)"), stacklevel=3)
+                    f"({first.base.label}, C = {first.base.norm_bound:.3g} > 1): its degree series has an infinite "
+                    "tail, so its random features estimate the kernel with infinite variance (rare seeds are far "
+                    "off); use bases with C = 1 under it (circle, gaussian, laplace, or sphere over 2 columns), or an "
+                    "activation with an entire or truncated series (exp, polynomial, erf, tanh)"), stacklevel=3)
                 return
 
 
@@ -723,6 +744,7 @@ class _Builder:
             if name in by_name:
                 raise self.err(e.lines["name"], f"node name '{name}' is already used on line {by_name[name].line}")
             by_name[name] = e
+        _count_expressions(self, entries)
         # Entry-level dependencies: 'inputs' references and 'from' (default: previous entry).
         deps = {}
         for i, e in enumerate(entries):

@@ -413,7 +413,15 @@ def test_python_activation_in_a_skeleton():
 @pytest.mark.parametrize("expr, says", [
     ("exp(x**2)", "cannot be evaluated at x = -40"), ("exp(x**2 / 3)", "not square-integrable"),
     ("exp(x**2 / 4)", "not square-integrable"), ("1e-150 * exp(x**2 / 4)", "does not decay by |x| = 40"), ("x * 0", "identically zero"), ("where(x > 50, 1, 0)", "identically zero"),
-    ("log(x)", "math domain error"), ("1 / x", "ZeroDivisionError"), ("sqrt(x)", "math domain error"),
+    ("log(x)", "the log of zero or of a negative number (of 'x')"), ("1 / x", "near x = 0: a division by zero (of 'x')"),
+    ("sqrt(x)", "the square root of a negative number"),
+    # issue 37.7: poles the quadrature nodes never hit, found on the whole line
+    ("1/(x-0.3)", "not a finite real number near x = 0.3: a division by zero (of 'x - 0.3')"),
+    ("tan(x)", "near x = -1.5708: tan at one of its poles"), ("1/(x-1e6)", "near x = 1e+06: a division by zero"),
+    ("1/(x - 0.3)**2", "a division by zero (of '(x - 0.3) ** 2')"), ("log(abs(x - 2))", "near x = 2: the log of zero"),
+    ("x ** 0.5", "a negative number raised to a non-integer power"), ("x ** -2", "zero raised to a negative power"),
+    ("tan(x / 100)", "near x = -157.08: tan"), ("log1p(x)", "log1p of a number <= -1"),
+    ("1" + "0" * 400 + " * x", "not a finite real number (a float holds magnitudes up to 1.798e+308)"),
     ("__import__('os').system('true')", "only calls of the listed functions"), ("__import__('os')", "unknown function: '__import__'"), ("x.real", "not allowed: 'x.real'"),
     ("y + 1", "unknown name: 'y'"), ("lambda: 1", "not allowed"), ("where(x > 0, x)", "where takes 3 arguments"),
     ("maximum(x, 0, 1)", "maximum takes 2 arguments"), ("'a'", "not a finite real number"), ("True", "not a finite real number"),
@@ -482,3 +490,113 @@ def test_make_activation_rejects_bad_functions_at_once():
 def test_bad_parameters(name, params, says):
     with pytest.raises(ValueError, match=re.escape(says)):
         make_activation(name, params)
+
+
+# ----------------------------------------------------------------------------- issue 37.7: the class
+from rfsgen import activations as _A  # noqa: E402
+from rfsgen.expression import evaluate, singular_point  # noqa: E402
+
+
+@pytest.mark.parametrize("expr", [
+    "1/(1 + x*x)", "x/(1 + abs(x))", "exp(x)/(1 + exp(x))", "1/exp(x)", "sin(x)/(2 + cos(x))", "tan(arctan(x)/2)",
+    "sqrt(x*x + 1)", "abs(x) ** 0.5", "log1p(x*x)", "1/(1 + x*x - x)", "1/(x - x + 1)", "tan(x / (4 + x*x))",
+    "where(x > 0, x, 0.5 * expm1(x))", "clip(x, -1, 2) * sin(pi * x) + e", "heaviside(x, 0.5)", "log(1 + exp(x))",
+])
+def test_legal_expressions_have_no_singular_point(expr):
+    assert singular_point(compile_expression(expr)) is None
+    _A.check_expression(expr)
+
+
+def _random_pole_expression(rng):
+    """A finite smooth body divided by (or with tan/log/sqrt of) something that vanishes at c."""
+    c = round(float(rng.uniform(-5, 5)), 3)
+    body = rng.choice(["x", "tanh(x)", "1", "exp(-x*x)", "sin(x) + 2", "x*x + 1"])
+    bad = rng.choice([f"({body}) / (x - {c})", f"({body}) / (x - {c}) ** 2", f"({body}) / sin(x - {c})",
+                      f"log(abs(x - {c})) * ({body})", f"sqrt(x - {c})", f"tan(x - {c} + pi/2)",
+                      f"({body}) / ((x - {c}) * (x + 100))", f"({body}) * (x - {c}) ** -1"])
+    return bad, c
+
+
+def test_generated_poles_and_domain_errors_are_refused_at_parse_time():
+    """Fixed seed: 60 expressions with a pole, a log singularity or a square root of negatives
+    somewhere on the line; each is one line naming the node, the expression and why."""
+    rng = np.random.default_rng(3707)
+    for _ in range(60):
+        expr, c = _random_pole_expression(rng)
+        text = SKEL.replace("ACT", "{name: function, expr: '" + expr + "'}")
+        with pytest.raises(SkeletonError) as e:
+            parse_skeleton(text, "p.yaml")
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("p.yaml:5: node 'out': expression '") and "not a finite real number" in msg, msg
+        x = singular_point(compile_expression(expr))[0]
+        assert x <= c + 1e-6 or "sqrt" in expr or "sin(" in expr, (expr, x)  # the pole nearest 0 or c itself
+
+
+@pytest.mark.parametrize("expr, says", [
+    ("exp(x**2)", "cannot be evaluated"), ("exp(x**2 / 4)", "not square-integrable"),
+    ("exp(x**2 / 3)", "not square-integrable"), ("1e300 * x * x * x * x", "not square-integrable"),
+    ("1e308 * x * 10", "is inf at x"), ("x ** 1000", "cannot be evaluated"), ("1e-300 * 1e-300 * x", "identically zero"),
+    ("(" * 20 + "x" + ")" * 20, None), ("+".join(["sin(x)"] * 40), None), ("-(-(-(-(-(-(-(-(x))))))))", None),
+])
+def test_growth_huge_constants_and_deep_nesting(expr, says):
+    if says is None:
+        _A.check_expression(expr)
+        return
+    with pytest.raises(ValueError, match=re.escape(says)) as e:
+        _A.check_expression(expr)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vector_evaluation_has_the_scalar_bits(seed):
+    """The parse-time check evaluates a whole array at once; the values (and so the series) are
+    bit for bit the scalar evaluation's."""
+    rng = np.random.default_rng(seed)
+    z = np.concatenate([rng.normal(size=200) * 3, [0.0, -0.0, 1.0, -1.0]])
+    for expr in ["where(x > 0, x, 0.5 * expm1(x)) + 0.1 * tanh(x)", "maximum(x, 0) - minimum(x, 0.5) * sign(x)",
+                 "clip(x, -1, 2) * sin(pi * x) + e", "heaviside(x, 0.5) * exp(-x*x/3) + abs(x) ** 1.5",
+                 "x ** 3 / (1 + x * x) - arcsinh(x) + erf(x) * erfc(x) + cosh(x / 4) + arctan(x)",
+                 "sqrt(abs(x)) + log1p(x * x) + (x >= 0.5) - (x != 0) + where(x <= -1, 2, -x)"]:
+        fn = compile_expression(expr)
+        assert evaluate(fn, z).tobytes() == np.array([fn(float(v)) for v in z]).tobytes(), expr
+
+
+def test_parse_cost_is_bounded_by_counts_and_projection_waits():
+    """Issue 37.7: 100 distinct legal expressions took 45 s to parse (a full projection each).
+    Parsing now evaluates each distinct expression once at the quadrature nodes and projects
+    none; the projection (one Hermite recurrence) comes when the kernel needs the series."""
+    nodes = _A._grid()[0].size
+    exprs = [f"tanh({0.5 + i / 64:.4f} * x) + {i / 100:.2f} * x" for i in range(60)]
+    lines = ["rfsgen: 1", "input: {width: 3}", "nodes:", "  - {name: v, base: sphere, scheme: pair}"]
+    lines += [f"  - {{name: h{i}, activation: {{name: function, expr: '{e}'}}, inputs: [v]}}" for i, e in enumerate(exprs)]
+    lines += ["  - {name: out, activation: relu, inputs: [" + ", ".join(f"h{i}" for i in range(60)) + "]}"]
+    before = dict(_A.COUNTS)
+    skel = parse_skeleton("\n".join(lines), "many.yaml")
+    assert _A.COUNTS["projections"] == before["projections"]
+    assert _A.COUNTS["evaluations"] - before["evaluations"] <= 60 * nodes
+    act = next(n.activation for n in skel.internal_nodes if n.label.startswith("h"))
+    assert act.coefficients.size < 200  # smooth: the recurrence stops early
+    assert _A.COUNTS["projections"] == before["projections"] + 1
+
+
+def test_too_many_expressions_are_refused_before_any_work():
+    n = _A.MAX_EXPRESSIONS + 1
+    lines = ["rfsgen: 1", "input: {width: 3}", "nodes:", "  - {name: v, base: sphere, scheme: pair}"]
+    lines += [f"  - {{name: h{i}, activation: {{name: function, expr: 'tanh(x) + {i}'}}, inputs: [v]}}" for i in range(n)]
+    lines += ["  - {name: out, activation: relu, inputs: [" + ", ".join(f"h{i}" for i in range(n)) + "]}"]
+    before = dict(_A.COUNTS)
+    with pytest.raises(SkeletonError, match=rf"many.yaml:{4 + n}: node 'h{n - 1}': more than {n - 1} distinct expressions"):
+        parse_skeleton("\n".join(lines), "many.yaml")
+    assert _A.COUNTS == before
+
+
+def test_early_stopping_keeps_the_series_bits():
+    """The recurrence stops once the dropped mass is below TOLERANCE: the series is the prefix
+    the full run gives, bit for bit."""
+    for expr in ["tanh(x) + 0.2 * x", "erf(x / 2) - sin(x)", "maximum(x, 0)"]:
+        fn = compile_expression(expr)
+        a, t = _A.project(fn, expr)
+        f, second = _A.check_function(fn, expr)
+        full = _A._recurrence(f, _A.MAX_QUADRATURE_DEGREE)
+        a_full, t_full = _A._cut(full * full / second)
+        assert a.tobytes() == a_full.tobytes() and t == t_full

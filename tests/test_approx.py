@@ -244,3 +244,19 @@ def test_generated_plot_paths_fail_before_computing_or_write_the_figure(tmp_path
         assert res.exit_code in (1, 2) and calls == [] and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert not plot.exists() or plot.read_bytes() == b"old"
     assert not list(d.glob(".*.part"))
+
+
+def test_budgets_repeated_n_is_a_sweep():
+    """-n 1024 -n 4096 once kept only the last -n: now every -n, in order, each once."""
+    assert parse_budgets(("1024", "4096")) == [1024, 4096]
+    assert parse_budgets(("64,128", "2^7..2^8", "32")) == [64, 128, 256, 32]
+    with pytest.raises(UsageError, match="-n 'x' must be a list"):
+        parse_budgets(("64", "x"))
+
+
+def test_approx_cli_repeated_n_gives_one_row_per_budget(tmp_path, cifar_rows):
+    np.save(tmp_path / "rows.npy", cifar_rows[:12])
+    res = CliRunner().invoke(main, ["approx", skeleton_path("shallow-gaussian"), str(tmp_path / "rows.npy"), "-n", "16",
+                                    "-n", "32", "--trials", "1", "--subset", "6", "--json", "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert [r["features"] for r in json.loads(res.stdout)] == [16, 32]

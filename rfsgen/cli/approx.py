@@ -12,7 +12,8 @@ from ._params import set_option
 @main.command("approx")
 @click.argument("skeleton", type=click.Path(dir_okay=False))
 @click.argument("input", metavar="INPUT")
-@click.option("-n", "--columns", "budgets", required=True, help="Budgets D: 256,1024,4096 or 2^8..2^15.")
+@click.option("-n", "--columns", "budgets", required=True, multiple=True,
+              help="Budgets D: 256,1024,4096 or 2^8..2^15; repeatable (-n 1024 -n 4096: one row each).")
 @click.option("--trials", type=int, default=10, show_default=True, help="Random row subsets (and feature maps).")
 @click.option("--subset", type=int, default=128, show_default=True,
               help="Rows drawn at random per trial (the kernel matrices are SUBSET x SUBSET).")
@@ -51,7 +52,7 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
     from ..skeleton import load_skeleton
 
     skel = load_skeleton(skeleton, params=params)
-    d = parse_budgets(budgets)
+    d = parse_budgets(budgets)  # every -n given, in order (a sweep), never only the last
     with ExitStack() as stack:
         tmp = fmt = None
         if plot_path:  # every check of the output before the computing, not after it
