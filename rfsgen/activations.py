@@ -1037,8 +1037,8 @@ def heavy_tailed(act) -> bool:
         return params.get("degree", 2) <= 1
     if name == "leaky_relu":
         return params.get("slope") != 1.0
-    if name in ("identity", "exp", "polynomial", "coefficients") or name in _NAMED:
-        return False
+    if name in ("identity", "exp", "polynomial", "coefficients", "elu", "function", "python") or name in _NAMED:
+        return False  # entire, finite, or cut at TOLERANCE / MAX_QUADRATURE_DEGREE
     return act.tail is not None
 
 

@@ -280,7 +280,14 @@ STEP = "rfsgen: 1\ninput: {width: W}\nnodes:\n  - {name: x, base: sphere, SCHEME
     (3, "scheme: coordinate", "step", True),
     (3, "scheme: pair", "{name: arccos, degree: 0}", True),  # step by another name
     (2, "scheme: pair", "step", False),  # the circle: C = 1
-    (8, "scheme: pair", "relu", False),  # a finite sigma_hat'(1)
+    (8, "scheme: pair", "relu", True),  # issue 42.12: relu's series has radius 1 too (a_i ~ i^-2.5)
+    (8, "scheme: pair", "{name: leaky_relu, slope: 0.1}", True),
+    (8, "scheme: pair", "{name: arccos, degree: 1}", True),
+    (2, "scheme: pair", "relu", False),  # C = 1: every factor has modulus 1
+    (8, "scheme: pair", "{name: exp, beta: 0.5}", False),  # entire: finite at every m
+    (8, "scheme: pair", "tanh", False),  # truncated series: finite
+    (8, "scheme: pair", "{name: polynomial, degree: 3}", False),
+    (8, "scheme: pair", "{name: function, expr: 'maximum(x, 0)'}", False),  # cut at degree 1024
 ])
 def test_step_above_an_input_with_c_above_1_warns(width, scheme, act, warns):
     text = STEP.replace("W", str(width)).replace("SCHEME", scheme).replace("ACT", act)
@@ -292,7 +299,7 @@ def test_step_above_an_input_with_c_above_1_warns(width, scheme, act, warns):
     if warns:
         msg = str(ours[0].message)
         assert "\n" not in msg and msg.startswith("s.yaml:5: node 'out'") and "infinite variance" in msg
-        assert "use a base with C = 1" in msg
+        assert "use bases with C = 1" in msg
 
 
 def test_step_warning_deep_and_on_the_command_line(runner, tmp_path):  # noqa: F811
@@ -345,3 +352,16 @@ def test_a_params_attribute_on_a_file_without_parameters_is_refused(tmp_path):
     forge.forge(tmp_path / "f.h5", tmp_path / "g.h5", forge.set_attr("params", '{"gamma": 0.3}'))
     with pytest.raises(rfsgen.FeatureFileError, match="no longer parses .*unknown parameter 'gamma'"):
         load_features(tmp_path / "g.h5")
+
+
+def test_cifar_deep_warns_for_its_relu_over_exp_over_sphere_pixels():
+    """Issue 42.12: the old warning named step only and recommended relu, but relu over inputs
+    with C > 1 (here through an exp layer: m = exp(beta (m - 1)) > 1) has infinite variance too."""
+    from rfsgen import load_skeleton
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        load_skeleton("cifar-deep")
+    ours = [str(w.message) for w in got if issubclass(w.category, VarianceWarning)]
+    assert len(ours) == 1 and "(relu) sits above input node 'pixels[0, 0]'" in ours[0], ours
+    assert "infinite variance" in ours[0] and "(relu, erf, exp)" not in ours[0]
