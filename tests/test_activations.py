@@ -604,3 +604,26 @@ def test_early_stopping_keeps_the_series_bits():
         full = _A._recurrence(f, _A.MAX_QUADRATURE_DEGREE)
         a_full, t_full = _A._cut(full * full / second)
         assert a.tobytes() == a_full.tobytes() and t == t_full
+
+
+def test_truncation_bounds_stated_in_the_docs():
+    """Issue 42.12: docs/skeletons.md states each truncated series' cut degree and dropped mass t;
+    recompute every row, and check the stated bound on the dual, |cut - true| <= 2t / (1 - t),
+    against the closed forms where there are some (arccos 2 and 3, relu, step, abs)."""
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "skeletons.md").read_text()
+    rows = re.findall(r"^\| `(\w+)`(?:, (?:degree (\d)|alpha = ([\d.]+)|`expr: \"([^\"]+)\"`)[^|]*)? \| (\d+) \| ([\d.e-]+) \|$",
+                      text, re.M)
+    assert len(rows) == 10, rows
+    closed = {("arccos", "2"): lambda r: arccos_dual(2, r), ("arccos", "3"): lambda r: arccos_dual(3, r),
+              ("function", "maximum(x, 0)"): make_activation("relu").dual,
+              ("function", "heaviside(x, 0.5)"): make_activation("step").dual}
+    for name, degree, alpha, expr, cut, t in rows:
+        params = {"degree": int(degree)} if degree else {"alpha": float(alpha)} if alpha else {"expr": expr} if expr else {}
+        act = make_activation(name, params)
+        assert act.coefficients.size - 1 == int(cut) and f"{act.truncation:.2g}" == t, (name, params)
+        ref = closed.get((name, degree or expr))
+        if ref is not None:
+            err = np.abs(act.dual(RHO) - ref(RHO)).max()
+            assert err <= 2 * act.truncation / (1 - act.truncation) + 1e-12, (name, params, err)
