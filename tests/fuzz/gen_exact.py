@@ -23,7 +23,7 @@ def distinct_features(width: int, coefficients) -> int:
 
 def generate(rng: np.random.Generator, cid: str) -> dict:
     width = int(rng.integers(1, 5))
-    degrees = int(rng.integers(1, 5))
+    degrees = int(rng.choice([2, 2, 1, 3, 4]))  # degrees 0 and 1 only (all enumerated by exact) half the time
     coef = [float(np.round(v, 3)) if rng.random() < 0.7 else 0.0 for v in rng.uniform(0.05, 1, degrees)]
     if not any(coef):
         coef[-1] = 0.5

@@ -127,13 +127,16 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
     method = str(rng.choice(["eerf", "lkrf", "lkrf", "corr", "eerf-norm"]))
     d = int(rng.choice([1, 4, 8, 16]))
     argv = ["select", "pool.h5", "rows.npy", arg, "-n", str(d), "--method", method, "-o", "out.h5", "-q"]
-    if method == "lkrf" and rng.random() < 0.7:
-        argv += ["--rho", str(rng.choice(RHOS))]
+    rho = str(rng.choice(RHOS)) if method == "lkrf" and rng.random() < 0.7 else None
+    if rho:
+        argv += ["--rho", rho]
     if task:
         argv += ["--task", task]
     check = {"type": "sample", "columns": d}
     if classes and task is None:
         check["classes"] = classes
+        if rho in (None, "9", "0.5"):  # valid labels of k classes, a valid request: refusing it is wrong
+            check["must_succeed"] = f"labels of {classes} classes ({fmt}{', BOM' if p.get('bom') else ''})"
     if must_fail:
         check["must_fail"] = must_fail
     return {"kind": "labels", "id": cid, "files": files, "ops": [], "argv": argv, "output": "out.h5", "check": check}
