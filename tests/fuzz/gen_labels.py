@@ -102,7 +102,7 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
         must_fail, classes = f"labels file {fmt}", None
     elif r < 0.2:  # one label too many or too few
         p["values"] = values[:-1] if rng.random() < 0.5 else values + values[:1]
-        must_fail = "a label count that is not the rows'"
+        must_fail, classes = "a label count that is not the rows'", None
     elif r < 0.28:  # NaN / inf labels
         p["values"] = [float(v) for v in rng.integers(0, 2, n_rows)]
         p["values"][int(rng.integers(n_rows))] = str(rng.choice(["nan", "inf", "-inf"]))
