@@ -28,6 +28,8 @@ SKELETONS = {
                  "  - {name: b, base: brownian, columns: '1:4', domain: [-2, 2]}\n",
     "laplacebox3": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
                    "  - {name: l, base: laplace, scale: 0.7, columns: '1:4', domain: [[-2, -1, -3], [2, 1, 3]]}\n",
+    # EOF over 8,000 columns (level 1: one column): a transform's per-row work grows with d^2
+    "brownianwide": "rfsgen: 1\ninput: {width: 8000}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n",
     # A skeleton with a parameter: its feature file records the value (attribute 'params').
     "params8": "rfsgen: 1\ninput: {width: 8}\nparams: {s: 0.4}\nnodes:\n"
                "  - {name: g, base: gaussian, scale: $s}\n"
@@ -52,12 +54,13 @@ FEATURES = {
     "cifar-deep-1k": ("cifar-deep", 1024, 2, None),
     "exact-circle": ("tabular-circle", 48, 1, None),  # --scheme exact: float column weights
     "params8": ("params8", 32, 1, None),
+    "gauss8-200k": ("gauss8", 200000, 3, None),  # a pool for select under a small --max-memory
 }
 #: Feature fixtures sampled with another scheme than rfs.
 SCHEMES = {"exact-circle": "exact"}
 
 #: EOF feature fixtures (``rfsgen.eof.sample``): name -> (skeleton, level); their columns are the grid's.
-EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4)}
+EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4), "eof-brownian-wide": ("brownianwide", 1)}
 
 #: Which fixture feature file a skeleton name's rows cases use, and the skeleton's row width.
 WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
@@ -79,7 +82,7 @@ def columns_of(feat: str) -> int:
         from rfsgen.eof import grid_counts
 
         skel, level = EOF[feat]
-        return grid_counts(level, 3)[1]  # the EOF skeletons' nodes have 3 columns
+        return grid_counts(level, 8000 if skel == "brownianwide" else 3)[1]  # brownian3, laplacebox3: 3 of 4
     return FEATURES[feat][1]
 
 

@@ -53,6 +53,14 @@ def make_array(p: dict) -> np.ndarray:
         x[:] = 0.0
     elif mode == "big":
         x = x * 10.0 ** p.get("exp10", 300)
+    elif mode == "uniform":  # inside a box [lo, hi] (u in [0.05, 0.95]), some values replaced by ``poke`` ones
+        u = rng.uniform(0.05, 0.95, (n, w))
+        lo, hi = np.asarray(p.get("lo", 0.0), dtype=np.float64), np.asarray(p.get("hi", 1.0), dtype=np.float64)
+        with np.errstate(all="ignore"):
+            x = lo * (1 - u) + hi * u  # (no overflow for any finite box)
+        if p.get("poke") and n * w:
+            idx = rng.choice(n * w, size=min(n * w, max(1, int(n * w * p.get("density", 0.05)))), replace=False)
+            x.flat[idx] = rng.choice(np.asarray(p["poke"], dtype=np.float64), size=idx.size)
     return x
 
 

@@ -13,6 +13,10 @@ A case (a JSON-able dict):
 ``check``     what a success must look like: ``{"type": "sample"|"transform"|"kernel"|"merge"|
               "skeleton"|"inspect", ...}``; ``{"must_fail": true}`` when no success is correct
 ``signal``    ``{"sig": "SIGTERM", "delay": seconds}``: delivered once while the run is alive
+``budget``    this case's ``--max-memory`` / ``RFSGEN_MAX_MEMORY`` (e.g. ``"64M"``) instead of the run's;
+              the peak-RSS check holds the run to it
+``memory_limit``  this case's ``RLIMIT_AS`` (e.g. ``"2G"``) instead of the run's cap: a process
+              limit below ``--max-memory``, which rfsgen must take as its ceiling
 
 The oracle: exit 0 with finite, correct output; or a non-zero exit with exactly one stderr line
 starting ``rfsgen: error:``, no output file and no ``.*.rfsgen-*.part`` file left; never a
@@ -45,6 +49,9 @@ from . import fixtures, forge
 CLASSES = ("passed", "startup", "traceback", "hang", "over_memory", "lost_signal", "wrong_result", "bad_exit", "crash")
 HEADERS = {"passed": "passed", "startup": "signals in Python's start-up", "traceback": "tracebacks", "hang": "hangs", "over_memory": "over memory",
            "lost_signal": "lost signals", "wrong_result": "wrong results", "bad_exit": "bad exits", "crash": "crashes"}
+#: What a command reaches with inputs of no size (interpreter, numba's loops, HDF5): the
+#: peak-RSS check allows this much above the case's budget (measured: 62-264 MiB forked).
+RSS_OVERHEAD = 256 << 20
 MEMORY_MARKS = ("MemoryError", "Unable to allocate", "std::bad_alloc", "Cannot allocate memory", "out of memory")
 
 
@@ -64,7 +71,7 @@ class Config:
         env = dict(os.environ, PYTHONPATH=_pythonpath())
         procs = {cmd: subprocess.Popen([sys.executable, "-m", "rfsgen", cmd, "--help"], stdout=subprocess.PIPE,
                                        stderr=subprocess.DEVNULL, text=True, env=env)
-                 for cmd in ("sample", "transform", "kernel", "approx", "merge", "inspect", "skeleton")}
+                 for cmd in ("sample", "transform", "kernel", "approx", "merge", "inspect", "skeleton", "select")}
         self.max_memory_option = [cmd for cmd, p in procs.items() if "--max-memory" in p.communicate(timeout=120)[0]]
 
 
@@ -103,6 +110,14 @@ def materialize(case, d: Path, cfg: Config) -> None:
             p.write_text(fixtures.skeleton_text(spec["skeleton"]))
         elif "rows" in spec:
             gen_rows.write_rows(spec["rows"], p)
+        elif "labels" in spec:
+            from . import gen_labels
+
+            gen_labels.write_labels(spec["labels"], p)
+        elif "h5ad" in spec:
+            from . import gen_obsm
+
+            gen_obsm.write_h5ad(spec["h5ad"], p)
         else:
             raise ValueError(f"bad file spec {spec}")
     # a truncated file cannot be opened to be damaged further: truncation comes last
@@ -110,14 +125,28 @@ def materialize(case, d: Path, cfg: Config) -> None:
         forge.apply(op, d)
 
 
+def budget_of(case, cfg: Config) -> int:
+    """The memory budget the case's run is given (and held to): its own, else the run's."""
+    from rfsgen.budget import parse_size
+
+    return parse_size(str(case["budget"]), "budget") if case.get("budget") else cfg.budget
+
+
+def cap_of(case, cfg: Config) -> int:
+    """The case's ``RLIMIT_AS``: its own, else the run's cap."""
+    from rfsgen.budget import parse_size
+
+    return parse_size(str(case["memory_limit"]), "memory_limit") if case.get("memory_limit") else cfg.memory_limit
+
+
 def _argv(case, cfg: Config) -> list:
     argv = list(case["argv"])
     if cfg.max_memory_option and argv and argv[0] in cfg.max_memory_option:
-        argv[1:1] = ["--max-memory", str(cfg.budget)]
+        argv[1:1] = ["--max-memory", str(budget_of(case, cfg))]
     return argv
 
 
-def _limits(cfg: Config):
+def _limits(cfg: Config, cap=None):
     import resource
 
     def pre():
@@ -130,7 +159,8 @@ def _limits(cfg: Config):
         # across exec (rfsgen rightly keeps a signal ignored that was ignored when it started).
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(s, signal.SIG_DFL)
-        resource.setrlimit(resource.RLIMIT_AS, (cfg.memory_limit, cfg.memory_limit))
+        limit = cfg.memory_limit if cap is None else cap
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return pre
 
@@ -143,7 +173,7 @@ def _state(pid) -> str:
         return "Z"
 
 
-def _fork_child(argv, d: Path, stdin, stdout, stderr, cfg: Config) -> int:
+def _fork_child(argv, d: Path, stdin, stdout, stderr, cfg: Config, budget: int, cap: int) -> int:
     """Fork a process that runs rfsgen's entry point with ``argv`` (rfsgen already imported here)."""
     pid = os.fork()
     if pid:
@@ -151,13 +181,13 @@ def _fork_child(argv, d: Path, stdin, stdout, stderr, cfg: Config) -> int:
     try:  # the child: never returns
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
-        _limits(cfg)()
+        _limits(cfg, cap)()
         os.chdir(d)
         fd = os.open(stdin, os.O_RDONLY) if stdin else os.open(os.devnull, os.O_RDONLY)
         os.dup2(fd, 0)
         os.dup2(os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
         os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-        os.environ["RFSGEN_MAX_MEMORY"] = str(cfg.budget)
+        os.environ["RFSGEN_MAX_MEMORY"] = str(budget)
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
@@ -201,16 +231,17 @@ def execute(case, d: Path, cfg: Config) -> dict:
     argv = _argv(case, cfg)
     out_path, err_path = d / ".fuzz-stdout", d / ".fuzz-stderr"
     stdin = str(d / case["stdin"]) if case.get("stdin") else None
+    budget, cap = budget_of(case, cfg), cap_of(case, cfg)
     t0 = time.monotonic()
     # signal cases always exec the interpreter: a signal during start-up is part of what they test
     if cfg.mode == "fork" and not case.get("signal"):
-        pid = _fork_child(argv, d, stdin, str(out_path), str(err_path), cfg)
+        pid = _fork_child(argv, d, stdin, str(out_path), str(err_path), cfg, budget, cap)
     else:
-        env = dict(os.environ, PYTHONPATH=_pythonpath(), RFSGEN_MAX_MEMORY=str(cfg.budget))
+        env = dict(os.environ, PYTHONPATH=_pythonpath(), RFSGEN_MAX_MEMORY=str(budget))
         with open(out_path, "wb") as o, open(err_path, "wb") as e, \
                 open(stdin if stdin else os.devnull, "rb") as i:
             proc = subprocess.Popen([sys.executable, "-m", "rfsgen", *argv], cwd=d, stdin=i, stdout=o, stderr=e,
-                                    env=env, preexec_fn=_limits(cfg))
+                                    env=env, preexec_fn=_limits(cfg, cap))
         pid = proc.pid
         proc.returncode = 0  # we reap it ourselves (os.wait4, for its peak memory); keep Popen from trying
     global CURRENT
@@ -266,8 +297,10 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
         return "hang", f"no exit after {cfg.time_limit:.0f} s"
     if any(m in err for m in MEMORY_MARKS) or rc == -signal.SIGKILL:
         return "over_memory", _last(err) or f"killed (rc {rc})"
-    if res["maxrss"] > cfg.budget + (256 << 20):
-        return "over_memory", f"peak RSS {res['maxrss'] >> 20} MiB over the budget {cfg.budget >> 20} MiB"
+    budget = min(budget_of(case, cfg), cap_of(case, cfg))
+    if res["maxrss"] > budget + RSS_OVERHEAD:
+        return "over_memory", f"peak RSS {res['maxrss'] >> 20} MiB over the budget {budget >> 20} MiB " \
+                              f"(+ {RSS_OVERHEAD >> 20} MiB for the interpreter and compiled loops)"
     sig = case.get("signal")
     if sig and res["signal_sent"] and "Traceback (most recent call last)" in err and _before_the_hold(err):
         # No frame of rfsgen's: the signal landed in the interpreter's own start-up (site,
@@ -303,6 +336,8 @@ def judge(case, d: Path, res: dict, cfg: Config) -> tuple:
             return "bad_exit", f"exit {rc} but {case['output']} exists"
         if left:
             return "bad_exit", f"temporary file left: {left[0]}"
+        if case.get("check", {}).get("must_succeed"):  # a clean refusal of what is valid is a silent wrong
+            return "wrong_result", f"refused {case['check']['must_succeed']}: {lines[0][:140]}"
         return "passed", lines[0][:160]
     # exit 0
     if left:
@@ -379,11 +414,16 @@ def _exception(err: str) -> str:
 # ----------------------------------------------------------------------------- output checks
 def _finite_h5_x(path):
     """X of a transform/merge output as a dense float64 array (h5py alone; CSR or dense)."""
+    return _read_x(path, "X")
+
+
+def _read_x(path, name):
+    """Matrix ``name`` of an HDF5 file (a dataset or an anndata CSR group), dense float64."""
     import h5py
     import scipy.sparse as sp
 
     with h5py.File(path, "r") as f:
-        x = f["X"]
+        x = f[name]
         if isinstance(x, h5py.Group):
             shape = tuple(int(v) for v in x.attrs["shape"])
             m = sp.csr_matrix((x["data"][()], x["indices"][()], x["indptr"][()]), shape=shape)
@@ -417,6 +457,9 @@ def check_output(case, d: Path, res: dict, cfg: Config):
             diff = np.abs(x - want).max() if want.size else 0.0
             if diff > tol * max(1.0, np.abs(want).max()):
                 return f"X differs from the scale-invariant reference by {diff:.3g}"
+        if check.get("box"):
+            return _zero_rows_in_box(x, _probe_rows(check), check["box"],
+                                     _in_child(_whole_grid, str(d / check["features"])) is True)
         return None
     if t == "kernel":
         k = np.load(out, allow_pickle=False)
@@ -438,6 +481,8 @@ def check_output(case, d: Path, res: dict, cfg: Config):
             diff = np.abs(k - want).max() if want.size else 0.0
             if diff > 1e-6:
                 return f"K differs from the scale-invariant reference by {diff:.3g}"
+        if check.get("box"):
+            return _kernel_in_box(k, check)
         return None
     if t == "merge":
         x, dtype = _finite_h5_x(out)
@@ -465,6 +510,8 @@ def check_output(case, d: Path, res: dict, cfg: Config):
     if t == "kernel_any":
         k = np.load(out, allow_pickle=False)
         return None if np.isfinite(k).all() else "non-finite kernel values"
+    if t == "obsm":
+        return _check_obsm(out, check, cfg)
     if t in ("skeleton", "inspect"):
         return None
     return None
@@ -477,12 +524,199 @@ def _check_sample(path, check):
     # orf ends on whole (cos, sin) pairs, so -n or -n + 1 columns: a half that repeats an
     # earlier column makes the count odd (docs/commands.md, rfsgen sample)
     want = (check["columns"], check["columns"] + 1) if fs.scheme == "orf" else (check["columns"],)
-    if fs.columns not in want:
+    if check.get("columns") is not None and fs.columns not in want:
         return f"sample wrote {fs.columns} columns, asked {check['columns']}"
     for name in ("omega",):
         v = getattr(fs, name, None)
         if isinstance(v, np.ndarray) and v.size and not np.isfinite(v).all():
             return f"sample wrote non-finite {name}"
+    if check.get("classes"):
+        got = (fs.stats or {}).get("selection", {}).get("classes")
+        if got != check["classes"]:
+            return f"the selection records {got} classes, the labels have {check['classes']}"
+    bad = nonfinite_recorded(path)
+    if bad:
+        return f"the feature file records {bad}"
+    if fs.eof is not None:
+        with np.errstate(all="ignore"):
+            width = fs.eof.hi - fs.eof.lo
+        if not np.isfinite(width).all() or (width <= 0).any():
+            return f"the feature file records an EOF box of width {width.tolist()[:4]}"
+    if check.get("then_transform"):
+        return _then_transform(path, check)
+    return None
+
+
+def _floats(v, where):
+    """(where, value) of every non-finite float in a JSON-like value."""
+    if isinstance(v, float) and not np.isfinite(v):
+        yield where, v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from _floats(x, f"{where}.{k}")
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _floats(x, f"{where}[{i}]")
+
+
+def nonfinite_recorded(path) -> str | None:
+    """The first non-finite value a feature file records, in a float dataset or an
+    attribute (JSON ones parsed: ``NaN`` and ``Infinity`` are what json.dumps writes for
+    them), as ``'name = value'``; None when every recorded value is finite."""
+    import json
+
+    import h5py
+
+    found = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f" and obj.size <= (1 << 24):
+            v = obj[()]
+            if not np.isfinite(v).all():
+                found.append(f"{name} = {v[~np.isfinite(v)].ravel()[0]}")
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+        for key, v in f.attrs.items():
+            if isinstance(v, (bytes, np.bytes_)):
+                v = bytes(v).decode("utf-8", "replace")
+            if isinstance(v, str) and v[:1] in "[{":
+                try:
+                    v = json.loads(v)
+                except ValueError:
+                    continue
+            elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                v = v.tolist()
+            elif isinstance(v, np.floating):
+                v = float(v)
+            found += [f"{w} = {x}" for w, x in _floats(v, key)]
+    return found[0] if found else None
+
+
+def _probe_rows(check) -> np.ndarray:
+    """The rows a check computes its reference from (``check["probe_rows"]``: rows parameters)."""
+    from . import gen_rows
+
+    return gen_rows.make_array(check["probe_rows"])
+
+
+def _in_node(x, box) -> np.ndarray:
+    """The columns of the rows that the box's node reads (``box["columns"]``: [start, stop])."""
+    a, b = box.get("columns", [0, None])
+    return np.asarray(x, dtype=np.float64)[:, a:b]
+
+
+def _unit(x, lo, hi):
+    """u = (x - lo) / (hi - lo) with every operand halved first (no overflow for finite bounds)."""
+    with np.errstate(all="ignore"):
+        return (np.asarray(x, dtype=np.float64) / 2 - np.asarray(lo) / 2) / (np.asarray(hi) / 2 - np.asarray(lo) / 2)
+
+
+def _inside(x, box, edge=0.01) -> np.ndarray:
+    """Rows whose every value lies well inside the box (u in [edge, 1 - edge]): there both
+    EOF kernels (brownian and pinned laplace) are positive, so their features cannot all be 0."""
+    u = _unit(_in_node(x, box), box["lo"], box["hi"])
+    with np.errstate(invalid="ignore"):
+        return ((u >= edge) & (u <= 1 - edge)).all(axis=1)
+
+
+def _whole_grid(path) -> bool:
+    """Whether a feature file is an EOF file holding its whole grid (then every row inside
+    the box has a non-zero feature: the level-1 hat is positive on the whole box)."""
+    from rfsgen import features
+
+    fs = features.load(path)
+    return fs.eof is not None and fs.columns == int(fs.eof.meta["grid_features"])
+
+
+def _zero_rows_in_box(z, x, box, whole_grid: bool):
+    """A silent wrong result: features that are all zero (or not finite) for rows inside
+    the box, where the kernel is positive.  With the whole EOF grid every such row has a
+    non-zero feature; with a sample of features, at least one of the rows has."""
+    z = np.asarray(z, dtype=np.float64)
+    if not np.isfinite(z).all():
+        return f"{int((~np.isfinite(z)).sum())} non-finite features from finite rows"
+    ins = _inside(x, box)
+    if not ins.any():
+        return None
+    zero = ~(z[ins] != 0).any(axis=1)
+    if whole_grid and zero.any():
+        return f"{int(zero.sum())} of {int(ins.sum())} rows inside the box have all-zero features (whole EOF grid)"
+    if zero.all() and z.shape[1] >= 8:
+        return f"all {int(ins.sum())} rows inside the box have all-zero features, where the kernel is positive"
+    return None
+
+
+def brownian_kernel(x, y, lo, hi) -> np.ndarray:
+    """prod_j (min(u_j, v_j) - u_j v_j), u clipped to the box (as EOF clips): the reference
+    for ``kernel`` of a brownian node, computed without rfsgen."""
+    u = np.clip(_unit(x, lo, hi), 0, 1)
+    v = np.clip(_unit(y, lo, hi), 0, 1)
+    k = np.ones((u.shape[0], v.shape[0]))
+    for j in range(u.shape[1]):
+        a, b = u[:, j][:, None], v[:, j][None, :]
+        k *= np.minimum(a, b) - a * b
+    return k
+
+
+def _kernel_in_box(k, check):
+    box, x = check["box"], _probe_rows(check)
+    ins = _inside(x, box)
+    if check.get("brownian"):
+        want = brownian_kernel(_in_node(x, box), _in_node(x, box), box["lo"], box["hi"])
+        diff = np.abs(k - want)
+        if (diff > 1e-9 + 1e-6 * np.abs(want)).any():
+            i, j = np.unravel_index(int(np.argmax(diff)), diff.shape)
+            return f"K[{i}, {j}] = {k[i, j]!r}, the brownian kernel is {want[i, j]!r}"
+    bad = np.flatnonzero(ins & ~(np.diag(k) > 0))
+    if bad.size:
+        return f"K[{bad[0]}, {bad[0]}] = {k[bad[0], bad[0]]!r} for a row inside the box, where the kernel is positive"
+    return None
+
+
+def _then_transform(path, check):
+    """Transform rows through a feature file that sample wrote (the library, in a child):
+    a file that transform refuses, or whose features are silently wrong, is sample's bug."""
+    spec = check["then_transform"]
+
+    def run():
+        from rfsgen import features, transform
+
+        fs = features.load(path)
+        x = _probe_rows(check)
+        try:
+            z = transform(fs, x, layout="dense", dtype=spec.get("dtype", "float32"))
+        except Exception as e:
+            return f"transform of the sampled file fails: {type(e).__name__}: {_short(str(e))}"
+        return np.asarray(z, dtype=np.float64), x, fs.eof is not None and fs.columns == int(
+            fs.eof.meta["grid_features"])
+
+    got = _in_child(run)
+    if isinstance(got, str):
+        return got
+    z, x, whole = got
+    if check.get("box"):
+        return _zero_rows_in_box(z, x, check["box"], whole)
+    return None if np.isfinite(z).all() else "non-finite features from finite rows through the sampled file"
+
+
+def _check_obsm(out, check, cfg):
+    """--obsm: the copy holds the input's X unchanged and obsm[KEY] = the rows' features."""
+    import h5py
+
+    key = check["key"]
+    with h5py.File(out, "r") as f:
+        if "obsm" not in f or not isinstance(f["obsm"], h5py.Group) or key not in f["obsm"]:
+            return f"no obsm/{key} in the output"
+    z, _ = _read_x(out, f"obsm/{key}")
+    if z.shape != (check["rows"], check["columns"]):
+        return f"obsm/{key} has shape {z.shape}, expected {(check['rows'], check['columns'])}"
+    if not np.isfinite(z).all():
+        return f"non-finite values in obsm/{key}"
+    x_out, _ = _read_x(out, "X")
+    x_in = _probe_rows(check)
+    if x_out.shape != x_in.shape or not np.array_equal(x_out, x_in):
+        return "the output's X differs from the input's"
     return None
 
 
@@ -535,8 +769,12 @@ def _in_child(fn, *args):
     os.close(w)
     with os.fdopen(r, "rb") as fh:
         data = fh.read()
-    os.waitpid(pid, 0)
-    return pickle.loads(data) if data else "reference process died"
+    _, status = os.waitpid(pid, 0)
+    if data:
+        return pickle.loads(data)
+    how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else \
+        f"exit {os.WEXITSTATUS(status)}"
+    return f"reference process died ({how})"
 
 
 # ----------------------------------------------------------------------------- one case

@@ -29,9 +29,13 @@ if str(ROOT) not in sys.path:
 
 from tests.fuzz import fixtures, harness  # noqa: E402
 
-KINDS = ("skeletons", "rows", "features", "shards", "signals")
-#: relative frequency of each kind in a mixed run (signal cases are the slowest)
-WEIGHTS = {"skeletons": 4, "rows": 3, "features": 2, "shards": 2, "signals": 1}
+#: the surfaces of issue 37 (expressions, labels, domains, EOF seeds and rows, --obsm targets,
+#: the memory budget and process limits, exact counts) come after the original five
+KINDS = ("skeletons", "rows", "features", "shards", "signals", "expressions", "labels", "domains", "eof", "obsm",
+         "budget", "exact")
+#: relative frequency of each kind in a mixed run (signal and budget cases are the slowest)
+WEIGHTS = {"skeletons": 4, "rows": 3, "features": 2, "shards": 2, "signals": 1, "expressions": 2, "labels": 2,
+           "domains": 2, "eof": 2, "obsm": 2, "budget": 1, "exact": 1}
 
 
 def generator(kind):
