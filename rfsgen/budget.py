@@ -59,7 +59,7 @@ def machine_memory() -> int:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for path in (files[0] for files in CGROUP_FILES):
         try:
             with open(path) as fh:
                 raw = fh.read().strip()
@@ -94,18 +94,23 @@ def _read_int(path: str):
     return int(raw) if raw.isdigit() else None
 
 
+#: The memory cgroup's files, v2 then v1: (limit, usage, statistics, the page cache's
+#: key in the statistics).
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "file"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.stat", "total_cache"))
+
+
 def _cgroup_room():
     """``(bytes left, file)`` in this process's memory cgroup: its limit less what it
     holds outside the (reclaimable) page cache; None without a limit."""
-    for limit_file, usage_file, stat_key in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "file"),
-                                              ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                               "/sys/fs/cgroup/memory/memory.usage_in_bytes", "total_cache")):
+    for limit_file, usage_file, stat_file, stat_key in CGROUP_FILES:
         cap = _read_int(limit_file)
         if cap is None or cap >= 1 << 60:  # "max", or v1's "no limit" (a page short of 2^63)
             continue
         used = _read_int(usage_file) or 0
         try:
-            with open(limit_file.rsplit("/", 1)[0] + "/memory.stat") as fh:
+            with open(stat_file) as fh:
                 for line in fh:
                     k, _, v = line.partition(" ")
                     if k == stat_key and v.strip().isdigit():
