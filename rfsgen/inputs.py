@@ -977,15 +977,30 @@ def _obs_names(f, p, key, n_rows):
 def _open_stdin(stream) -> InputSource:
     if stream is None or getattr(stream, "closed", False):
         raise InputError("<stdin>: standard input is closed; pipe rows into rfsgen or give a file")
-    head = stream.peek(6)[:6] if hasattr(stream, "peek") else None
-    if head is None:
-        data = stream.read()
-        stream = _io.BufferedReader(_io.BytesIO(data))
-        head = stream.peek(6)[:6]
+    if not hasattr(stream, "peek"):  # buffered here, never read whole: memory follows the chunk
+        stream = _io.BufferedReader(_Unbuffered(stream))
+    head = stream.peek(6)[:6]
     if head == b"\x93NUMPY":
         return _npy_stream(stream)
     text = _io.TextIOWrapper(stream, encoding="utf-8")
     return TextSource(text, "<stdin>", None)
+
+
+class _Unbuffered(_io.RawIOBase):
+    """A byte stream with only ``read(n)`` as a raw stream that ``io.BufferedReader``
+    can buffer (for ``peek``)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        data = self.stream.read(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
 
 
 def _npy_stream(stream) -> InputSource:

@@ -515,3 +515,34 @@ def test_generated_coo_chunks_equal_the_whole_conversion(n_rows, width, nnz, chu
         got = np.concatenate([c for _, c in src.chunks(chunk)])
     assert got.dtype == (np.float32 if dtype == np.float32 else np.float64)
     assert got.tobytes() == want.astype(got.dtype).tobytes()
+
+
+def test_stdin_without_peek_is_never_read_whole():
+    """A stream without ``peek`` was read whole to look at its first bytes: now buffered."""
+    from crafted import npy_header
+
+    from rfsgen.inputs import open_input
+
+    class Plain:
+        def __init__(self, data):
+            self.stream = _Counting(data)
+
+        def read(self, n=-1):
+            return self.stream.read(n)
+
+    rows = np.arange(8 * 5000, dtype=np.float64).reshape(-1, 8)
+    plain = Plain(npy_header(rows.shape) + rows.tobytes())
+    with open_input("-", stdin=plain) as src:
+        first = next(src.chunks(10))[1]
+        assert np.array_equal(first, rows[:10])
+    assert plain.stream.largest < 64 * 1024
+    text = Plain(b"1,2\n3,4\n")
+    with open_input("-", stdin=text) as src:
+        assert src.read().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_every_command_takes_max_memory():
+    for cmd in ("sample", "transform", "kernel", "approx", "select", "merge", "inspect", "skeleton"):
+        assert "--max-memory SIZE" in run([cmd, "--help"]).output, cmd
+    res = run(["skeleton", "cifar-deep", "--max-memory", "10K"])
+    assert res.exit_code == 1 and "memory budget of 10.0 KiB" in one_error_line(res)
