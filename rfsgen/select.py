@@ -191,6 +191,10 @@ def _read_text_labels(p: Path) -> np.ndarray:
         if np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.all(np.abs(a) < 2**53):
             return a.astype(np.int64)
         return a
+    # numpy's str array holds every name at the longest one's width (4 bytes a character)
+    longest = max(len(ln) for ln in lines)
+    budget.check(float(len(lines)) * (2 * 4 * longest + 24), f"labels file '{p}' ({len(lines)} class names of up to "
+                 f"{longest} characters)", "use shorter class names")
     return np.array(lines, dtype=str)
 
 

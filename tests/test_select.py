@@ -557,3 +557,17 @@ def test_issue_h5_labels_behind_bad_links_are_one_line(files, tmp_path, kind):
             "external": "external link"}[kind]
     _one_line_error(res, 2, "y.h5", want)
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_class_names_counted_at_the_longest_width(tmp_path):
+    """numpy stores every name at the longest one's width: 20,000 short names and one of
+    200,000 characters would take 16 GB; refused before the array is made."""
+    from rfsgen import budget
+    from rfsgen.errors import LimitError
+
+    (tmp_path / "y.txt").write_text("a\n" * 20_000 + "b" * 200_000 + "\n")
+    with budget.limited("64M"), pytest.raises(LimitError, match=r"20001 class names of up to 200000 characters"):
+        read_labels(tmp_path / "y.txt")
+    (tmp_path / "y.txt").write_text("a\n" * 20_000 + "bb\n")
+    with budget.limited("64M"):
+        assert read_labels(tmp_path / "y.txt").size == 20_001
