@@ -10,6 +10,13 @@ The budget is, in order: the innermost :func:`limited` block (the CLI's
 ``--max-memory``), the environment variable ``RFSGEN_MAX_MEMORY``, or 75% of the
 machine's memory (the smaller of physical memory and a cgroup limit).  Sizes are
 written as bytes or with a unit: ``512M``, ``4G``, ``1.5GiB``, ``2e9``.
+
+Whatever is asked, the process's own limits are ceilings (:func:`ceiling`): what is
+left under its address-space limit (``RLIMIT_AS``, ``ulimit -v``), under its data
+limit (``RLIMIT_DATA``, ``ulimit -d``), and in its cgroup (``memory.max`` or
+``memory.limit_in_bytes``, less the memory the cgroup already holds outside the page
+cache).  A budget past such a ceiling would only trade the budget's one-line error
+for numpy's ``MemoryError``; the error then names the ceiling and how to raise it.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ def machine_memory() -> int:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for path in (files[0] for files in CGROUP_FILES):
         try:
             with open(path) as fh:
                 raw = fh.read().strip()
@@ -63,14 +70,107 @@ def machine_memory() -> int:
     return total or 8 << 30
 
 
-def limit() -> int:
-    """The budget in force, in bytes."""
+def _proc_status() -> dict:
+    """``{'VmSize': bytes, 'VmData': bytes, ...}`` of this process (Linux), else {}."""
+    out = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[key] = int(parts[0]) << 10
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: str):
+    try:
+        with open(path) as fh:
+            raw = fh.read().strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() else None
+
+
+#: The memory cgroup's files, v2 then v1: (limit, usage, statistics, the page cache's
+#: key in the statistics).
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "file"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.stat", "total_cache"))
+
+
+def _cgroup_room():
+    """``(bytes left, file)`` in this process's memory cgroup: its limit less what it
+    holds outside the (reclaimable) page cache; None without a limit."""
+    for limit_file, usage_file, stat_file, stat_key in CGROUP_FILES:
+        cap = _read_int(limit_file)
+        if cap is None or cap >= 1 << 60:  # "max", or v1's "no limit" (a page short of 2^63)
+            continue
+        used = _read_int(usage_file) or 0
+        try:
+            with open(stat_file) as fh:
+                for line in fh:
+                    k, _, v = line.partition(" ")
+                    if k == stat_key and v.strip().isdigit():
+                        used -= int(v)
+                        break
+        except OSError:
+            pass
+        return max(0, cap - max(used, 0)), limit_file
+    return None
+
+
+def ceiling():
+    """``(bytes, why)``: the most this process can still allocate under its own limits
+    (module docstring), with the limit that binds named for messages; ``(None, "")``
+    when no such limit is set."""
+    best, why = None, ""
+    status = None
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        resource = None
+    if resource is not None:
+        for name, key, shell in (("RLIMIT_AS", "VmSize", "ulimit -v"), ("RLIMIT_DATA", "VmData", "ulimit -d")):
+            res = getattr(resource, name, None)
+            if res is None:
+                continue
+            try:
+                soft = resource.getrlimit(res)[0]
+            except (OSError, ValueError):
+                continue
+            if soft == resource.RLIM_INFINITY or soft < 0:
+                continue
+            if status is None:
+                status = _proc_status()
+            room = max(0, soft - status.get(key, 0))
+            if best is None or room < best:
+                best, why = room, f"what this process may still allocate under its limit {name} ({shell})"
+    cg = _cgroup_room()
+    if cg is not None and (best is None or cg[0] < best):
+        best, why = cg[0], f"what is left in this process's memory cgroup ({cg[1]})"
+    return best, why
+
+
+def _in_force():
+    """``(bytes, why)``: the budget in force and, when a process limit binds, its name."""
     if _override:
-        return _override[-1]
-    env = os.environ.get(ENV)
-    if env:
-        return parse_size(env, where=ENV)
-    return int(machine_memory() * DEFAULT_FRACTION)
+        asked = _override[-1]
+    else:
+        env = os.environ.get(ENV)
+        asked = parse_size(env, where=ENV) if env else int(machine_memory() * DEFAULT_FRACTION)
+    cap, why = ceiling()
+    if cap is not None and cap < asked:
+        return max(cap, 1), why
+    return asked, ""
+
+
+def limit() -> int:
+    """The budget in force, in bytes: the one asked for (:func:`limited`, the
+    environment, or the default), at most :func:`ceiling`."""
+    return _in_force()[0]
 
 
 @contextmanager
@@ -100,8 +200,11 @@ def check(nbytes: float, what: str, fix: str = "") -> None:
     """Raise :class:`LimitError` when ``nbytes`` (an estimate, may be a float or huge)
     exceeds the budget.  ``what`` names the object and place (``"skeleton 'a.yaml',
     node 'h': the sampler's terms"``); ``fix`` says what the user can change."""
-    budget = limit()
+    budget, why = _in_force()
     if nbytes > budget:
         hint = f"; {fix}" if fix else ""
+        if why:
+            raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}, {why}{hint} "
+                             "(or raise that limit)")
         raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}{hint} "
                          f"(or raise the budget with --max-memory or {ENV})")

@@ -368,22 +368,27 @@ def _has_duplicates(ptr, cols) -> bool:
 class SparseSource(InputSource):
     """Rows of an in-memory ``scipy.sparse`` matrix or array.  CSR is read through
     :class:`CsrRowsSource`; other formats that slice by rows (CSC, LIL, DOK) are
-    converted one chunk of rows at a time, and COO, DIA and BSR, which do not, to CSR
-    once (a copy of the nonzeros, never dense)."""
+    converted one chunk of rows at a time, and COO, DIA and BSR, which do not, to
+    coordinates sorted by row once (a copy of the nonzeros, never dense, and nothing
+    per declared row: a 1 KB archive may declare 10^9 rows), each chunk's entries then
+    converted to CSR alone."""
 
     def __init__(self, matrix, name: str):
-        import scipy.sparse as sp
-
         if matrix.ndim != 2:
             raise InputError(f"{name}: a sparse input must be 2-D, got shape {matrix.shape}")
         if matrix.dtype.kind not in "iuf":
             raise InputError(f"{name}: has dtype {matrix.dtype}, not real numbers; convert it")
+        self._coo = None
         if matrix.format not in ("csr", "csc", "lil", "dok"):  # coo, dia, bsr do not slice rows
-            nnz = int(matrix.nnz) if matrix.format != "dia" else int(np.prod(matrix.data.shape, dtype=np.float64))
-            budget.check(8 * (int(matrix.shape[0]) + 1) + 24 * nnz,
-                         f"{name}: converting a {matrix.format.upper()} matrix of shape {tuple(matrix.shape)} to CSR",
-                         "save it as CSR (scipy: m.tocsr()) or with fewer rows")
-            matrix = sp.csr_matrix(matrix)
+            stored = int(matrix.nnz) if matrix.format != "dia" else int(np.prod(matrix.data.shape, dtype=np.float64))
+            # row and column (int64), their order, the values and a converted copy of each
+            budget.check(8.0 * 6 * stored,
+                         f"{name}: sorting the {stored} stored values of a {matrix.format.upper()} matrix by row",
+                         "save it as CSR (scipy: m.tocsr()) or with fewer stored values")
+            coo = matrix.tocoo(copy=False)
+            row = np.asarray(coo.row, dtype=np.int64)
+            order = np.argsort(row, kind="stable")  # within a row, the stored order (as scipy's tocsr)
+            self._coo = (row[order], np.asarray(coo.col)[order], np.asarray(coo.data)[order])
         self.matrix = matrix
         self.name = name
         self.n_rows, self.width = (int(v) for v in matrix.shape)
@@ -394,10 +399,30 @@ class SparseSource(InputSource):
         if self._csr is not None:
             yield from self._csr.chunks(chunk_rows, start, stop)
             return
+        if self._coo is not None:
+            yield from self._coo_chunks(chunk_rows, start, stop)
+            return
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
             yield a, _float(self.matrix[a:b].toarray())
+
+    def _coo_chunks(self, chunk_rows, start, stop):
+        """Chunks of the row-sorted coordinates: each chunk's entries, in their stored
+        order, made CSR by scipy (duplicates summed as a whole-matrix conversion sums
+        them) and densified as every CSR chunk is."""
+        import scipy.sparse as sp
+
+        stop = self.n_rows if stop is None else min(stop, self.n_rows)
+        check_chunk(self, chunk_rows, start, stop)
+        row, col, val = self._coo
+        for a in range(start, stop, chunk_rows):
+            b = min(a + chunk_rows, stop)
+            lo, hi = (int(i) for i in np.searchsorted(row, [a, b]))
+            part = sp.coo_matrix((val[lo:hi], (row[lo:hi] - a, col[lo:hi])), shape=(b - a, self.width)).tocsr()
+            piece = CsrRowsSource(self.name, part.shape, part.indptr, part.data, part.indices)
+            for _, block in piece.chunks(b - a):
+                yield a, block
 
 
 def is_anndata(obj) -> bool:
@@ -952,15 +977,30 @@ def _obs_names(f, p, key, n_rows):
 def _open_stdin(stream) -> InputSource:
     if stream is None or getattr(stream, "closed", False):
         raise InputError("<stdin>: standard input is closed; pipe rows into rfsgen or give a file")
-    head = stream.peek(6)[:6] if hasattr(stream, "peek") else None
-    if head is None:
-        data = stream.read()
-        stream = _io.BufferedReader(_io.BytesIO(data))
-        head = stream.peek(6)[:6]
+    if not hasattr(stream, "peek"):  # buffered here, never read whole: memory follows the chunk
+        stream = _io.BufferedReader(_Unbuffered(stream))
+    head = stream.peek(6)[:6]
     if head == b"\x93NUMPY":
         return _npy_stream(stream)
     text = _io.TextIOWrapper(stream, encoding="utf-8")
     return TextSource(text, "<stdin>", None)
+
+
+class _Unbuffered(_io.RawIOBase):
+    """A byte stream with only ``read(n)`` as a raw stream that ``io.BufferedReader``
+    can buffer (for ``peek``)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        data = self.stream.read(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
 
 
 def _npy_stream(stream) -> InputSource:
@@ -991,7 +1031,8 @@ def _npy_stream(stream) -> InputSource:
             if a < self.pos:
                 raise InputError("<stdin>: a stream cannot be read backwards")
             if a > self.pos:
-                stream.read((a - self.pos) * self.row_bytes)
+                _skip(stream, (a - self.pos) * self.row_bytes, f"<stdin>: the .npy stream ended before row {a} "
+                      f"(its header declares {shape[0]} rows; truncated input)")
             buf = stream.read((b - a) * self.row_bytes)
             if len(buf) != (b - a) * self.row_bytes:
                 raise InputError("<stdin>: the .npy stream ended early (truncated input)")
@@ -1001,6 +1042,22 @@ def _npy_stream(stream) -> InputSource:
     src = ArraySource(_Rows(), "<stdin>")
     src.declared_only = True
     return src
+
+
+#: Bytes read at a time when a stream is skipped forwards (the rows before --rows START).
+SKIP_PIECE = 1 << 20
+
+
+def _skip(stream, nbytes: int, ended: str) -> None:
+    """Read and drop ``nbytes`` of ``stream`` in pieces of at most :data:`SKIP_PIECE`
+    bytes (memory never follows the gap); a stream that ends first is an
+    :class:`InputError` with the message ``ended``."""
+    left = int(nbytes)
+    while left > 0:
+        got = stream.read(min(left, SKIP_PIECE))
+        if not got:
+            raise InputError(ended)
+        left -= len(got)
 
 
 # ----------------------------------------------------------------------------- row ranges

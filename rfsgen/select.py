@@ -41,6 +41,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -113,30 +114,64 @@ def _read_label_file(spec: str) -> np.ndarray:
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
-            return _one_d(np.load(p, allow_pickle=False), path)
+            return _read_npy_labels(p)
         if suffix in (".h5", ".hdf5"):
             return _read_h5_labels(p, key)
         if suffix in (".csv", ".tsv", ".txt"):
             return _read_text_labels(p)
     except (InputError, DataError):
         raise
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except (OSError, ValueError, UnicodeDecodeError, RuntimeError, KeyError) as e:
         raise InputError(f"{path}: cannot read labels ({type(e).__name__}: {str(e)[:80]}); give a .npy, .csv or .h5 "
                          "file with one label per row") from None
     raise InputError(f"{path}: labels must be a .npy, .csv/.tsv/.txt or .h5 file, not '{suffix or p.name}'")
 
 
+#: Bytes a labels file's line may take in memory beyond its text: its str object, a
+#: list slot, and a parsed number (counted before the file is read).
+LINE_BYTES = 160
+_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+
+
+def _labels_size(labels: np.ndarray) -> float:
+    """Bytes ``labels`` and what selection derives from them (decoded names, the class
+    codes and np.unique's sort) take: counted before they are read."""
+    itemsize = labels.dtype.itemsize * (4 if labels.dtype.kind == "S" else 1)  # bytes decode to str (UCS-4)
+    return float(labels.size) * (2 * itemsize + 3 * 8)
+
+
+def _read_npy_labels(p: Path) -> np.ndarray:
+    """Labels from a ``.npy``: its declared shape checked against the file's size, then
+    the labels' memory against the budget, before any is read (a 900-byte file may
+    declare 10^11 labels)."""
+    from . import budget
+    from .inputs import _check_npy_file
+
+    _check_npy_file(p)
+    arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    budget.check(_labels_size(arr), f"labels file '{p}' ({arr.size} labels of dtype {arr.dtype})",
+                 "give fewer labels")
+    return _one_d(np.array(arr), str(p))
+
+
 def _read_text_labels(p: Path) -> np.ndarray:
     from . import budget
 
-    budget.check(8.0 * p.stat().st_size, f"labels file '{p}' ({budget.fmt(p.stat().st_size)})", "")
-    lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
+    size = p.stat().st_size
+    with open(p, "rb") as fh:  # lines counted in pieces: memory bounded before the budget says more
+        n_lines = 1 + sum(piece.count(b"\n") for piece in iter(lambda: fh.read(1 << 20), b""))
+    budget.check(3.0 * size + LINE_BYTES * n_lines, f"labels file '{p}' ({budget.fmt(size)}, {n_lines} lines)",
+                 "give fewer labels")
+    # utf-8-sig: a byte-order mark (as some editors write) is not part of the first label
+    lines = [ln.strip() for ln in p.read_bytes().decode("utf-8-sig").splitlines()]
     lines = [ln for ln in lines if ln]
     if any("," in ln or "\t" in ln for ln in lines):
         raise InputError(f"{p}: a labels file has one label per line, without separators; for labels in a column of "
                          "the rows file use --label-column")
 
     def number(s):
+        if _INTEGER.match(s):
+            return int(s)  # exactly: 2^53 + 1 is not 2^53
         try:
             return float(s)
         except ValueError:
@@ -146,10 +181,20 @@ def _read_text_labels(p: Path) -> np.ndarray:
     if len(lines) > 1 and values[0] is None and all(v is not None for v in values[1:]):
         lines, values = lines[1:], values[1:]  # a header above numbers
     if all(v is not None for v in values):
+        if all(type(v) is int for v in values):
+            for i, v in enumerate(values):
+                if not -2**63 <= v < 2**63:
+                    raise InputError(f"{p}: label {i} ({lines[i][:40]}) is an integer outside the 64-bit range, which "
+                                     "rfsgen reads exactly; give class names or smaller integers")
+            return np.array(values, dtype=np.int64)
         a = np.array(values, dtype=np.float64)
         if np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.all(np.abs(a) < 2**53):
             return a.astype(np.int64)
         return a
+    # numpy's str array holds every name at the longest one's width (4 bytes a character)
+    longest = max(len(ln) for ln in lines)
+    budget.check(float(len(lines)) * (2 * 4 * longest + 24), f"labels file '{p}' ({len(lines)} class names of up to "
+                 f"{longest} characters)", "use shorter class names")
     return np.array(lines, dtype=str)
 
 
@@ -165,13 +210,22 @@ def _read_h5_labels(p: Path, key) -> np.ndarray:
                 raise InputError(f"{p}: {count(len(found), '1-D dataset')}; name the labels' dataset, "
                                  f"e.g. {p}:/{found[0] if found else 'y'}")
             key = found[0]
-        ds = f.get(key)
+        from .inputs import _check_dataset, _h5_get
+
+        ds = _h5_get(f, key, p)  # soft links followed one at a time: a loop is an error
         if not isinstance(ds, h5py.Dataset):
             raise InputError(f"{p}: no dataset '{key}'; name the labels' dataset as {p}:/PATH")
+        _check_dataset(ds, p, key, "the labels' dataset")
         from . import budget
 
-        budget.check(float(ds.size) * max(ds.dtype.itemsize, 8), f"labels dataset '{key}' of '{p}'", "")
-        return _one_d(ds[()], f"{p}:{key}")
+        budget.check(float(ds.size) * (2 * max(ds.dtype.itemsize, 8) + 24), f"labels dataset '{key}' of '{p}'",
+                     "give fewer labels")
+        try:
+            data = ds[()]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise InputError(f"{p}:{key}: cannot read the labels ({' '.join(str(e).split())[:120]}); the file is "
+                             "damaged") from None
+        return _one_d(data, f"{p}:{key}")
 
 
 def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "labels"):
@@ -232,14 +286,27 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
 
     N0 = fs.columns
     C = n_classes if task == "classification" else 1
-    budget.check(8.0 * (C + 2) * N0, f"the selection's statistics ({C + 2} x {N0} columns)",
+    # the (C + 2) x N0 statistics, and the scores' temporaries (C x N0 twice, a few N0)
+    budget.check(8.0 * (3 * C + 8) * N0, f"the selection's statistics ({C + 2} x {N0} columns)",
                  "select from a smaller pool or with fewer classes")
     tr = Transformer(_unit(fs), np.float64)
     n = codes.size
     if chunk_rows is not None:  # a chunk never needs more rows than there are labels (= rows)
         chunk_rows = max(1, min(int(chunk_rows), -(-n // BLOCK) * BLOCK))
-    rows_per = default_chunk_rows(N0, tr.row_bytes + 8 * (C + N0), tr.what, chunk_rows)
+    # One row of a chunk: the transform's intermediates and its float64 values, the block's
+    # one-hot row (C) and the per-column products folded into the statistics (N0).
+    per_row = tr.row_bytes + 8 * (C + N0)
+    # A chunk is whole blocks (the summation order is fixed), so one block must fit:
+    # checked before the transformer's first chunk is made.
+    budget.check(float(BLOCK) * per_row, f"the selection from a pool of {N0} columns: one block of {BLOCK} rows at "
+                 f"{budget.fmt(per_row)} a row", "select from a smaller pool (fewer columns: 'rfsgen sample -n')")
+    if chunk_rows is None:
+        rows_per = default_chunk_rows(N0, per_row, tr.what, None)
+    else:
+        rows_per = max(1, int(chunk_rows))
     rows_per = max(BLOCK, rows_per // BLOCK * BLOCK)  # whole blocks: the summation order is fixed
+    budget.check(float(rows_per) * per_row, f"the selection from a pool of {N0} columns: a chunk of {rows_per} rows "
+                 f"at {budget.fmt(per_row)} a row", "use a smaller --chunk-rows")
     by_class = np.zeros((C, N0))
     total = np.zeros(N0)
     squares = np.zeros(N0)
@@ -349,8 +416,14 @@ def lkrf_weights(v: np.ndarray, p: np.ndarray, rho: float) -> np.ndarray:
     mean = float(p @ v)
     var = float(p @ (v - mean) ** 2)
     if rho > 0 and var / (mean - vmin) ** 2 >= rho:  # every weight positive: closed form
-        nu = mean - math.sqrt(var / rho)
-        return q_of(min(nu, vmin))
+        nu = mean - math.sqrt(var / rho) if var / rho < math.inf else -math.inf
+        if math.isfinite(nu) and math.isfinite(vmax - nu):
+            return q_of(min(nu, vmin))
+        # rho so small that var / rho overflows (nu = -inf): the same q in a form that
+        # cannot, q_m = p_m (1 + t (v_m - mean)) with t = 1 / (mean - nu) = sqrt(rho / var)
+        t = math.sqrt(rho) / math.sqrt(var)
+        w = p * (1.0 + t * (v - mean))
+        return w / w.sum()
     if rho <= 0:
         return p.copy()
     lo, hi = vmin, vmax  # D(q(lo)) < rho < D(q(hi))
@@ -473,10 +546,27 @@ def _label_column(rows, label_column: int):
     """The labels in column ``label_column`` of ``rows`` (one streamed pass), float64 (n,)."""
     from .inputs import open_input
 
+    from . import budget
+
+    what = f"{{}} labels in column {label_column} of the rows"
+    fix = "give fewer rows"
     with open_input(rows) as src:
         if not -src.width <= label_column < src.width:
             raise InputError(f"{src.name}: --label-column {label_column} but the rows have {count(src.width, 'value')}")
-        parts = [np.asarray(block)[:, label_column].astype(np.float64) for _, block in src.chunks(1 << 14)]
+        if src.n_rows is not None:  # the labels, their copy, and the class codes: before any row is read
+            budget.check(8.0 * 4 * src.n_rows, what.format(src.n_rows), fix)
+        parts, total = [], 0
+        for row0, block in src.chunks(1 << 14):
+            total += block.shape[0]
+            budget.check(8.0 * 4 * total, what.format(total), fix)
+            lab = np.asarray(block)[:, label_column].astype(np.float64)
+            big = np.abs(lab) >= 2.0**53
+            if big.any():  # rows are read as floats: a label this large may already be another
+                i = int(np.flatnonzero(big)[0])
+                raise InputError(f"{src.name}: row {row0 + i}: the label {lab[i]:.17g} in column {label_column} is "
+                                 "too large to be read exactly (2^53 or more) from a column of numbers; give the "
+                                 "labels as a separate labels file (integers are read exactly there)")
+            parts.append(lab)
     return np.concatenate(parts) if parts else np.zeros(0)
 
 

@@ -6,6 +6,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -283,3 +284,265 @@ def test_approx_checks_its_matrices(tmp_path, cifar_rows):
     skel = load_skeleton(skeleton_path("shallow-gaussian"))
     with budget.limited("1M"), pytest.raises(LimitError, match="64 x 4096 feature matrix"):
         approx(skel, cifar_rows, [4096], trials=1, rows=64)
+
+
+# ----------------------------------------------------------------------------- issue 37, item 5
+GAUSS5 = "rfsgen: 1\ninput: {width: 5}\nnodes:\n  - {name: x, base: gaussian, scale: 0.5}\n"
+
+
+def test_process_limits_are_ceilings(monkeypatch, tmp_path):
+    """RLIMIT_AS / RLIMIT_DATA (less what the process already maps) and the cgroup's room
+    cap any budget asked for; the error then names the limit, not --max-memory."""
+    limits = {resource.RLIMIT_AS: 3_000_000 << 10, resource.RLIMIT_DATA: resource.RLIM_INFINITY}
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (limits.get(r, resource.RLIM_INFINITY),) * 2)
+    monkeypatch.setattr(budget, "_proc_status", lambda: {"VmSize": 1 << 30, "VmData": 1 << 28})
+    monkeypatch.setattr(budget, "CGROUP_FILES", ())
+    room = (3_000_000 << 10) - (1 << 30)
+    assert budget.ceiling()[0] == room
+    with budget.limited("100G"):
+        assert budget.limit() == room
+        with pytest.raises(LimitError, match=r"over the memory budget of 1.9 GiB, .*RLIMIT_AS \(ulimit -v\); "
+                                             r"do less \(or raise that limit\)") as e:
+            budget.check(room + 1, "thing", "do less")
+        assert "--max-memory" not in str(e.value)
+        budget.check(room, "thing")
+    with budget.limited("1M"):  # a smaller budget asked for stays in force, with its usual message
+        assert budget.limit() == 1 << 20
+        with pytest.raises(LimitError, match=r"budget of 1.0 MiB; x \(or raise the budget with --max-memory"):
+            budget.check(2 << 20, "thing", "x")
+    limits[resource.RLIMIT_DATA] = (1 << 28) + 5000
+    assert budget.ceiling() == (5000, "what this process may still allocate under its limit RLIMIT_DATA (ulimit -d)")
+    # cgroup v2: the limit less what the cgroup holds outside the page cache
+    limits[resource.RLIMIT_AS] = limits[resource.RLIMIT_DATA] = resource.RLIM_INFINITY
+    for name, text in (("max", "1000000\n"), ("current", "700000\n"), ("stat", "anon 400000\nfile 300000\n")):
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(budget, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current"),
+                                                  str(tmp_path / "stat"), "file"),))
+    assert budget.ceiling() == (600_000, f"what is left in this process's memory cgroup ({tmp_path / 'max'})")
+    (tmp_path / "max").write_text("max\n")
+    assert budget.ceiling() == (None, "")
+
+
+def test_issue_ulimit_v_is_the_budget_error_not_memoryerror(tmp_path):
+    """Under `ulimit -v 3000000` a kernel whose matrix needs 3.2 GB stopped in numpy's
+    MemoryError: now the budget's one line, naming RLIMIT_AS, even with --max-memory 100G."""
+    np.save(tmp_path / "x.npy", np.linspace(-1, 1, 20_000)[:, None])
+    skel = tmp_path / "c.yaml"
+    skel.write_text("rfsgen: 1\ninput: {width: 1}\nnodes:\n  - {name: x, base: circle}\n")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3_000_000 << 10, 3_000_000 << 10))
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "rfsgen", "kernel", str(skel), str(tmp_path / "x.npy"), "-o",
+                          str(tmp_path / "k.npy"), "--max-memory", "100G"],
+                         preexec_fn=cap, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "RLIMIT_AS (ulimit -v)" in res.stderr and "20000 x 20000" in res.stderr
+    assert not (tmp_path / "k.npy").exists()
+
+
+def _pool_file(tmp_path, columns):
+    from rfsgen.features import save
+
+    fs = sampler.sample(parse_skeleton(GAUSS5, "gauss.yaml"), columns, seed=1)
+    save(fs, tmp_path / "pool.h5")
+    return fs
+
+
+def test_issue_select_block_is_checked_before_it_is_made(tmp_path):
+    """select from a 200,000-column pool under --max-memory 64M used 1.3 GiB: a chunk is
+    never smaller than 256 rows x N0 columns, so that block is checked first (here 4,000
+    columns under 8M: the same arithmetic at a size a test can afford)."""
+    _pool_file(tmp_path, 4000)
+    x = np.random.default_rng(0).standard_normal((300, 5))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(300) % 2)
+    args = ["select", tmp_path / "pool.h5", tmp_path / "x.npy", tmp_path / "y.npy", "-n", 10, "-o", tmp_path / "s.h5"]
+    res = run(args + ["--max-memory", "8M"])
+    assert res.exit_code == 1
+    line = one_error_line(res)
+    assert "pool of 4000 columns: one block of 256 rows" in line and "memory budget of 8.0 MiB" in line, line
+    assert "smaller pool" in line
+    assert not (tmp_path / "s.h5").exists()
+    res = run(args + ["--max-memory", "8M", "--chunk-rows", 16])  # a smaller chunk cannot go below a block
+    assert res.exit_code == 1 and "one block of 256 rows" in one_error_line(res)
+    assert run(args + ["--max-memory", "64M"]).exit_code == 0
+    first = (tmp_path / "s.h5").read_bytes()
+    assert run(args + ["--overwrite"]).exit_code == 0
+    assert (tmp_path / "s.h5").read_bytes() == first  # the budget never changes the selection
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(columns=st.integers(50, 3000), classes=st.integers(2, 6), rows=st.integers(1, 700),
+       limit=st.integers(1 << 20, 24 << 20))
+def test_generated_selection_stays_within_the_budget_or_refuses(columns, classes, rows, limit):
+    """What select's statistics allocate (numpy's allocations, traced) stays within the
+    budget it accepted; otherwise it refuses before the first block."""
+    import tracemalloc
+
+    from rfsgen.select import pool_statistics
+
+    fs = sampler.sample(parse_skeleton(GAUSS5, "gauss.yaml"), columns, seed=columns)
+    x = np.random.default_rng(rows).standard_normal((rows, 5))
+    codes = np.arange(rows) % classes
+    pool_statistics(fs, x[:1], "classification", np.zeros(1, np.int64), 1)  # imports and compiled code: not counted
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        with budget.limited(limit):
+            pool_statistics(fs, x, "classification", codes, classes)
+        accepted = True
+    except LimitError as e:
+        accepted = False
+        assert "one block of 256 rows" in str(e) or "statistics" in str(e)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+    assert peak <= limit if accepted else peak < (1 << 20) + 64 * columns
+
+
+def test_issue_labels_npy_declaring_1e11_labels(tmp_path):
+    from crafted import npy_bytes
+
+    _pool_file(tmp_path, 40)
+    np.save(tmp_path / "x.npy", np.zeros((4, 5)))
+    (tmp_path / "y.npy").write_bytes(npy_bytes((10**11,), descr="<i8"))
+    assert (tmp_path / "y.npy").stat().st_size < 1000
+    res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", tmp_path / "y.npy", "-n", 2, "-o", tmp_path / "s.h5"])
+    assert res.exit_code == 2
+    assert "y.npy: the array declares shape (100000000000,)" in one_error_line(res)
+    np.save(tmp_path / "y.npy", np.arange(100_000) % 2)  # a real file past the budget: counted before it is read
+    res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", tmp_path / "y.npy", "-n", 2, "-o", tmp_path / "s.h5",
+               "--max-memory", "1M"])
+    assert res.exit_code == 1 and "labels file" in one_error_line(res) and "100000 labels" in one_error_line(res)
+
+
+class _Counting:
+    """A read-only byte stream that records the largest read asked of it."""
+
+    def __init__(self, data):
+        self.buf = __import__("io").BytesIO(data)
+        self.largest = 0
+
+    def read(self, n=-1):
+        self.largest = max(self.largest, n if n >= 0 else 1 << 62)
+        return self.buf.read(n)
+
+    def peek(self, n):
+        pos = self.buf.tell()
+        out = self.buf.read(n)
+        self.buf.seek(pos)
+        return out
+
+
+@pytest.mark.parametrize("have", [1, 3000])
+def test_issue_stdin_skip_reads_in_pieces(have):
+    """A .npy stream declaring 10^12 rows with --rows near its end was skipped by one read
+    of the whole gap (MemoryError): skipped in pieces, and the early end is one line."""
+    from crafted import npy_header
+
+    from rfsgen.errors import InputError
+    from rfsgen.inputs import SKIP_PIECE, open_input
+
+    stream = _Counting(npy_header((10**12, 8)) + bytes(64 * have))
+    with open_input("-", stdin=stream) as src:
+        assert src.n_rows == 10**12
+        with pytest.raises(InputError, match=r"<stdin>: the \.npy stream ended before row 999999999990 \(its header "
+                                             r"declares 1000000000000 rows"):
+            list(src.chunks(10, 10**12 - 10))
+    assert stream.largest <= SKIP_PIECE
+    rows = np.arange(64 * 3000, dtype=np.float64).reshape(-1, 8)  # a real stream: the skipped rows are right
+    stream = _Counting(npy_header(rows.shape) + rows.tobytes())
+    with open_input("-", stdin=stream) as src:
+        got = list(src.chunks(7, 20_000, 20_010))
+    assert got[0][0] == 20_000 and np.array_equal(np.concatenate([c for _, c in got]), rows[20_000:20_010])
+    assert stream.largest <= SKIP_PIECE
+
+
+def test_issue_stdin_skip_cli(tmp_path):
+    from crafted import npy_header
+
+    _pool_file(tmp_path, 8)
+    res = run(["transform", tmp_path / "pool.h5", "-", "-o", tmp_path / "o.h5", "--rows", "999999999990:1000000000000"],
+              input=npy_header((10**12, 5)) + bytes(400))
+    assert res.exit_code == 2
+    assert "ended before row 999999999990" in one_error_line(res)
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_issue_coo_declaring_1e9_rows_spends_nothing_per_row(tmp_path):
+    """A 966-byte COO .npz declaring 10^9 rows allocated a 3.7 GiB index (its conversion
+    to CSR): its coordinates are now sorted by row, and a chunk reads its own rows."""
+    import tracemalloc
+
+    from crafted import sparse_npz
+
+    from rfsgen.inputs import open_input
+
+    spec = sparse_npz(tmp_path, "coo", (10**9, 8), nnz=3)
+    assert Path(spec).stat().st_size < 2000
+    tracemalloc.start()
+    with open_input(spec) as src:
+        last = list(src.chunks(1000, 10**9 - 2000, 10**9))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert src.n_rows == 10**9 and sum(c.shape[0] for _, c in last) == 2000
+    assert peak < 4 << 20
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(n_rows=st.integers(1, 60), width=st.integers(1, 7), nnz=st.integers(0, 120), chunk=st.integers(1, 70),
+       fmt=st.sampled_from(["coo", "bsr", "dia"]), seed=st.integers(0, 2**32 - 1),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_generated_coo_chunks_equal_the_whole_conversion(n_rows, width, nnz, chunk, fmt, seed, dtype):
+    """COO (duplicates included, in any order), BSR and DIA read in chunks give the bits a
+    whole conversion to CSR gave, whatever the chunk size."""
+    import scipy.sparse as sp
+
+    from rfsgen.inputs import open_input
+
+    rng = np.random.default_rng(seed)
+    row, col = rng.integers(0, n_rows, nnz), rng.integers(0, width, nnz)
+    val = rng.standard_normal(nnz).astype(dtype) * rng.choice([1e-30, 1.0, 1e30], nnz).astype(dtype)
+    m = sp.coo_matrix((val, (row, col)), shape=(n_rows, width))
+    want = sp.csr_matrix(m).toarray()
+    if fmt != "coo":
+        m = m.asformat(fmt)
+        want = sp.csr_matrix(m).toarray()
+    with open_input(m) as src:
+        got = np.concatenate([c for _, c in src.chunks(chunk)])
+    assert got.dtype == (np.float32 if dtype == np.float32 else np.float64)
+    assert got.tobytes() == want.astype(got.dtype).tobytes()
+
+
+def test_stdin_without_peek_is_never_read_whole():
+    """A stream without ``peek`` was read whole to look at its first bytes: now buffered."""
+    from crafted import npy_header
+
+    from rfsgen.inputs import open_input
+
+    class Plain:
+        def __init__(self, data):
+            self.stream = _Counting(data)
+
+        def read(self, n=-1):
+            return self.stream.read(n)
+
+    rows = np.arange(8 * 5000, dtype=np.float64).reshape(-1, 8)
+    plain = Plain(npy_header(rows.shape) + rows.tobytes())
+    with open_input("-", stdin=plain) as src:
+        first = next(src.chunks(10))[1]
+        assert np.array_equal(first, rows[:10])
+    assert plain.stream.largest < 64 * 1024
+    text = Plain(b"1,2\n3,4\n")
+    with open_input("-", stdin=text) as src:
+        assert src.read().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_every_command_takes_max_memory():
+    for cmd in ("sample", "transform", "kernel", "approx", "select", "merge", "inspect", "skeleton"):
+        assert "--max-memory SIZE" in run([cmd, "--help"]).output, cmd
+    res = run(["skeleton", "cifar-deep", "--max-memory", "10K"])
+    assert res.exit_code == 1 and "memory budget of 10.0 KiB" in one_error_line(res)

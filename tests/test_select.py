@@ -444,3 +444,130 @@ def test_skeleton_features_select_uses_y(gauss):
         SkeletonFeatures(GAUSS, select="best").fit(x, y)
     assert SkeletonFeatures(GAUSS, select="corr").__sklearn_tags__().target_tags.required
     assert not SkeletonFeatures(GAUSS).__sklearn_tags__().target_tags.required
+
+
+# ----------------------------------------------------------------------------- issue 37, item 8
+def test_issue_labels_with_a_byte_order_mark(files, tmp_path):
+    """Class names in a UTF-8 file with a BOM gave 3 classes ('\\ufeffa' apart from 'a')."""
+    y = np.load(files / "y.npy") % 2
+    names = np.where(y == 0, "a", "b")
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + "".join(f"{v}\n" for v in names).encode())
+    (tmp_path / "plain.txt").write_text("".join(f"{v}\n" for v in names))
+    got = read_labels(tmp_path / "bom.txt")
+    assert got.tolist() == names.tolist()
+    res = run(["select", files / "pool.h5", files / "x.npy", tmp_path / "bom.txt", "-n", 4, "-o", tmp_path / "a.h5"])
+    assert res.exit_code == 0, res.output
+    assert load(tmp_path / "a.h5").stats["selection"]["classes"] == 2
+    assert run(["select", files / "pool.h5", files / "x.npy", tmp_path / "plain.txt", "-n", 4, "-o",
+                tmp_path / "b.h5"]).exit_code == 0
+    assert load(tmp_path / "a.h5").stats["selection"]["kept"] == load(tmp_path / "b.h5").stats["selection"]["kept"]
+    (tmp_path / "bomnum.csv").write_bytes(b"\xef\xbb\xbf1\n2\n")  # a BOM before a number: still a number
+    assert read_labels(tmp_path / "bomnum.csv").tolist() == [1, 2]
+
+
+def test_issue_integer_labels_are_read_exactly(files, tmp_path):
+    """9007199254740992 and 9007199254740993 were one class (read through float)."""
+    y = np.load(files / "y.npy") % 2
+    big = np.where(y == 0, 9007199254740992, 9007199254740993)
+    (tmp_path / "big.txt").write_text("".join(f"{v}\n" for v in big))
+    got = read_labels(tmp_path / "big.txt")
+    assert got.dtype == np.int64 and got.tolist() == big.tolist()
+    res = run(["select", files / "pool.h5", files / "x.npy", tmp_path / "big.txt", "-n", 4, "-o", tmp_path / "a.h5"])
+    assert res.exit_code == 0, res.output
+    assert load(tmp_path / "a.h5").stats["selection"]["classes"] == 2
+    (tmp_path / "huge.txt").write_text("1\n99999999999999999999\n")
+    with pytest.raises(InputError, match=r"huge.txt: label 1 \(99999999999999999999\) is an integer outside the "
+                                         "64-bit range"):
+        read_labels(tmp_path / "huge.txt")
+    # the same labels as a column of the rows, which are read as floats: refused, not merged
+    np.save(tmp_path / "wide.npy", np.column_stack([np.load(files / "x.npy"), big.astype(np.float64)]))
+    res = run(["select", files / "pool.h5", tmp_path / "wide.npy", "--label-column", 5, "-n", 4, "-o",
+               tmp_path / "c.h5"])
+    _one_line_error(res, 2, "row 0: the label 9007199254740992 in column 5 is too large to be read exactly")
+    assert not (tmp_path / "c.h5").exists()
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(values=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=30), bom=st.booleans(),
+       header=st.booleans(), crlf=st.booleans())
+def test_generated_integer_label_files_read_exactly(tmp_path_factory, values, bom, header, crlf):
+    d = tmp_path_factory.mktemp("ints")
+    end = "\r\n" if crlf else "\n"
+    text = ("label" + end if header else "") + "".join(f"{v}{end}" for v in values)
+    (d / "y.txt").write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    got = read_labels(d / "y.txt")
+    assert got.dtype == np.int64 and got.tolist() == values
+    if len(set(values)) >= 2:
+        task, classes, codes = encode_labels(got)
+        assert task == "classification" and classes.size == len(set(values))
+
+
+@pytest.mark.parametrize("rho", [5e-324, 1e-310, 1e-300, 1e-200])
+def test_issue_lkrf_tiny_rho_is_finite_without_warnings(files, tmp_path, rho):
+    """--rho 5e-324 recorded divergence NaN with a RuntimeWarning (var / rho overflowed):
+    the closed form in a form that cannot overflow; q is the pool's weights to rounding."""
+    import warnings
+
+    out = tmp_path / "l.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = run(["select", files / "pool.h5", files / "x.npy", files / "y.npy", "-n", 6, "--method", "lkrf",
+                   "--rho", repr(rho), "-o", out])
+    assert res.exit_code == 0, res.output
+    rec = load(out).stats["selection"]
+    assert np.isfinite(rec["divergence"]) and abs(rec["divergence"]) < 1e-12
+    assert np.all(np.isfinite(load(out).column_weight))
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n=st.integers(2, 30), seed=st.integers(0, 2**31), exponent=st.integers(-323, 2))
+def test_generated_lkrf_weights_finite_for_any_rho(n, seed, exponent):
+    import warnings
+
+    rng = np.random.default_rng(seed)
+    v = rng.exponential(size=n) ** 2 * 10.0 ** rng.integers(-30, 30)
+    p = rng.dirichlet(np.ones(n))
+    rho = 10.0 ** exponent if exponent > -323 else 5e-324
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = lkrf_weights(v, p, rho)
+        div = chi2_divergence(q, p)
+    assert np.all(np.isfinite(q)) and q.min() >= 0 and abs(q.sum() - 1) < 1e-12
+    assert np.isfinite(div) and div <= rho + 1e-9 * max(1.0, rho)
+
+
+@pytest.mark.parametrize("kind", ["self", "loop", "dangling", "external"])
+def test_issue_h5_labels_behind_bad_links_are_one_line(files, tmp_path, kind):
+    """y.h5:/y a soft link to itself gave 'RuntimeError: Special link traversal failed'."""
+    import h5py
+
+    p = tmp_path / "y.h5"
+    with h5py.File(p, "w") as f:
+        if kind == "self":
+            f["y"] = h5py.SoftLink("/y")
+        elif kind == "loop":
+            f["y"] = h5py.SoftLink("/z")
+            f["z"] = h5py.SoftLink("/y")
+        elif kind == "dangling":
+            f["y"] = h5py.SoftLink("/nowhere")
+        else:
+            f["y"] = h5py.ExternalLink("missing.h5", "/y")
+    res = run(["select", files / "pool.h5", files / "x.npy", f"{p}:/y", "-n", 4, "-o", tmp_path / "o.h5"])
+    want = {"self": "soft links nest", "loop": "soft links nest", "dangling": "no dataset '/y'",
+            "external": "external link"}[kind]
+    _one_line_error(res, 2, "y.h5", want)
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_class_names_counted_at_the_longest_width(tmp_path):
+    """numpy stores every name at the longest one's width: 20,000 short names and one of
+    200,000 characters would take 16 GB; refused before the array is made."""
+    from rfsgen import budget
+    from rfsgen.errors import LimitError
+
+    (tmp_path / "y.txt").write_text("a\n" * 20_000 + "b" * 200_000 + "\n")
+    with budget.limited("64M"), pytest.raises(LimitError, match=r"20001 class names of up to 200000 characters"):
+        read_labels(tmp_path / "y.txt")
+    (tmp_path / "y.txt").write_text("a\n" * 20_000 + "bb\n")
+    with budget.limited("64M"):
+        assert read_labels(tmp_path / "y.txt").size == 20_001

@@ -6,7 +6,8 @@ import functools
 
 import click
 
-HELP = ("Memory budget, e.g. 4G or 512M (default: $RFSGEN_MAX_MEMORY, else 75% of this machine's memory). "
+HELP = ("Memory budget, e.g. 4G or 512M (default: $RFSGEN_MAX_MEMORY, else 75% of this machine's memory; never "
+        "more than this process's limits leave: ulimit -v, ulimit -d, its cgroup). "
         "Work estimated to need more stops before it starts, with an error naming what and how much.")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _emit_json
+from ._budget import max_memory_option
 
 
 @main.command("inspect")
@@ -15,6 +16,7 @@ from . import main, translate_errors, _emit_json
                    "(the paper's Figure 4; image skeletons; needs matplotlib).")
 @click.option("--overwrite", is_flag=True, help="Replace the --plot-cooccurrence file if it exists.")
 @translate_errors
+@max_memory_option
 def inspect_cmd(features, as_json, plot_path, overwrite):
     """Summarise a feature file: columns, draws, dedup ratio, terms, node usage,
     the expected density of its features and the layout 'transform --layout auto'

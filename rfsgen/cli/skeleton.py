@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _emit_json
+from ._budget import max_memory_option
 from ._params import set_option
 
 
@@ -14,6 +15,7 @@ from ._params import set_option
 @click.option("--width", type=int, help="Bind a 'width: auto' skeleton to rows of this many values.")
 @set_option
 @translate_errors
+@max_memory_option
 def skeleton_cmd(skeleton, as_json, width, params):
     """Validate SKELETON (a YAML file or a shipped skeleton's name) and describe the kernel it defines.
 
