@@ -13,10 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
+# lint-imports checks the package's layers first ([tool.importlinter] in pyproject.toml,
+# docs/architecture.md): an import circle or an import running back up fails the test.
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m 'not slow'
 
 demo: $(STAMP)
@@ -55,4 +59,4 @@ fuzz: $(STAMP)
 		--time-limit 20 --memory-limit 3G --out fuzz-output
 
 clean:
-	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output fuzz-output build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DEMO) bench-output learn-output reproduce-output fuzz-output build *.egg-info .pytest_cache .import_linter_cache

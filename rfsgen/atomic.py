@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ._signals import UNSAFE_CODE, commit, deferred
 from .errors import OutputError, OutputExistsError, UsageError
-from .inputs import _split_spec
+from .specs import _split_spec
 
 #: rfsgen's temporary files: ``.NAME.rfsgen-HOST-PID-RANDOM.part`` beside the output.
 TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.rfsgen-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]+\.part$")

@@ -75,8 +75,8 @@ def _dual_derivative(act, m: float) -> float:
 def degree_probabilities(skel: Skeleton, t):
     """``(p0, p1)``: the probability that a draw has no base factor (float) and, for every
     node, that its only factor is at that node (float64 ``(N,)``, 0 at internal nodes).
-    ``t`` is the sampler's table of ``skel`` (:func:`rfsgen.sampler._tables`)."""
-    from .sampler import _push_down
+    ``t`` is the sampler's table of ``skel`` (:func:`rfsgen.draws._tables`)."""
+    from .draws import _push_down
 
     n = len(skel.nodes)
     p0 = np.zeros(n)
@@ -140,7 +140,7 @@ class Plan:
     """What ``--scheme exact`` enumerates for one skeleton and budget (see the module)."""
 
     degrees: int  # highest degree enumerated: -1 (none), 0 or 1
-    batch: object  # rfsgen.sampler._Batch: one draw per enumerated column, canonical, distinct
+    batch: object  # rfsgen.draws._Batch: one draw per enumerated column, canonical, distinct
     weight: np.ndarray  # float64 (E,): exact weight of each enumerated column
     p_high: float  # probability that a draw is not enumerated (the sampled part's weight)
     enumerable: np.ndarray  # bool (N,): input nodes whose single factors are enumerated
@@ -167,7 +167,7 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
     wide-input rule for a budget of ``columns``; ``seed`` chooses the subset of degree-1
     columns of wide inputs (its own generator, apart from the blocks')."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0, 1))))
-    from .sampler import _Batch, _canonicalise, _keys, _unique_keys
+    from .draws import _Batch, _canonicalise, _keys, _unique_keys
 
     n_nodes = len(skel.nodes)
     p0, p1 = degree_probabilities(skel, t)
@@ -258,7 +258,7 @@ def _pps(w: np.ndarray, m: int, rng: np.random.Generator):
 
 
 def _empty():
-    from .sampler import _Batch
+    from .draws import _Batch
 
     z = np.zeros(0, np.int64)
     return _Batch(kind=np.zeros(0, np.uint8), ptr=np.zeros(1, np.int64), node=z, code=z, power=z, omega=np.zeros(0),
@@ -269,7 +269,7 @@ def _select(b, rows: np.ndarray):
     """The draws ``rows`` (int64, increasing) of batch ``b``, as a batch (continuous terms
     keep their offsets into ``b.omega``)."""
     from ._compiled import take_terms
-    from .sampler import _Batch
+    from .draws import _Batch
 
     rows = np.asarray(rows, dtype=np.int64)
     lengths = b.ptr[rows + 1] - b.ptr[rows]

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import budget
 from .errors import DataError, InputError, UsageError, article, count
+from .specs import _split_spec
 
 TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
@@ -273,14 +274,6 @@ def _is_number(s: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _split_spec(spec: str):
-    """``path[:key]`` -> (path, key or None), only splitting at a known container suffix."""
-    m = re.match(r"^(.*?\.(?:npz|h5ad|h5|hdf5|hdf))(?::(.+))?$", spec, flags=re.IGNORECASE)
-    if m and (m.group(2) is not None or os.path.exists(m.group(1))):
-        return m.group(1), m.group(2)
-    return spec, None
 
 
 class CsrRowsSource(InputSource):

@@ -70,9 +70,9 @@ def _encoding_of(obj) -> tuple:
 
 
 def _digest(part: Part, blocks) -> str:
-    """SHA-256 of a part's values fed in blocks: strings as :class:`rfsgen.output.NamesChecksum`
+    """SHA-256 of a part's values fed in blocks: strings as :class:`rfsgen.checksums.NamesChecksum`
     (their JSON), numbers as the dtype's name then their little-endian bytes."""
-    from .output import NamesChecksum
+    from .checksums import NamesChecksum
 
     if part.dtype == "str":
         c = NamesChecksum()
@@ -103,7 +103,7 @@ class ObsColumns:
         :func:`_digest`."""
         import h5py
 
-        from .output import canonical_json
+        from .checksums import canonical_json
 
         described = []
         for c, col in enumerate(self.columns):
@@ -138,7 +138,7 @@ class ObsColumns:
     def digest(self, start: int, n_rows: int) -> str:
         """The digest :meth:`write` returns for rows ``start:start + n_rows``, computed
         from :meth:`read` alone (``rfsgen merge`` checks a shard's columns with it)."""
-        from .output import canonical_json
+        from .checksums import canonical_json
 
         described = []
         for c, col in enumerate(self.columns):

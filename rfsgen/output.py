@@ -18,6 +18,7 @@ import hashlib
 
 import numpy as np
 
+from .checksums import NamesChecksum, canonical_json  # below obs and merge; still importable from here
 from .errors import UsageError
 from .h5ad import feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
 
@@ -513,28 +514,6 @@ class BlockChecksum:
         return sha.hexdigest()
 
 
-class NamesChecksum:
-    """SHA-256 of the compact JSON array (ASCII, ``json.dumps(names, separators=(",",
-    ":"))``) of a run of row names, fed in blocks."""
-
-    def __init__(self):
-        self.sha = hashlib.sha256(b"[")
-        self.first = True
-
-    def update(self, names) -> None:
-        import json
-
-        if len(names):
-            text = json.dumps(list(names), separators=(",", ":"))[1:-1]
-            self.sha.update((text if self.first else "," + text).encode("ascii"))
-            self.first = False
-
-    def hexdigest(self) -> str:
-        sha = self.sha.copy()
-        sha.update(b"]")
-        return sha.hexdigest()
-
-
 def number_names_digest(start: int, stop: int) -> str:
     """The :class:`NamesChecksum` of the row numbers ``start .. stop - 1`` as names."""
     from .h5ad import NAME_BLOCK
@@ -543,13 +522,6 @@ def number_names_digest(start: int, stop: int) -> str:
     for a in range(start, stop, NAME_BLOCK):
         c.update([str(i) for i in range(a, min(stop, a + NAME_BLOCK))])
     return c.hexdigest()
-
-
-def canonical_json(obj) -> str:
-    """The one text of ``obj`` that the record and its seal use: sorted keys, no spaces, ASCII."""
-    import json
-
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def seal_of(record: dict) -> str:

@@ -38,66 +38,39 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from . import _params, templates
 from . import activations as _act
 from . import bases as _bases
 from .errors import SkeletonError
 
-SCHEMA_VERSION = 1
-
-TOP_KEYS = ("rfsgen", "description", "params", "input", "nodes", "output")
-INPUT_KEYS = ("width", "shape")
-COMMON_KEYS = ("name", "description")
-INPUT_NODE_KEYS = ("base", "columns", "per", "group", "patch")
-INTERNAL_KEYS = ("activation", "inputs", "conv", "pool", "dense", "each", "from")
-WIRINGS = ("inputs", "conv", "pool", "dense", "each")
-PER_VALUES = ("all", "column", "pixel", "patch", "group")
-
-# A skeleton file is user input: parsing and expanding it is bounded in time and
-# memory.  Each limit is stated in docs/reliability.md (Limits); exceeding one is a one-line error.
-MAX_SOURCE_BYTES = 256 << 10  # the file itself (YAML parsing runs at ~50k values/s)
-MAX_YAML_NODES = 200_000  # YAML values after expanding aliases (alias "bombs")
-MAX_WIDTH = 10_000_000  # values per input row
-MAX_NODES = 250_000  # skeleton nodes after expansion (a 500 x 500 image, one node per pixel)
-MAX_EDGES = 20_000_000  # child references, summed over internal nodes
-MAX_COLUMN_REFS = 20_000_000  # input columns referenced, summed over input nodes (overlapping patches)
-MAX_DEPTH = 1_000  # internal nodes on the longest input-to-output path
-MAX_NAME = 200  # characters in a node name
+# The language's keys and limits, the reference syntax and the node types live one module
+# down, shared with the template expander (rfsgen.templates); this module is their public home.
+from .nodes import (  # noqa: F401 (re-exported)
+    AUTO_PROBE_WIDTH,
+    COMMON_KEYS,
+    INPUT_KEYS,
+    INPUT_NODE_KEYS,
+    INTERNAL_KEYS,
+    MAX_COLUMN_REFS,
+    MAX_DEPTH,
+    MAX_EDGES,
+    MAX_NAME,
+    MAX_NODES,
+    MAX_SOURCE_BYTES,
+    MAX_WIDTH,
+    MAX_YAML_NODES,
+    PER_VALUES,
+    REF,
+    SCHEMA_VERSION,
+    TOP_KEYS,
+    WIRINGS,
+    InputNode,
+    InternalNode,
+    Layer,
+)
 
 
 # ----------------------------------------------------------------------------- DAG objects
-@dataclass(frozen=True)
-class InputNode:
-    """An input node: ``columns`` (tuple of int) of the input row through ``base``."""
-
-    id: int
-    label: str
-    layer: str
-    base: _bases.Base
-    columns: tuple
-
-
-@dataclass(frozen=True)
-class InternalNode:
-    """An internal node: ``activation`` of the mean of its ``children`` (node ids)."""
-
-    id: int
-    label: str
-    layer: str
-    activation: _act.Activation
-    children: tuple
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One skeleton entry after expansion: a named array of node ids."""
-
-    name: str
-    kind: str  # input | inputs | conv | pool | dense | each
-    shape: tuple
-    ids: tuple  # node ids in row-major order of ``shape``
-    line: int
-
-
 @dataclass(frozen=True, eq=False)
 class Skeleton:
     """An immutable, validated computation skeleton.
@@ -615,13 +588,7 @@ def _check_yaml_graph(root, path, anchor_of=None):
         stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
-REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\[(.*)\])?\s*\Z", re.DOTALL)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-
-
-#: An unbound ``width: auto`` skeleton is checked by building it at a probe width:
-#: the smallest multiple of every 'group' size that is at least this.
-AUTO_PROBE_WIDTH = 64
 
 
 def _custom(activations, path) -> tuple:
@@ -957,6 +924,3 @@ def _close(name: str, known) -> str:
     listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
     return f" (did you mean '{m[0]}'? defined: {listed})" if m else f" (defined: {listed})"
 
-
-# Template expansion builds this module's node objects, so it is imported last.
-from . import _params, templates  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import bases as _bases
 from . import budget
-from .skeleton import (
+from .nodes import (
     AUTO_PROBE_WIDTH,
     COMMON_KEYS,
     INPUT_NODE_KEYS,
