@@ -77,6 +77,11 @@ class FeatureSet:
     def columns(self) -> int:
         return int(self.count.size)
 
+    def __repr__(self) -> str:
+        """One line with the essentials: columns D, scheme, seed, draws, the skeleton."""
+        return (f"FeatureSet(D={self.columns}, scheme={self.scheme!r}, seed={self.seed}, draws={self.draws}, "
+                f"skeleton=Skeleton({self.skeleton._summary(short=True)}))")
+
     @property
     def weight(self) -> np.ndarray:
         """float64 (D,): ``column_weight`` when set, else count / draws (which sums to 1)."""

@@ -84,6 +84,10 @@ def _translate(e: BaseException):
         _fail(getattr(e, "cli_message", str(e)), e.exit_code)  # the message in the CLI's words (--overwrite)
     if isinstance(e, BrokenPipeError):
         _stdout_closed()
+    if isinstance(e, click.exceptions.NoArgsIsHelpError):  # bare 'rfsgen': the usage and commands, as click shows them
+        _signals.finish()
+        e.show()
+        sys.exit(e.exit_code)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 from ._params import set_option
 
 
@@ -24,6 +24,7 @@ from ._params import set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, margin, params, overwrite, quiet):
     """Evaluate the exact kernel of SKELETON between rows of INPUT and INPUT2.
 
