@@ -110,7 +110,8 @@ class _Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+            # unit_scale off: counts are whole rows and columns ('35/400 rows', not '35.0/400')
+            self.bar = tqdm(total=total, unit=unit, unit_scale=False, desc=desc, file=sys.stderr, leave=False)
 
     def __call__(self, n):
         if self.bar is not None:

@@ -53,5 +53,8 @@ def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, ma
     elif domain_from is not None or margin is not None:
         raise UsageError("--domain-from and --margin are for --eof")
     with _Progress(None, "rows", quiet, "kernel") as bar:
-        kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof,
-                     params=params)
+        k = kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof,
+                         params=params)
+    if not quiet:
+        click.echo(f"wrote the {k.shape[0]} x {k.shape[1]} kernel matrix (float64 .npy) to "
+                   f"{'standard output' if output == '-' else output}", err=True)
