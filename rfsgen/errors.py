@@ -44,7 +44,7 @@ EXTRAS = {"sklearn": "scikit-learn", "plot": "matplotlib", "dask": "dask distrib
 def install_hint(extra: str) -> str:
     """How to install what the optional extra ``extra`` brings, in words that work from any
     install: the packages themselves (rfsgen is not on a package index, so
-    ``pip install 'rfsgen[plot]'`` finds nothing), or the extra from a clone."""
+    an extra by the package's name finds nothing on an index), or the extra from a clone."""
     return f"pip install {EXTRAS[extra]} (or, in a clone of rfsgen: pip install -e '.[{extra}]')"
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from . import budget
 from .errors import DataError, InputError, UsageError, article, count
 
-TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
+TEXT_SUFFIXES = (".csv", ".tsv", ".txt")  # read alike: delimiter and header detected (TextSource)
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
 
 
@@ -186,7 +186,7 @@ class TextSource(InputSource):
         first = self._next_nonempty()
         if first is None:
             raise InputError(f"{name}: is empty; expected rows of numbers")
-        self.delimiter = detect_delimiter(first, delimiter)
+        self.delimiter = detect_delimiter(first) if delimiter is None else delimiter
         fields = self._split(first)
         header = not any(_is_number(f) for f in fields)
         self.detected = f"{DELIMITER_NAMES[self.delimiter]}, {'a header line' if header else 'no header line'}"
@@ -272,15 +272,14 @@ class TextSource(InputSource):
 DELIMITER_NAMES = {",": "comma-separated", "\t": "tab-separated", None: "whitespace-separated"}
 
 
-def detect_delimiter(line: str, default=None):
+def detect_delimiter(line: str):
     """The delimiter of a text input, from its first non-empty line (a header or a row),
-    the same way for every text input (.csv, .tsv, .txt, standard input): the more
-    frequent of comma and tab; where the line has neither, ``default`` (the file
-    suffix's: ``,`` for .csv, tab for .tsv, ``None``, any whitespace, for .txt and
-    standard input).  A one-column file reads the same either way."""
+    the same way for every text input (.csv, .tsv, .txt, standard input; the suffix is
+    not trusted): the more frequent of comma and tab, else ``None`` (runs of whitespace).
+    A one-column file reads the same whichever it is."""
     commas, tabs = line.count(","), line.count("\t")
     if commas == tabs == 0:
-        return default
+        return None
     return "," if commas >= tabs else "\t"
 
 
@@ -544,7 +543,7 @@ def open_input(spec, stdin=None, layer: str | None = None) -> InputSource:
         if suffix in TEXT_SUFFIXES:
             f = open(p, "r", encoding="utf-8", errors="strict")
             try:
-                return TextSource(f, str(p), TEXT_SUFFIXES[suffix], closer=f.close)
+                return TextSource(f, str(p), None, closer=f.close)  # the delimiter is detected
             except (UsageError, DataError):
                 f.close()
                 raise
