@@ -164,7 +164,7 @@ def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, mo
     res = run(["transform", "f.h5", "x.npy", "--layout", layout, "-o", "env-local.h5", "--shard", "1/2", "--threads", 1])
     assert res.exit_code == 0 and "computed here on 1 thread (DASK_SCHEDULER_ADDRESS is not used" in res.stderr
     assert open("env.h5", "rb").read() == open("env-local.h5", "rb").read()
-    assert run(base + ["-o", "gathered.h5", "--dask-gather"]).exit_code == 0
+    assert run(base + ["-o", "gathered.h5", "--scheduler", shell_cluster, "--dask-gather"]).exit_code == 0
     assert open("gathered.h5", "rb").read() == open("local.h5", "rb").read()
     assert not [p for p in os.listdir(".") if p.endswith(".shards") or p.endswith(".part")]
 
