@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import budget
-from .errors import OutputError, UsageError
+from .errors import OutputError, UsageError, install_hint
 from .kernel import kernel
 from .sampler import sample
 from .skeleton import Skeleton
@@ -154,7 +154,7 @@ def check_plotting() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'rfsgen[plot]' (or pip install matplotlib)") from None
+        raise UsageError(f"--plot needs matplotlib, which is not installed: {install_hint('plot')}") from None
 
 
 #: Formats matplotlib may need more than itself for (pgf runs LaTeX): not offered.
@@ -186,7 +186,7 @@ def plot(records: list[dict], path, title: str = "", format: str | None = None) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'rfsgen[plot]' (or pip install matplotlib)") from None
+        raise UsageError(f"--plot needs matplotlib, which is not installed: {install_hint('plot')}") from None
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for scheme in dict.fromkeys(r["scheme"] for r in records):
         rs = sorted((r for r in records if r["scheme"] == scheme), key=lambda r: r["features"])

@@ -852,8 +852,9 @@ def _flag(name):
 
 
 _register(BaseKind(
-    "gaussian", "exp(-scale^2 |x - x'|^2 / 2)", {
+    "gaussian", "exp(-scale^2 |x - x'|^2 / 2) = exp(-gamma |x - x'|^2)", {
         "scale": (1.0, _pos_float("scale")),
+        "gamma": (OPTIONAL, _pos_float("gamma")),  # scikit-learn's: scale = sqrt(2 gamma), see make_base
         "normalize_blocks": (0, _block_size),
         "orthogonal": (False, _flag("orthogonal")),
     }, None, True,
@@ -910,6 +911,13 @@ def make_base(name: str, params: Mapping | None, width: int) -> Base:
             f"base '{name}' takes exactly {kind.fixed_width} column per node but the node has {width}; "
             "use 'per: column'"
         )
+    if "gamma" in clean:  # the gaussian base's other spelling, RBFSampler's: exp(-gamma |x - x'|^2)
+        if "scale" in params:
+            raise ValueError("give 'scale' or 'gamma', not both (gamma = scale^2 / 2)")
+        gamma = clean.pop("gamma")
+        clean["scale"] = math.sqrt(2.0 * gamma)
+        if not math.isfinite(clean["scale"]) or clean["scale"] <= 0:
+            raise ValueError(f"'gamma' {gamma!r} is out of range (scale = sqrt(2 gamma) must be a finite number > 0)")
     block = clean.get("normalize_blocks", 0)
     if block and width % block:
         raise ValueError(f"'normalize_blocks: {block}' does not divide the node's {width} columns")

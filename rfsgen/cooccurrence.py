@@ -72,7 +72,7 @@ def default_pixels(shape) -> list:
 def plot_cooccurrence(fs: FeatureSet, path, pixels=None, title: str | None = None) -> None:
     """A PNG with one map per chosen pixel: its correlation with every other pixel
     (needs matplotlib, the ``plot`` extra, and an image skeleton)."""
-    from .errors import UsageError
+    from .errors import UsageError, install_hint
 
     _, shape, _ = _pixels(fs)
     if shape is None:
@@ -83,7 +83,7 @@ def plot_cooccurrence(fs: FeatureSet, path, pixels=None, title: str | None = Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("plotting needs matplotlib: pip install 'rfsgen[plot]'") from None
+        raise UsageError(f"plotting needs matplotlib, which is not installed: {install_hint('plot')}") from None
     c = cooccurrence(fs)
     pixels = pixels or default_pixels(shape)
     fig, axes = plt.subplots(1, len(pixels), figsize=(3 * len(pixels), 3.2))

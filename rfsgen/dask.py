@@ -1,6 +1,7 @@
 """Dask adapter: the transform and the exact kernel as lazy ``dask.array`` graphs.
 
-Needs the optional extra ``dask`` (``pip install 'rfsgen[dask]'``); the rest of rfsgen
+Needs dask and distributed (``pip install dask distributed``, or the extra ``dask`` from a
+clone: ``pip install -e '.[dask]'``); the rest of rfsgen
 never imports dask.  The feature set (or skeleton) enters each graph once, as one
 task that every block refers to by key, so it travels to each worker once, not
 with every task::
@@ -32,6 +33,11 @@ import numpy as np
 from .errors import InputError, UsageError, count
 from .features import FeatureSet
 from .skeleton import Skeleton
+
+#: The environment variable that sends ``rfsgen transform`` to a Dask cluster (as
+#: ``--dask-scheduler`` does).  Dask's own DASK_SCHEDULER_ADDRESS is not read: it is set for
+#: other programs, and a command must not leave the machine unless asked.
+SCHEDULER_VARIABLE = "RFSGEN_SCHEDULER"
 
 _TRANSFORMERS: dict = {}
 _LOCK = threading.Lock()
@@ -285,7 +291,7 @@ def check_address(address: str) -> str:
                else f"unknown scheme '{scheme}://' (one of {', '.join(SCHEMES)})" if scheme not in SCHEMES
                else "the port must be 1..65535" if m else "not HOST:PORT")
         raise UsageError(f"--dask-scheduler {address!r}: not a Dask scheduler address ({why}); write "
-                         "tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (or set DASK_SCHEDULER_ADDRESS)")
+                         "tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (or set RFSGEN_SCHEDULER)")
     return text
 
 
@@ -340,7 +346,7 @@ def connect(address: str, timeout: float = 10.0):
         detail = " ".join(str(e).split())[:200]
         raise RfsgenError(f"cannot reach the Dask scheduler at {address} ({type(e).__name__}: {detail}); check the "
                           "address and that the scheduler is running, or run without --dask-scheduler (and "
-                          "DASK_SCHEDULER_ADDRESS)") from None
+                          "RFSGEN_SCHEDULER)") from None
 
 
 #: Loggers of the client side of the Dask stack, whose records are routed through
@@ -406,7 +412,7 @@ SHUTDOWN_TIMEOUT = 20.0
 
 
 def shutdown(address: str | None = None, timeout: float = SHUTDOWN_TIMEOUT) -> int:
-    """Stop the Dask cluster at ``address`` (default: ``$DASK_SCHEDULER_ADDRESS``) in the
+    """Stop the Dask cluster at ``address`` (default: ``$RFSGEN_SCHEDULER``) in the
     order that leaves nothing behind: the workers first, retired and closed by the
     scheduler (each one's nanny too), then the scheduler.  Returns the number of workers
     stopped.
@@ -426,10 +432,10 @@ def shutdown(address: str | None = None, timeout: float = SHUTDOWN_TIMEOUT) -> i
     from .errors import RfsgenError
 
     if address is None:
-        address = os.environ.get("DASK_SCHEDULER_ADDRESS", "")
+        address = os.environ.get(SCHEDULER_VARIABLE, "")
         if not address.strip():
             raise UsageError("rfsgen.dask.shutdown: no scheduler address: pass one (tcp://HOST:PORT) or set "
-                             "DASK_SCHEDULER_ADDRESS")
+                             f"{SCHEDULER_VARIABLE}")
     address = check_address(address)
     with routed_messages(quiet=True):  # the workers leaving is not news
         client = connect(address)

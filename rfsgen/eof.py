@@ -50,8 +50,9 @@ KERNELS = ("brownian", "laplace")
 MAX_LEVEL = 50
 #: Default margin of a domain measured from rows, as a fraction of each column's range.
 DEFAULT_MARGIN = 0.05
-#: Format version of feature files holding EOF columns (other files keep theirs).
-FORMAT_VERSION = 3
+#: Format version of feature files holding EOF columns (other files keep theirs): 5, the
+#: skeleton as an HDF5 string (rfsgen.features.FORMAT_VERSION 4); 3, as uint8 bytes, still read.
+FORMAT_VERSION = 5
 
 
 # ---------------------------------------------------------------------- 1-D mathematics

@@ -37,6 +37,17 @@ def article(word) -> str:
     return "an" if w[:1].lower() in "aeiou" and w[:1] != "" else "a"
 
 
+#: The optional extras of pyproject.toml: extra -> the packages it installs.
+EXTRAS = {"sklearn": "scikit-learn", "plot": "matplotlib", "dask": "dask distributed", "anndata": "anndata"}
+
+
+def install_hint(extra: str) -> str:
+    """How to install what the optional extra ``extra`` brings, in words that work from any
+    install: the packages themselves (rfsgen is not on a package index, so
+    an extra by the package's name finds nothing on an index), or the extra from a clone."""
+    return f"pip install {EXTRAS[extra]} (or, in a clone of rfsgen: pip install -e '.[{extra}]')"
+
+
 class RfsgenError(Exception):
     """Base class of every error rfsgen raises on purpose (exit code 1).
 

@@ -11,12 +11,14 @@ values per term).  The column's value on a row is::
     sqrt(count/draws) * { prod psi                      kind 0
                         { sqrt(2) R cos(theta + b)      kind 1, 2   (prod psi = R e^{i theta})
 
-File layout (format ``rfsgen-features``, version 1), every dataset fletcher32-
+File layout (format ``rfsgen-features``, version 4; EOF files 5), every dataset fletcher32-
 checksummed and written with ``track_times=False`` so files are byte-identical::
 
     /                attrs: format, format_version, tool_version, seed, columns, draws,
                             scheme, skeleton_path, skeleton_sha256, nodes, command, stats (JSON)
-    /skeleton        uint8    the skeleton's source text (UTF-8); re-parsed on load
+    /skeleton        string   the skeleton's source text: one fixed-length UTF-8 HDF5 string
+                              (h5dump shows it as text; versions 1-3: a uint8 array of its bytes);
+                              re-parsed on load
     /column_count    uint     draws that produced each column
     /column_kind     uint8    0 real, 1 cos (b = 0), 2 sin (b = pi/2)
     /column_terms    uint     number of terms of each column (ptr = cumsum)
@@ -47,7 +49,13 @@ from .schemes import SCHEMES, WALK_AS_WRITTEN
 from .skeleton import InputNode, Skeleton, parse_skeleton
 
 FORMAT = "rfsgen-features"
-FORMAT_VERSION = 2  # 2: a checksummed rfsgen header in the user block, root attributes sealed (1 is still read)
+#: 2: a checksummed rfsgen header in the user block, root attributes sealed; 4: the skeleton an
+#: HDF5 string, not uint8 bytes (1 and 2 still read; EOF files: 3 and 5, rfsgen.eof.FORMAT_VERSION).
+FORMAT_VERSION = 4
+#: Versions whose /skeleton is an HDF5 string (the others: a uint8 array of its UTF-8 bytes).
+STRING_SKELETON_VERSIONS = (4, 5)
+#: Versions of files holding EOF columns.
+EOF_VERSIONS = (3, 5)
 
 
 @dataclass(eq=False)
@@ -76,6 +84,11 @@ class FeatureSet:
     @property
     def columns(self) -> int:
         return int(self.count.size)
+
+    def __repr__(self) -> str:
+        """One line with the essentials: columns D, scheme, seed, draws, the skeleton."""
+        return (f"FeatureSet(D={self.columns}, scheme={self.scheme!r}, seed={self.seed}, draws={self.draws}, "
+                f"skeleton=Skeleton({self.skeleton._summary(short=True)}))")
 
     @property
     def weight(self) -> np.ndarray:
@@ -270,8 +283,8 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
         attrs["column_weights"] = "float"
     for k, v in attrs.items():
         f.attrs[k] = v
+    _put_text(f, "skeleton", src)
     datasets = [
-        ("skeleton", np.frombuffer(src, dtype=np.uint8), True),
         ("column_count", _narrow(fs.count), True),
         ("column_kind", fs.kind.astype(np.uint8), True),
         ("column_terms", _narrow(np.diff(fs.ptr)), True),
@@ -301,6 +314,16 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     if fs.eof is not None:
         _eof().write(f, fs.eof)
     _seal(f)
+
+
+def _put_text(f, name, raw: bytes):
+    """Write ``raw`` (UTF-8) as dataset ``name``: one fixed-length UTF-8 string, chunked,
+    gzip-compressed and fletcher32-checksummed as the other datasets are."""
+    import h5py
+
+    data = np.array([raw], dtype=h5py.string_dtype("utf-8", max(len(raw), 1)))
+    f.create_dataset(name, data=data, chunks=(1,), fletcher32=True, track_times=False, compression="gzip",
+                     compression_opts=GZIP_LEVEL)
 
 
 def _node_deltas(node: np.ndarray, ptr: np.ndarray) -> np.ndarray:
@@ -536,12 +559,13 @@ def _get_attr(p, obj, key, where="attribute"):
     return obj.attrs[key]
 
 
-def _check_dataset(p, f, name, matrix=False):
+def _check_dataset(p, f, name, matrix=False, text=False):
     """The dataset ``name`` of ``f``, checked without reading its data: a hard link to a
     1-D integer (omega: float) dataset, stored in this file (no external storage, no
     virtual layout), with no filter but gzip/shuffle/fletcher32 and chunks no larger than
     the data (HDF5 decompresses whole chunks).  Returns its declared length; with
-    ``matrix``, a 2-D unsigned dataset (EOF's vectors), and its declared shape."""
+    ``matrix``, a 2-D unsigned dataset (EOF's vectors), and its declared shape; with
+    ``text``, one fixed-length string (the skeleton of format 4), and its length in bytes."""
     import h5py
     from h5py import h5d, h5t
 
@@ -570,6 +594,10 @@ def _check_dataset(p, f, name, matrix=False):
     cls = ds.id.get_type().get_class()
     shape = ds.id.shape
     want = h5t.FLOAT if float_ else h5t.INTEGER
+    if text:
+        if shape != (1,) or cls != h5t.STRING or ds.id.get_type().is_variable_str() or ds.dtype.kind != "S":
+            raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected one fixed-length string")
+        return int(ds.dtype.itemsize)
     if matrix:
         if len(shape) != 2 or cls != h5t.INTEGER or ds.dtype.itemsize > 8 or ds.dtype.kind != "u":
             raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 2-D unsigned array")
@@ -623,10 +651,11 @@ def _load(p, f) -> FeatureSet:
         raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
                                "pass a file made by 'rfsgen sample'")
     version = _get_attr(p, f, "format_version")
-    if not _is_int(version) or int(version) not in (1, FORMAT_VERSION, _eof().FORMAT_VERSION):
+    readable = (1, 2, 3, FORMAT_VERSION, _eof().FORMAT_VERSION)
+    if not _is_int(version) or int(version) not in readable:
         raise FeatureFileError(
-            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions 1, "
-            f"{FORMAT_VERSION} and {_eof().FORMAT_VERSION}); re-create it with this rfsgen's 'rfsgen sample'"
+            f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions "
+            f"{', '.join(map(str, readable[:-1]))} and {readable[-1]}); re-create it with this rfsgen's 'rfsgen sample'"
         )
     attrs = {}
     for k in ATTRS + (("attrs_sha256",) if int(version) >= 2 else ()):
@@ -638,7 +667,8 @@ def _load(p, f) -> FeatureSet:
         v = _get_attr(p, f, k)
         if v is not None:
             attrs[k] = v
-    sizes = {k: _check_dataset(p, f, k) for k in REQUIRED}
+    text = int(version) in STRING_SKELETON_VERSIONS
+    sizes = {k: _check_dataset(p, f, k, text=text and k == "skeleton") for k in REQUIRED}
     enc = _get_attr(p, f["term_node"], "encoding", "term_node's attribute")
     enc = "plain" if enc is None else enc
     if isinstance(enc, bytes):
@@ -661,7 +691,7 @@ def _load(p, f) -> FeatureSet:
         sizes["column_weight"] = _check_dataset(p, f, "column_weight")
         if _attr(p, attrs, "column_weights") != "float":
             raise _bad(p, f"attribute 'column_weights' is {_plain(attrs['column_weights'])!r}; expected 'float'")
-    if ("eof" in attrs) != (int(version) == _eof().FORMAT_VERSION):
+    if ("eof" in attrs) != (int(version) in EOF_VERSIONS):
         raise _bad(p, f"format version {int(version)} with{'' if 'eof' in attrs else 'out'} an 'eof' attribute")
 
     # The header's counts, then every declared size against them and the budget, before
@@ -696,9 +726,9 @@ def _load(p, f) -> FeatureSet:
     # that contradicts what was already read is named as such rather than as too large.
     _budget(p, columns, 0, 0)
 
-    raw = _read_data(p, f, "skeleton", sizes["skeleton"])
+    raw = _read_data(p, f, "skeleton", 1 if text else sizes["skeleton"])
     try:
-        src = bytes(raw.astype(np.uint8)).decode("utf-8")
+        src = bytes(raw[0]).decode("utf-8") if text else bytes(raw.astype(np.uint8)).decode("utf-8")
     except UnicodeDecodeError:
         raise _bad(p, "the embedded skeleton is not UTF-8 text") from None
     if hashlib.sha256(src.encode()).hexdigest() != skeleton_sha:

@@ -1,9 +1,9 @@
 """Reading inputs: every command's rows, streamed in chunks from files or standard input.
 
 Input specs: ``data.npy`` (memory-mapped), ``data.npz[:key]``, ``data.h5[:/path]``,
-``data.csv`` / ``data.tsv`` / ``data.txt`` (a header line of non-numbers is
-skipped), and ``-`` for standard input (``.npy`` bytes or CSV/TSV text,
-detected).  Arrays with more than two dimensions are flattened per row
+``data.csv`` / ``data.tsv`` / ``data.txt`` (comma-, tab- or whitespace-separated, detected
+from the first line; a first line of non-numbers is a header, skipped), and ``-`` for
+standard input (``.npy`` bytes or text, detected).  Arrays with more than two dimensions are flattened per row
 (row-major), so ``(N, H, W, C)`` images become rows of ``H*W*C`` values.
 
 Every source streams float chunks ``(m, width)`` (float32 and float64 data as
@@ -28,7 +28,7 @@ from . import budget
 from .errors import DataError, InputError, UsageError, article, count
 from .specs import _split_spec
 
-TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": None}
+TEXT_SUFFIXES = (".csv", ".tsv", ".txt")  # read alike: delimiter and header detected (TextSource)
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".h5ad")
 
 
@@ -187,15 +187,15 @@ class TextSource(InputSource):
         first = self._next_nonempty()
         if first is None:
             raise InputError(f"{name}: is empty; expected rows of numbers")
-        if delimiter is None and name == "<stdin>":
-            delimiter = "," if "," in first else ("\t" if "\t" in first else None)
-        self.delimiter = delimiter
+        self.delimiter = detect_delimiter(first) if delimiter is None else delimiter
         fields = self._split(first)
-        if not any(_is_number(f) for f in fields):
+        header = not any(_is_number(f) for f in fields)
+        self.detected = f"{DELIMITER_NAMES[self.delimiter]}, {'a header line' if header else 'no header line'}"
+        if header:
             self.header = fields
             first = self._next_nonempty()
             if first is None:
-                raise InputError(f"{name}: has a header line but no rows")
+                raise InputError(f"{name}: has a header line but no rows (read as {self.detected})")
         self._pending = [(self._line, first)]
         self.width = len(self._split(first))
         self._consumed = 0
@@ -254,18 +254,34 @@ class TextSource(InputSource):
             fields = self._split(text)
             if len(fields) != self.width:
                 return InputError(
-                    f"{self.name}:{lineno}: has {len(fields)} fields but the first row has {self.width}; "
-                    "every row needs the same number of columns"
+                    f"{self.name}:{lineno}: has {len(fields)} fields but the first row has {self.width} (read as "
+                    f"{self.detected}); every row needs the same number of columns"
                 )
             for col, f in enumerate(fields):
                 if not _is_number(f):
-                    return DataError(f"{self.name}:{lineno}: column {col}: {f!r} is not a number; fix or drop that row")
-        return DataError(f"{self.name}: cannot parse rows: {exc}")
+                    return DataError(f"{self.name}:{lineno}: column {col}: {f!r} is not a number (read as "
+                                     f"{self.detected}); fix or drop that row")
+        return DataError(f"{self.name}: cannot parse rows (read as {self.detected}): {exc}")
 
     def close(self):
         if self._closer:
             self._closer()
             self._closer = None
+
+
+#: How :func:`detect_delimiter`'s results are named in messages.
+DELIMITER_NAMES = {",": "comma-separated", "\t": "tab-separated", None: "whitespace-separated"}
+
+
+def detect_delimiter(line: str):
+    """The delimiter of a text input, from its first non-empty line (a header or a row),
+    the same way for every text input (.csv, .tsv, .txt, standard input; the suffix is
+    not trusted): the more frequent of comma and tab, else ``None`` (runs of whitespace).
+    A one-column file reads the same whichever it is."""
+    commas, tabs = line.count(","), line.count("\t")
+    if commas == tabs == 0:
+        return None
+    return "," if commas >= tabs else "\t"
 
 
 def _is_number(s: str) -> bool:
@@ -545,7 +561,7 @@ def open_input(spec, stdin=None, layer: str | None = None) -> InputSource:
         if suffix in TEXT_SUFFIXES:
             f = open(p, "r", encoding="utf-8", errors="strict")
             try:
-                return TextSource(f, str(p), TEXT_SUFFIXES[suffix], closer=f.close)
+                return TextSource(f, str(p), None, closer=f.close)  # the delimiter is detected
             except (UsageError, DataError):
                 f.close()
                 raise
@@ -1110,7 +1126,9 @@ def check_width(src: InputSource, width: int, skeleton_path: str, shape=None, *,
                 fix: str | None = None):
     """Raise :func:`width_error` unless ``src``'s rows have ``width`` values."""
     if src.width != width:
-        raise width_error(src.name, src.width, width, skeleton_path, shape, origin=origin, fix=fix)
+        detected = getattr(src, "detected", None)  # text: the delimiter and header it was read with
+        name = f"{src.name} (read as {detected})" if detected else src.name
+        raise width_error(name, src.width, width, skeleton_path, shape, origin=origin, fix=fix)
 
 
 def width_error(name: str, got, width: int, skeleton_path: str, shape=None, *, origin: str | None = None,

@@ -97,6 +97,27 @@ class Skeleton:
     #: declares under ``params:`` (defaults, or those set by ``params=`` / ``--set``).
     params: tuple = ()
 
+    def __repr__(self) -> str:
+        """One line with the essentials (the source text is ``source``): name, width or
+        shape, nodes, output, parameters."""
+        return f"Skeleton({self._summary()})"
+
+    def _summary(self, short: bool = False) -> str:
+        """The inside of :meth:`__repr__` (``short``: the name, width and nodes only, for a
+        feature set's repr), under 200 characters whatever the path and parameters."""
+        name = self.path if len(self.path) <= 40 else "..." + self.path[-37:]
+        if not self.bound:
+            shape = "width=auto (unbound)"
+        else:
+            shape = f"width={self.width}" + (f", shape={tuple(self.shape)}" if self.shape and not short else "")
+            n_in = sum(isinstance(n, InputNode) for n in self.nodes)
+            shape += f", nodes={len(self.nodes)}" + ("" if short else
+                                                      f" ({n_in} input), output={self.nodes[self.output].label!r}")
+        params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.params)
+        if len(params) > (30 if short else 60):
+            params = params[:(27 if short else 57)] + "..."
+        return f"{name!r}, {shape}" + (f", params: {params}" if params else "")
+
     # -------------------------------------------------------------- width: auto
     @property
     def bound(self) -> bool:

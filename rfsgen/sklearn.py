@@ -1,6 +1,7 @@
 """scikit-learn adapter: :class:`SkeletonFeatures`, a transformer for pipelines.
 
-Needs the optional extra ``sklearn`` (``pip install 'rfsgen[sklearn]'``); the rest
+Needs scikit-learn (``pip install scikit-learn``, or the extra ``sklearn`` from a clone:
+``pip install -e '.[sklearn]'``); importing this module without it is one ImportError saying so; the rest
 of rfsgen never imports scikit-learn.  Example::
 
     from sklearn.pipeline import make_pipeline
@@ -23,26 +24,25 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .errors import UsageError
+from .errors import UsageError, install_hint
+
+try:
+    from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+    from sklearn.utils import check_random_state
+    from sklearn.utils.validation import check_is_fitted, validate_data
+except ImportError as _e:  # one message saying what to install, not sklearn's own traceback
+    raise ImportError(f"rfsgen.sklearn needs scikit-learn (>= 1.6), which cannot be imported here ({_e}): "
+                      f"{install_hint('sklearn')}") from None
 from .skeleton import Skeleton, load_skeleton, parse_skeleton
 
-#: The skeleton used when none is given: two ReLU layers (the arc-cosine kernel of
-#: degree 1, composed twice) over each row scaled to unit length.  It has no scale
-#: parameter; standardise the columns first (StandardScaler) so that no column
-#: dominates the row's direction.
-DEFAULT_SKELETON = """\
-rfsgen: 1
-description: two ReLU layers (arc-cosine kernel) over the unit-normalised row
-input: {width: auto}
-nodes:
-  - {name: x, base: sphere, zero: uniform}
-  - {name: hidden, activation: relu, inputs: [x]}
-  - {name: out, activation: relu, inputs: [hidden]}
-"""
+#: The skeleton used when none is given: the shipped ``rbf`` skeleton, the Gaussian kernel
+#: ``exp(-gamma |x - x'|^2)`` of scikit-learn's RBFSampler, with ``gamma = 1 / n_features``
+#: unless ``params`` sets it (scikit-learn's SVC default, ``gamma='scale'``, on standardised
+#: columns: the kernel stays away from 0 and 1 whatever the width).  It sees the rows as they
+#: are (no normalisation unless ``normalize=True``): standardise the columns first
+#: (StandardScaler), as for RBFSampler.
+DEFAULT_SKELETON = "rbf"
 
 _DTYPES = ("float32", "float64")
 
@@ -50,11 +50,11 @@ _DTYPES = ("float32", "float64")
 def resolve_skeleton(spec, params=None) -> Skeleton:
     """A :class:`Skeleton` from a ``Skeleton``, YAML text (a string with a newline or
     starting with ``rfsgen:``), a path, a shipped skeleton's name (``"cifar-patches"``;
-    a path that exists wins), or ``None`` (:data:`DEFAULT_SKELETON`).  ``params``: values
+    a path that exists wins), or ``None`` (the shipped :data:`DEFAULT_SKELETON`).  ``params``: values
     for the parameters the skeleton declares (a parsed ``Skeleton`` is re-parsed from its
     text with them)."""
     if spec is None:
-        return parse_skeleton(DEFAULT_SKELETON, "<SkeletonFeatures default>", params=params)
+        return load_skeleton(DEFAULT_SKELETON, params=params)
     if isinstance(spec, Skeleton):
         if not params:
             return spec
@@ -86,7 +86,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         A skeleton file, a shipped skeleton's name (``"tabular-auto"``; see
         ``rfsgen.shipped_skeletons()``), YAML text, or a parsed :class:`rfsgen.Skeleton`.
         ``input: {width: auto}`` skeletons take the width of ``X`` at fit time.
-        None: :data:`DEFAULT_SKELETON`.
+        None: the shipped ``rbf`` skeleton (RBFSampler's kernel ``exp(-gamma |x - x'|^2)``)
+        with ``gamma = 1 / n_features`` unless ``params`` sets it.
     n_components : int
         Number of feature columns D.
     random_state : int, numpy RandomState or None
@@ -105,6 +106,11 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         one in a grid search as ``params__NAME`` (``{"features__params__scale": [0.1,
         0.2, 0.5]}`` for a pipeline step named ``features``) or as whole dicts
         (``{"features__params": [{"scale": 0.1}, ...]}``).
+    normalize : bool
+        True: scale each row to unit Euclidean length before the features (all-zero rows
+        stay zero), as ``sklearn.preprocessing.normalize`` does; then ``transform(X)`` equals
+        ``rfsgen.transform(self.features_, normalize(X))``.  False (the default): the rows as
+        they are.
     layer : str or None
         For ``anndata.AnnData`` inputs: the layer the rows are read from (None: ``X``).
         An AnnData (backed too) may be passed wherever ``X`` is.
@@ -127,7 +133,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False, params=None, layer=None, select=None, pool_factor=10):
+                 sparse_output=False, params=None, layer=None, select=None, pool_factor=10, normalize=False):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
@@ -138,6 +144,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         self.layer = layer
         self.select = select
         self.pool_factor = pool_factor
+        self.normalize = normalize
 
     def set_params(self, **kwargs):
         """As scikit-learn's, and ``params__NAME=value`` sets one skeleton parameter
@@ -167,6 +174,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         if self.select is not None and (isinstance(self.pool_factor, bool) or not isinstance(
                 self.pool_factor, (int, np.integer)) or self.pool_factor < 1):
             raise ValueError(f"pool_factor must be a positive integer, got {self.pool_factor!r}")
+        if not isinstance(self.normalize, (bool, np.bool_)):
+            raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
 
     def fit(self, X, y=None):
         """Bind the skeleton to ``X``'s width and sample ``n_components`` features.
@@ -183,8 +192,12 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .sampler import sample
 
         self._check_params()
-        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=True)
-        skel = resolve_skeleton(self.skeleton, self.params)
+        X = self._normalized(validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32],
+                                           reset=True))
+        params = self.params
+        if self.skeleton is None and "gamma" not in (params or {}):
+            params = {**(params or {}), "gamma": 1.0 / X.shape[1]}
+        skel = resolve_skeleton(self.skeleton, params)
         try:
             skel = skel.bind(X.shape[1])
         except UsageError as e:
@@ -232,8 +245,17 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         from .transform import transform
 
         check_is_fitted(self, "features_")
-        X = validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32], reset=False)
+        X = self._normalized(validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32],
+                                           reset=False))
         return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype)
+
+    def _normalized(self, X):
+        """``X``, or with ``normalize=True`` its rows scaled to unit length (zero rows kept)."""
+        if not self.normalize:
+            return X
+        from sklearn.preprocessing import normalize
+
+        return normalize(X, norm="l2", copy=True)
 
     def _rows(self, X):
         """``X`` itself, or for an AnnData its X or ``layers[self.layer]`` (backed: read)."""

@@ -284,10 +284,11 @@ def _unique_columns(keys: np.ndarray):
     return sk[:, new], order[new], inverse
 
 
-def transform(fs: FeatureSet, x, *, layout: str = "csr", dtype="float32", chunk_rows: int | None = None,
+def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk_rows: int | None = None,
               progress: Callable[[int], None] | None = None, layer: str | None = None):
     """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``;
-    ``auto``: the one :func:`rfsgen.output.auto_layout` picks for ``fs``).
+    ``auto``, the default: the one the ``transform`` command's ``--layout auto`` writes for ``fs``,
+    :func:`rfsgen.output.auto_layout`: dense when at least half its columns are almost surely non-zero).
 
     ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
     an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).

@@ -226,6 +226,18 @@ def embedded_skeleton(text: str):
 
     def edit(f):
         raw = text.encode("utf-8")
-        write_dataset("skeleton", np.frombuffer(raw, dtype=np.uint8))(f)
+        write_dataset("skeleton", skeleton_data(f, raw))(f)
         f.attrs["skeleton_sha256"] = hashlib.sha256(raw).hexdigest()
     return edit
+
+
+def skeleton_data(f, raw: bytes):
+    """``raw`` as the file ``f`` stores its skeleton: one fixed-length UTF-8 string (format
+    versions 4 and 5), or an array of its bytes (1-3)."""
+    import h5py
+
+    from rfsgen.features import STRING_SKELETON_VERSIONS
+
+    if int(f.attrs["format_version"]) in STRING_SKELETON_VERSIONS:
+        return np.array([raw], dtype=h5py.string_dtype("utf-8", max(len(raw), 1)))
+    return np.frombuffer(raw, dtype=np.uint8)

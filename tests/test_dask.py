@@ -39,7 +39,7 @@ def test_transform_is_the_in_memory_transform_for_any_chunking(fs, x, chunks):
     assert dense.shape == (60, 1500) and dense.dtype == np.float32 and dense.numblocks[1] == 1
     assert dense.compute(scheduler="threads").tobytes() == rfsgen.transform(fs, x, layout="dense").tobytes()
     csr = rd.transform(fs, X, layout="csr", dtype="float64").compute(scheduler="sync")
-    want = rfsgen.transform(fs, x, dtype="float64")
+    want = rfsgen.transform(fs, x, layout="csr", dtype="float64")
     assert csr.format == "csr" and csr.data.tobytes() == want.data.tobytes()
     assert np.array_equal(csr.indices, want.indices) and np.array_equal(csr.indptr, want.indptr)
 
@@ -156,12 +156,15 @@ def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, mo
     res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
     assert res.exit_code == 0, res.output
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
-    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", shell_cluster)
-    assert run(base + ["-o", "env.h5", "--shard", "1/2"]).exit_code == 0
-    assert run(["transform", "f.h5", "x.npy", "--layout", layout, "-q", "-o", "env-local.h5", "--shard", "1/2"],
-               env={"DASK_SCHEDULER_ADDRESS": ""}).exit_code == 0
+    monkeypatch.setenv("RFSGEN_SCHEDULER", shell_cluster)
+    res = run(["transform", "f.h5", "x.npy", "--layout", layout, "-o", "env.h5", "--shard", "1/2"])
+    assert res.exit_code == 0 and res.stderr.endswith(f"computed on the Dask cluster at {shell_cluster}\n"), res.stderr
+    monkeypatch.delenv("RFSGEN_SCHEDULER")
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", shell_cluster)  # Dask's variable, set for other programs: not used
+    res = run(["transform", "f.h5", "x.npy", "--layout", layout, "-o", "env-local.h5", "--shard", "1/2", "--threads", 1])
+    assert res.exit_code == 0 and "computed here on 1 thread (DASK_SCHEDULER_ADDRESS is not used" in res.stderr
     assert open("env.h5", "rb").read() == open("env-local.h5", "rb").read()
-    assert run(base + ["-o", "gathered.h5", "--dask-gather"]).exit_code == 0
+    assert run(base + ["-o", "gathered.h5", "--scheduler", shell_cluster, "--dask-gather"]).exit_code == 0
     assert open("gathered.h5", "rb").read() == open("local.h5", "rb").read()
     assert not [p for p in os.listdir(".") if p.endswith(".shards") or p.endswith(".part")]
 
@@ -411,8 +414,9 @@ def test_shutdown_stops_workers_then_scheduler_without_tracebacks_or_lingering_p
 
 
 def test_shutdown_needs_an_address(monkeypatch):
-    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
-    with pytest.raises(rfsgen.UsageError, match="no scheduler address: pass one"):
+    monkeypatch.delenv("RFSGEN_SCHEDULER", raising=False)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9")  # Dask's own variable: never read
+    with pytest.raises(rfsgen.UsageError, match="no scheduler address: pass one .* or set RFSGEN_SCHEDULER"):
         rd.shutdown()
     with pytest.raises(rfsgen.UsageError, match="not a Dask scheduler address"):
         rd.shutdown("nowhere")
@@ -518,7 +522,7 @@ def test_workers_that_cannot_see_the_shard_directory(files, shell_cluster):
 
 def test_shard_options_need_a_scheduler(files):
     for extra in (["--shard-dir", "."], ["--dask-gather"]):
-        res = run(["transform", "f.h5", "x.npy", "-o", "o.h5", *extra], env={"DASK_SCHEDULER_ADDRESS": ""})
+        res = run(["transform", "f.h5", "x.npy", "-o", "o.h5", *extra], env={"RFSGEN_SCHEDULER": ""})
         assert res.exit_code == 2 and "needs --dask-scheduler" in res.output
 
 

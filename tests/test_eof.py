@@ -186,8 +186,8 @@ def test_file_round_trip_and_transform_bytes(tmp_path):
     with h5py.File(p) as f:
         assert f.attrs["format_version"] == eof.FORMAT_VERSION
     x = box_rows(np.random.default_rng(0), 3, -2.0, 3.0, 50)[0]
-    a = transform(back, x, chunk_rows=7)
-    b = transform(fs, x, chunk_rows=50)
+    a = transform(back, x, layout="csr", chunk_rows=7)
+    b = transform(fs, x, layout="csr", chunk_rows=50)
     assert (a != b).nnz == 0 and a.dtype == np.float32
     assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
 

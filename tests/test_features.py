@@ -634,9 +634,11 @@ from rfsgen.features import MAX_WEIGHT_SUM, weight_problem
 
 #: SHA-256 of files written before float column weights existed (tool_version and command
 #: pinned); the writer must keep these bytes for files without weights.
+#: Format 4 (issue 42: the skeleton an HDF5 string, a deliberate change); in format 2 they were
+#: f873cccf... and 23d2dc2b..., whose files still load (test_format_2_files_still_load_and_transform_the_same).
 UNWEIGHTED_SHA256 = {
-    "gauss-laplace": "f873cccf1f8548036389bd83484d07702b251d1718173135e8b27909386abcf5",
-    "circle-step": "23d2dc2b0c0fe386e35d3da252ffa15f2f390e8a884f766b60590a1bc51e03e1",
+    "gauss-laplace": "c7b1a658c2c2d3a6167ddd4c57f55bea7541999f930c7bd301d10a24e636fe19",
+    "circle-step": "8de1a5a60c5cb434c2d1a99da4a913550008d2915f788374a69ddb5f18c5734f",
 }
 
 
@@ -753,3 +755,60 @@ def test_weights_are_checked_when_written(tmp_path):
     with pytest.raises(ValueError, match="column 0 has weight nan"):
         save(fs, tmp_path / "x.h5")
     assert not (tmp_path / "x.h5").exists()
+
+
+# ----------------------------------------------------------------------------- the skeleton as text (issue 42)
+def _as_format_2(src, dst):
+    """``src`` (format 4) rewritten as format 2 wrote it: the skeleton as uint8 bytes."""
+    from forge import forge, set_attr, write_dataset
+    from rfsgen.features import _write_header
+
+    with h5py.File(src, "r") as f:
+        raw = bytes(f["skeleton"][0])
+    forge(src, dst, set_attr("format_version", 2), write_dataset("skeleton", np.frombuffer(raw, dtype=np.uint8)))
+    with open(dst, "r+b") as fh:
+        _write_header(fh, 2)
+    return dst
+
+
+def test_the_skeleton_is_stored_as_an_hdf5_utf8_string(tmp_path):
+    fs = _pinned("gauss-laplace")
+    save(fs, tmp_path / "f.h5")
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        ds = f["skeleton"]
+        assert f.attrs["format_version"] == 4 and ds.shape == (1,) and ds.dtype.kind == "S"
+        assert h5py.check_string_dtype(ds.dtype).encoding == "utf-8"
+        assert ds[0].decode("utf-8") == fs.skeleton.source
+    assert load(tmp_path / "f.h5").skeleton.source == fs.skeleton.source
+
+
+def test_format_2_files_still_load_and_transform_the_same(tmp_path):
+    from conftest import rows_for
+
+    fs = _pinned("circle-step")
+    save(fs, tmp_path / "f.h5")
+    old = _as_format_2(tmp_path / "f.h5", tmp_path / "old.h5")
+    with h5py.File(old, "r") as f:
+        assert f.attrs["format_version"] == 2 and f["skeleton"].dtype == np.uint8
+    back = load(old)
+    assert back.skeleton.source == fs.skeleton.source and _same(back, fs)
+    x = rows_for(fs.skeleton, 5, seed=1)
+    assert transform(back, x, layout="dense").tobytes() == transform(fs, x, layout="dense").tobytes()
+
+
+def test_a_skeleton_of_the_other_format_is_refused(tmp_path):
+    from forge import forge, set_attr, write_dataset
+    from rfsgen.features import _write_header
+
+    save(_pinned("circle-step"), tmp_path / "f.h5")
+    raw = load(tmp_path / "f.h5").skeleton.source.encode()
+    bytes_in_4 = forge(tmp_path / "f.h5", tmp_path / "a.h5", write_dataset("skeleton", np.frombuffer(raw, np.uint8)))
+    with pytest.raises(FeatureFileError, match="dataset 'skeleton' .* expected one fixed-length string"):
+        load(bytes_in_4)
+    old = _as_format_2(tmp_path / "f.h5", tmp_path / "old.h5")
+    string_in_2 = forge(old, tmp_path / "b.h5", write_dataset("skeleton", np.array([raw], dtype=h5py.string_dtype(
+        "utf-8", len(raw)))))
+    with open(string_in_2, "r+b") as fh:
+        _write_header(fh, 2)
+    with pytest.raises(FeatureFileError, match="dataset 'skeleton' .* expected a 1-D integer array"):
+        load(string_in_2)

@@ -99,7 +99,7 @@ def _path(active: bool) -> str:
 
 
 def _env(active: bool = True, **extra):
-    return dict(os.environ, PATH=_path(active), DASK_SCHEDULER_ADDRESS="", **extra)
+    return dict(os.environ, PATH=_path(active), DASK_SCHEDULER_ADDRESS="", RFSGEN_SCHEDULER="", **extra)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

@@ -84,6 +84,10 @@ def _translate(e: BaseException):
         _fail(getattr(e, "cli_message", str(e)), e.exit_code)  # the message in the CLI's words (--overwrite)
     if isinstance(e, BrokenPipeError):
         _stdout_closed()
+    if isinstance(e, click.exceptions.NoArgsIsHelpError):  # bare 'rfsgen': the usage and commands, as click shows them
+        _signals.finish()
+        e.show()
+        sys.exit(e.exit_code)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)
@@ -106,7 +110,8 @@ class _Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+            # unit_scale off: counts are whole rows and columns ('35/400 rows', not '35.0/400')
+            self.bar = tqdm(total=total, unit=unit, unit_scale=False, desc=desc, file=sys.stderr, leave=False)
 
     def __call__(self, n):
         if self.bar is not None:

@@ -1,4 +1,4 @@
-"""The ``--max-memory`` option shared by the commands that spend memory on their inputs."""
+"""The ``--max-memory`` and ``--threads`` options shared by the commands that compute."""
 
 from __future__ import annotations
 
@@ -33,6 +33,35 @@ def max_memory_option(fn):
         from ..budget import limited
 
         with limited(max_memory):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _threads(ctx, param, value):
+    if value is None:
+        return None
+    from .._threads import check
+    from ..errors import UsageError
+
+    try:
+        return check(value, "--threads")
+    except UsageError as e:  # "--threads is 3; give 1 to 2 (...)"
+        raise click.BadParameter(str(e).replace("--threads is ", "", 1)) from None
+
+
+def threads_option(fn):
+    """Add ``--threads N`` to a command and run its body on N threads
+    (:func:`rfsgen._threads.using`; place it below ``translate_errors``)."""
+
+    @click.option("--threads", type=int, metavar="N", callback=_threads,
+                  help="Threads to compute on, 1 to this machine's cores (default: all of them, or "
+                       "$NUMBA_NUM_THREADS). The output is the same bytes for every N.")
+    @functools.wraps(fn)
+    def wrapper(*args, threads=None, **kwargs):
+        from .._threads import using
+
+        with using(threads):
             return fn(*args, **kwargs)
 
     return wrapper

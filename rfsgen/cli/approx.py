@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress, _emit_json
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 from ._params import set_option
 
 
@@ -29,6 +29,7 @@ from ._params import set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as_json, plot_path, params, overwrite,
                quiet):
     """How well random features approximate SKELETON's kernel on rows of INPUT.

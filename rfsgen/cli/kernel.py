@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 from ._params import set_option
 
 
@@ -24,6 +24,7 @@ from ._params import set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, margin, params, overwrite, quiet):
     """Evaluate the exact kernel of SKELETON between rows of INPUT and INPUT2.
 
@@ -52,5 +53,8 @@ def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, ma
     elif domain_from is not None or margin is not None:
         raise UsageError("--domain-from and --margin are for --eof")
     with _Progress(None, "rows", quiet, "kernel") as bar:
-        kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof,
-                     params=params)
+        k = kernel_files(skeleton, input, input2, output, rows=rows, overwrite=overwrite, progress=bar, eof=eof,
+                         params=params)
+    if not quiet:
+        click.echo(f"wrote the {k.shape[0]} x {k.shape[1]} kernel matrix (float64 .npy) to "
+                   f"{'standard output' if output == '-' else output}", err=True)

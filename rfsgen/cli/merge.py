@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import _Progress, main, translate_errors
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 
 
 @main.command("merge")
@@ -18,6 +18,7 @@ from ._budget import max_memory_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def merge_cmd(shards, output, virtual, overwrite, quiet):
     """Merge transform shards (from --rows or --shard) back into one file.
 

@@ -6,7 +6,7 @@ import click
 
 from . import main, translate_errors, _Progress
 from ..errors import UsageError
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 from ._params import set_option
 
 
@@ -36,6 +36,7 @@ from ._params import set_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, output, width, params, overwrite, quiet):
     """Sample D deduplicated random features for SKELETON into a feature file.
 

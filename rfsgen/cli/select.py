@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import main, translate_errors, _Progress
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 
 
 @main.command("select")
@@ -35,6 +35,7 @@ from ._budget import max_memory_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def select_cmd(features, rows, labels, columns, method, rho, task, label_column, pool_factor, seed, scheme,
                chunk_rows, output, overwrite, quiet):
     """Keep the D columns of the pool FEATURES that align best with the labels.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, install_hint
 from . import main, translate_errors, _Progress
-from ._budget import max_memory_option
+from ._budget import max_memory_option, threads_option
 
 
 @main.command("transform")
@@ -24,8 +26,9 @@ from ._budget import max_memory_option
 @click.option("--rows", help="Only rows START:STOP of INPUT (for sharded batch jobs).")
 @click.option("--shard", metavar="K/N", help="Only the K-th (from 0) of N nearly equal contiguous row ranges, "
               "e.g. --shard ${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}.")
-@click.option("--dask-scheduler", metavar="tcp://HOST:PORT", envvar="DASK_SCHEDULER_ADDRESS",
-              help="Compute on this running Dask cluster (default: $DASK_SCHEDULER_ADDRESS); the output is the same "
+@click.option("--dask-scheduler", "--scheduler", "dask_scheduler", metavar="tcp://HOST:PORT", envvar="RFSGEN_SCHEDULER",
+              help="Compute on this running Dask cluster (default: $RFSGEN_SCHEDULER; without either, here: Dask's "
+                   "own DASK_SCHEDULER_ADDRESS is not used); the output is the same "
                    "file as a local run's. The workers write their row ranges as shards into a directory they share "
                    "with this process (--shard-dir), which are then verified and merged here and removed; where "
                    "they cannot see it, the chunks come here and are written here. Needs the 'dask' extra here and "
@@ -43,6 +46,7 @@ from ._budget import max_memory_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
+@threads_option
 def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
                   shard_dir, dask_gather, obsm, overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
@@ -73,16 +77,22 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
             from ..dask import transform_file
         except ImportError as e:
             raise UsageError(f"--dask-scheduler needs dask and distributed ({e}); install them with "
-                             "pip install 'rfsgen[dask]'") from None
+                             f"{install_hint('dask')}") from None
         options["scheduler"] = dask_scheduler
         options["shard_dir"] = shard_dir
         options["gather"] = dask_gather
         options["quiet"] = quiet  # Dask's own warnings and log lines: none with -q
+        where = f"on the Dask cluster at {dask_scheduler}"
     else:
         if shard_dir is not None or dask_gather:
             raise UsageError(f"{'--shard-dir' if shard_dir is not None else '--dask-gather'} needs --dask-scheduler "
-                             "(or DASK_SCHEDULER_ADDRESS)")
+                             "(or RFSGEN_SCHEDULER)")
+        from .._compiled import threads
         from ..transform import transform_file
+
+        where = f"here on {threads()} thread{'s' if threads() > 1 else ''}"
+        if os.environ.get("DASK_SCHEDULER_ADDRESS", "").strip():
+            where += " (DASK_SCHEDULER_ADDRESS is not used: pass --scheduler or set RFSGEN_SCHEDULER for a cluster)"
 
     with _Progress(None, "rows", quiet, "transform") as bar:
         info = transform_file(features, input, output, progress=bar, **options)
@@ -90,6 +100,6 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
         click.echo(f"rfsgen: warning: {info['clipped']} values outside the feature file's domain were clipped to it "
                    "(recorded as the output's 'clipped_values' attribute)", err=True)
     if not quiet:
-        where = f"{output} (obsm['{info['obsm']}'])" if info.get("obsm") else output
-        click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {where}",
-                   err=True)
+        out = f"{output} (obsm['{info['obsm']}'])" if info.get("obsm") else output
+        click.echo(f"wrote {info['rows']} rows x {info['columns']} columns ({info['nnz']} stored values) to {out}, "
+                   f"computed {where}", err=True)

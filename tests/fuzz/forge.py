@@ -157,9 +157,15 @@ def apply(op: dict, d: Path) -> None:
     elif kind == "skeleton_text":  # replace a feature file's embedded skeleton and its recorded hash
         import hashlib
 
+        from rfsgen import features
+
         src = op["text"].encode()
         with h5py.File(p, "r+") as f:
-            _rewrite(f, "skeleton", np.frombuffer(src, dtype=np.uint8), compression="gzip")
+            if int(f.attrs["format_version"]) in features.STRING_SKELETON_VERSIONS:  # one fixed-length string
+                data = np.array([src], dtype=h5py.string_dtype("utf-8", max(len(src), 1)))
+            else:
+                data = np.frombuffer(src, dtype=np.uint8)
+            _rewrite(f, "skeleton", data, compression="gzip")
             f.attrs["skeleton_sha256"] = hashlib.sha256(src).hexdigest()
         _reseal(p)
     elif kind == "mkfifo":
