@@ -60,6 +60,8 @@ UNIT_SCALE_RANGE = (1e-100, 1e100)
 #: below that no scale is recorded and the features are the unscaled ones (their bytes
 #: unchanged since format version 3).
 SCALE_FROM = 32
+#: ... and so that no feature of any row exceeds 2^PEAK_LOG2 (:func:`scale_exponent`).
+PEAK_LOG2 = 120
 
 
 # ---------------------------------------------------------------------- 1-D mathematics
@@ -448,21 +450,28 @@ def _unit_scales(kernel_name: str, scale: float, lo, hi) -> np.ndarray:
 
 
 def scale_exponent(kernel_name: str, s) -> int:
-    """The e of :attr:`Columns.scale_exponent` for a new EOF set: the power of two that brings
-    a typical row's feature vector to unit norm, ``round(-sum_j L_j / (2 ln 2))`` with
-    ``L_j = E_u log k1_j(u, u)`` for u uniform on [0, 1] (brownian: -2; laplace: by the
-    midpoint rule on 4096 points, the log singularity at 0 taken out in closed form) --
-    recorded only when it is at least :data:`SCALE_FROM`, else 0."""
-    s = np.asarray(s, np.float64)
-    if kernel_name == "brownian":
-        total = -2.0 * s.size
-    else:
-        u = (np.arange(4096) + 0.5) / 4096
-        x = 2.0 * s[:, None] * u[None, :]
-        smooth = np.mean(np.log(-np.expm1(-x) / x), axis=1)
-        total = float(np.sum(2.0 * (np.log(2.0 * s) - 1.0 + smooth) - np.log(-np.expm1(-2.0 * s))))
-    e = int(round(-total / (2.0 * math.log(2.0))))
-    return e if e >= SCALE_FROM else 0
+    """The e of :attr:`Columns.scale_exponent` for a new EOF set.  Nearly every feature is
+    a product of level-1 factors phi_1(u_j) (a sparse grid's level vectors have at most
+    n - 1 coordinates above 1), so a typical row's features are about 2^(sum_j A_j), with
+    ``A_j = E_u log2 phi_1,j(u)`` for u uniform on [0, 1] (midpoint rule, 4096 points),
+    and no row's exceed 2^(sum_j P_j), ``P_j = log2 phi_1,j(1/2)`` (the center's).  e brings
+    the typical row to unit order, ``round(-sum A_j)`` (rows spread over the box then lie
+    within about 2^(+-1.5 sqrt(d)) of it: their products stay inside float32 too), but at
+    most ``floor(PEAK_LOG2 - sum P_j)`` so that no value of any row exceeds 2^120 (float32's
+    largest is about 2^128); it is recorded only when the typical row would be below
+    2^-:data:`SCALE_FROM` (e >= SCALE_FROM), else 0."""
+    s = np.asarray(s, np.float64)[:, None]
+    u = ((np.arange(4096) + 0.5) / 4096)[None, :]
+    if kernel_name == "brownian":  # the hat min(u, 1 - u) (level 1: h = 1/2, divisor sqrt(2 h) = 1)
+        phi, peak = np.broadcast_to(np.minimum(u, 1.0 - u), (s.size, u.size)), np.full(s.shape, 0.5)
+    else:  # level 1 on [0, 1], g = 1/2 (as _factor_normed, in numpy)
+        mn, mx = np.minimum(u, 0.5), np.maximum(u, 0.5)
+        norm = -np.expm1(-2.0 * s) * np.sqrt(np.tanh(0.5 * s))
+        phi = np.exp(-s * (mx - mn)) * -np.expm1(-2.0 * s * mn) * -np.expm1(-2.0 * s * (1.0 - mx)) / norm
+        peak = -np.expm1(-s) * -np.expm1(-s) / norm
+    raw = int(round(-float(np.sum(np.mean(np.log2(phi), axis=1)))))
+    cap = int(math.floor(PEAK_LOG2 - float(np.sum(np.log2(peak)))))
+    return min(raw, cap) if raw >= SCALE_FROM else 0
 
 
 # ---------------------------------------------------------------------- feature file
