@@ -327,7 +327,8 @@ def check_box(spec: Spec, lo, hi, error=UsageError, where: str = "the box of", f
     lo, hi = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (lo, hi))
     problem = box_problem(lo, hi)
     if problem is None and spec.kernel == "laplace":
-        s = spec.scale * (hi - lo)
+        with np.errstate(over="ignore"):
+            s = spec.scale * (hi - lo)
         bad = np.flatnonzero(~((s >= UNIT_SCALE_RANGE[0]) & (s <= UNIT_SCALE_RANGE[1])))
         if bad.size:
             c = int(bad[0])
@@ -463,14 +464,16 @@ def scale_exponent(kernel_name: str, s) -> int:
     s = np.asarray(s, np.float64)[:, None]
     u = ((np.arange(4096) + 0.5) / 4096)[None, :]
     if kernel_name == "brownian":  # the hat min(u, 1 - u) (level 1: h = 1/2, divisor sqrt(2 h) = 1)
-        phi, peak = np.broadcast_to(np.minimum(u, 1.0 - u), (s.size, u.size)), np.full(s.shape, 0.5)
-    else:  # level 1 on [0, 1], g = 1/2 (as _factor_normed, in numpy)
+        log_phi = np.broadcast_to(np.log2(np.minimum(u, 1.0 - u)), (s.size, u.size))
+        log_peak = np.full(s.shape, -1.0)
+    else:  # level 1 on [0, 1], g = 1/2 (as _factor_normed), in logs: no underflow for large s
         mn, mx = np.minimum(u, 0.5), np.maximum(u, 0.5)
-        norm = -np.expm1(-2.0 * s) * np.sqrt(np.tanh(0.5 * s))
-        phi = np.exp(-s * (mx - mn)) * -np.expm1(-2.0 * s * mn) * -np.expm1(-2.0 * s * (1.0 - mx)) / norm
-        peak = -np.expm1(-s) * -np.expm1(-s) / norm
-    raw = int(round(-float(np.sum(np.mean(np.log2(phi), axis=1)))))
-    cap = int(math.floor(PEAK_LOG2 - float(np.sum(np.log2(peak)))))
+        log_norm = np.log2(-np.expm1(-2.0 * s)) + 0.5 * np.log2(np.tanh(0.5 * s))
+        log_phi = (-s * (mx - mn) / math.log(2.0) + np.log2(-np.expm1(-2.0 * s * mn))
+                   + np.log2(-np.expm1(-2.0 * s * (1.0 - mx))) - log_norm)
+        log_peak = 2.0 * np.log2(-np.expm1(-s)) - log_norm
+    raw = int(round(-float(np.sum(np.mean(log_phi, axis=1)))))
+    cap = int(math.floor(PEAK_LOG2 - float(np.sum(log_peak))))
     return min(raw, cap) if raw >= SCALE_FROM else 0
 
 
@@ -539,7 +542,7 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
     try:
         check_box(spec, lo, hi, ValueError, "", "")
     except ValueError as err:
-        raise _bad(p, f"the EOF box {str(err).rstrip('; ')}") from None
+        raise _bad(p, "the EOF box of " + str(err).strip().rstrip(";").removeprefix("node ")) from None
     e = meta.get("scale_exponent", 0)
     if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e <= 400 * d or ("scale_exponent" in meta and not e):
         raise _bad(p, f"EOF scale exponent {e!r} outside 1..{400 * d}")
@@ -744,9 +747,10 @@ class Transformer:
         finite, overflows ``self.dtype`` or underflows it (non-zero, below its smallest normal
         number: the row would be written as zeros or subnormals).  A row that passes keeps
         every value to within the dtype's precision of its largest (a value flushed to zero
-        is below 2^-23 of it in float32)."""
+        is below 2^-23 of it in float32).  float64 output is written as computed."""
         info = np.finfo(self.dtype)
-        bad = np.flatnonzero(~(peak <= info.max) | ((peak > 0) & (peak < info.tiny)))
+        tiny = info.tiny if self.dtype.itemsize < 8 else 0.0  # float64 holds the values as computed
+        bad = np.flatnonzero(~(peak <= info.max) | ((peak > 0) & (peak < tiny)))
         if not bad.size:
             return
         r = int(bad[0])
