@@ -748,11 +748,17 @@ def search_right(cdf, guide, v, out):  # pragma: no cover - compiled
     ``guide`` int64 ``(G + 1,)`` is ``np.searchsorted(cdf, np.arange(G + 1) / G, side="right")``
     with G a power of two, so the answer for ``v`` lies in ``guide[g]:guide[g + 1] + 1``,
     ``g = floor(v G)`` (in the last bucket, up to ``cdf.size``: a table summing to a hair
-    above 1 has entries above 1): a few linear steps, then a binary search of the rest."""
+    above 1 has entries above 1): a few linear steps, then a binary search of the rest.
+    The bucket is proved in range before it is cast or used: ``v`` below 0, NaN (bucket 0)
+    or above 1 (the last bucket) cannot read outside ``guide`` or ``cdf``."""
     buckets = guide.size - 1
     for i in range(v.size):
         x = v[i]
-        g = min(int(x * buckets), buckets - 1)
+        t = x * buckets
+        if t >= 0.0:  # false for NaN
+            g = buckets - 1 if t >= buckets - 1 else int(t)
+        else:
+            g = 0
         lo = guide[g]
         hi = guide[g + 1] if g < buckets - 1 else cdf.size
         steps = 0

@@ -121,12 +121,14 @@ def _eof_record(skeleton, xt, d, seed, box, full_grids) -> dict:
     limit = _eof.kernel(skeleton, xt, lo=lo, hi=hi)
     fs = _eof.sample(skeleton, columns=d, seed=seed, domain=(lo, hi), margin=margin, domain_source=source)
     psi = transform(fs, xt, layout="dense", dtype="float64")
+    psi *= 2.0 ** -fs.eof.scale_exponent  # the recorded scale (exact: a power of two)
     rec = measures(limit, psi @ psi.T)
     rec["draws"] = fs.columns
     n = fs.eof.meta["level"]
     if n not in full_grids:
         full_grids[n] = _eof.sample(skeleton, level=n, domain=(lo, hi), margin=margin, domain_source=source)
     full = transform(full_grids[n], xt, layout="dense", dtype="float64")
+    full *= 2.0 ** -full_grids[n].eof.scale_exponent
     trunc = measures(limit, full @ full.T)
     rec.update(level=n, truncation_mae=trunc["mae"], truncation_max_abs=trunc["max_abs"])
     return rec

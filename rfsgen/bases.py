@@ -768,6 +768,42 @@ def _domain(v):
         return float(a)
 
     lo, hi = v
+    out = _domain_pairs(lo, hi, num, msg)
+    problem = box_problem(*(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in out))
+    if problem is not None:
+        c, why = problem
+        raise ValueError(f"'domain' {'column ' + str(c) + ' ' if isinstance(out[0], tuple) else ''}{why}; "
+                         "state a box the rows fill (e.g. standardise the columns first)")
+    return out
+
+
+#: A box must hold at least this many float64 values per column: mapped to [0, 1] its rows
+#: keep at least 20 bits of resolution (EOF's cells and the brownian kernel see them).
+MIN_BOX_STEPS = 1 << 20
+
+
+def box_problem(lo, hi):
+    """``(column, why)`` for the first column of the box ``[lo, hi]`` (float64 arrays) that
+    cannot be mapped to [0, 1] safely -- a bound that is not finite, a width ``hi - lo``
+    that is not finite and positive (it overflows float64), or fewer than
+    :data:`MIN_BOX_STEPS` float64 values between the bounds (the map loses the rows'
+    resolution) -- or None.  Every accepted box has a finite width, so ``(x - lo) / (hi - lo)``
+    is finite (or +-inf, clipped or refused) for every finite x, never NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        width = hi - lo
+        steps = width / np.spacing(np.maximum(np.abs(lo), np.abs(hi)))
+    for c in range(lo.size):
+        if not (np.isfinite(lo[c]) and np.isfinite(hi[c]) and np.isfinite(width[c]) and width[c] > 0):
+            return c, (f"[{lo[c]:g}, {hi[c]:g}] has width {width[c]:g}: not a finite positive float64 "
+                       "(hi - lo overflows)" if np.isfinite(lo[c]) and np.isfinite(hi[c]) else
+                       f"[{lo[c]:g}, {hi[c]:g}] is not finite")
+        if not steps[c] >= MIN_BOX_STEPS:
+            return c, (f"[{float(lo[c])!r}, {float(hi[c])!r}] holds only {int(steps[c]):,} float64 values (fewer than 2^20): "
+                       "mapped to [0, 1] the rows would lose their resolution")
+    return None
+
+
+def _domain_pairs(lo, hi, num, msg):
     if isinstance(lo, (list, tuple)) or isinstance(hi, (list, tuple)):
         lo = tuple(num(a) for a in (lo if isinstance(lo, (list, tuple)) else [lo]))
         hi = tuple(num(a) for a in (hi if isinstance(hi, (list, tuple)) else [hi]))

@@ -53,6 +53,16 @@ DEFAULT_MARGIN = 0.05
 #: Format version of feature files holding EOF columns (other files keep theirs): 5, the
 #: skeleton as an HDF5 string (rfsgen.features.FORMAT_VERSION 4); 3, as uint8 bytes, still read.
 FORMAT_VERSION = 5
+#: The laplace unit-cube scale s = scale (hi - lo) must lie in this range: beyond it the
+#: 1-D features' exponentials under- or overflow float64 (s = 0 or inf would give NaN).
+UNIT_SCALE_RANGE = (1e-100, 1e100)
+#: Features are scaled by 2^e (``scale_exponent`` in the file) when a typical row's
+#: feature vector would otherwise have a norm below 2^-SCALE_FROM (tiny in float32);
+#: below that no scale is recorded and the features are the unscaled ones (their bytes
+#: unchanged since format version 3).
+SCALE_FROM = 32
+#: ... and so that no feature of any row exceeds 2^PEAK_LOG2 (:func:`scale_exponent`).
+PEAK_LOG2 = 120
 
 
 # ---------------------------------------------------------------------- 1-D mathematics
@@ -80,6 +90,10 @@ def _norms(kernel, s, level):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _factor_normed(kernel, s, x, level, n1, n2):  # pragma: no cover - compiled
     """:func:`_factor` with the level's divisors ``n1, n2`` (:func:`_norms`) given: the same bits."""
+    if not x >= 0.0:  # below the cube, or NaN: its face (callers clip; this proves 0 <= c)
+        x = 0.0
+    elif x > 1.0:
+        x = 1.0
     half = 1 << (level - 1)
     c = int(math.floor(x * half))
     if c > half - 1:
@@ -295,8 +309,36 @@ def measure_domain(spec: Spec, rows, margin: float = DEFAULT_MARGIN):
         c = int(flat[0])
         raise DataError(f"{name}: column {int(cols[c])} is constant ({lo[c]:g}) on every row: it has no box to map "
                         f"to [0, 1]; drop it from node '{spec.node}' or state 'domain:' for the node")
-    width = hi - lo
-    return lo - margin * width, hi + margin * width
+    check_box(spec, lo, hi, DataError, f"{name}: the rows' range of",
+              "rescale the column (e.g. standardise it) or state 'domain:' for the node")
+    with np.errstate(over="ignore", invalid="ignore"):
+        width = hi - lo
+        lo, hi = lo - margin * width, hi + margin * width
+    check_box(spec, lo, hi, UsageError, f"--margin {margin:g} widens", "use a smaller --margin")
+    return lo, hi
+
+
+def check_box(spec: Spec, lo, hi, error=UsageError, where: str = "the box of", fix: str = "state another box"):
+    """Raise ``error`` (one line: ``where`` node and column, why, ``fix``) unless every column
+    of the box ``[lo, hi]`` maps to [0, 1] safely (:func:`rfsgen.bases.box_problem`: finite
+    bounds and width, 2^20 float64 values at least) and, for laplace, the unit-cube scale
+    ``scale (hi - lo)`` lies in :data:`UNIT_SCALE_RANGE`."""
+    from .bases import box_problem
+
+    lo, hi = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (lo, hi))
+    problem = box_problem(lo, hi)
+    if problem is None and spec.kernel == "laplace":
+        with np.errstate(over="ignore"):
+            s = spec.scale * (hi - lo)
+        bad = np.flatnonzero(~((s >= UNIT_SCALE_RANGE[0]) & (s <= UNIT_SCALE_RANGE[1])))
+        if bad.size:
+            c = int(bad[0])
+            problem = c, (f"[{lo[c]:g}, {hi[c]:g}] times scale {spec.scale:g} is {s[c]:g} in unit-cube units, outside "
+                          f"[{UNIT_SCALE_RANGE[0]:g}, {UNIT_SCALE_RANGE[1]:g}] (EOF's features would under- or overflow)")
+    if problem is not None:
+        c, why = problem
+        col = spec.columns[c] if c < len(spec.columns) else c
+        raise error(f"{where} node '{spec.node}', column {col}: {why}; {fix}")
 
 
 # ---------------------------------------------------------------------- sampling
@@ -313,6 +355,9 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
 
     spec = spec_of(skel)
     d = spec.d
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    seed = int(seed)
     if (columns is None) == (level is None):
         raise UsageError("--scheme eof takes either -n D or --level N")
     if level is not None:
@@ -339,7 +384,9 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
                              "'domain: [lo, hi]' to the node or pass --domain-from TRAINING_ROWS")
         domain = spec.domain
         domain_source, margin = "skeleton", None
-    lo, hi = (np.asarray(a, dtype=np.float64) for a in domain)
+    lo, hi = (np.broadcast_to(np.asarray(a, dtype=np.float64), (d,)).copy() for a in domain)
+    check_box(spec, lo, hi, UsageError, f"{skel.path}: the EOF box of",
+              "state another 'domain:' (or measure one with --domain-from)")
     levels = level_vectors(n, d)
     if keep < n_feat:
         pick = np.sort(np.random.default_rng(seed).choice(n_feat, keep, replace=False))
@@ -349,6 +396,9 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
     lev = levels[t]
     meta = {"kernel": spec.kernel, "node": spec.node, "level": n, "level_vectors": n_vec, "grid_features": n_feat,
             "lo": lo.tolist(), "hi": hi.tolist(), "margin": margin, "domain_source": domain_source}
+    e = scale_exponent(spec.kernel, _unit_scales(spec.kernel, spec.scale, lo, hi))
+    if e:
+        meta["scale_exponent"] = e
     D = keep
     fs = FeatureSet(skeleton=skel, scheme="eof", seed=seed, draws=D, count=np.ones(D, np.int64),
                     kind=np.zeros(D, np.uint8), ptr=np.zeros(D + 1, np.int64), node=np.zeros(0, np.int64),
@@ -378,9 +428,58 @@ class Columns:
 
     def unit_scales(self, skel) -> np.ndarray:
         """Per column, the kernel's scale in unit-cube coordinates (laplace: scale (hi - lo))."""
-        if self.meta["kernel"] == "brownian":
-            return np.zeros(self.lo.size)
-        return spec_of(skel).scale * (self.hi - self.lo)
+        return _unit_scales(self.meta["kernel"], spec_of(skel).scale, self.lo, self.hi)
+
+    @property
+    def scale_exponent(self) -> int:
+        """e: the features are 2^e times the unscaled ones, so the kernel they estimate is
+        ``Z Z^T / 4^e`` (exactly: a power of two); 0 when the file records none."""
+        return int(self.meta.get("scale_exponent", 0))
+
+    def multipliers(self) -> np.ndarray:
+        """Per node column j, the power of two 2^(e_j) its 1-D factors are multiplied by:
+        ``e_j = floor(e (j + 1) / d) - floor(e j / d)`` (integers; they sum to e), so that
+        every partial product stays near unit order; all 1.0 when e = 0 (the same bits)."""
+        d, e = self.lo.size, self.scale_exponent
+        j = np.arange(d + 1)
+        return np.ldexp(1.0, np.diff((e * j) // max(d, 1)))
+
+
+def _unit_scales(kernel_name: str, scale: float, lo, hi) -> np.ndarray:
+    if kernel_name == "brownian":
+        return np.zeros(np.asarray(lo).size)
+    return scale * (np.asarray(hi, np.float64) - np.asarray(lo, np.float64))
+
+
+def scale_exponent(kernel_name: str, s) -> int:
+    """The e of :attr:`Columns.scale_exponent` for a new EOF set.  Nearly every feature is
+    a product of level-1 factors phi_1(u_j) (a sparse grid's level vectors have at most
+    n - 1 coordinates above 1), so a typical row's features are about 2^(sum_j A_j), with
+    ``A_j = max(E_u log2 phi_1,j(u), P_j - 2)`` for u uniform on [0, 1] (midpoint rule, 4096
+    points; a kernel far narrower than the cells makes most values tiny, which no scale
+    mends), and no row's exceed 2^(sum_j P_j), ``P_j = log2 phi_1,j(1/2)`` (the center's).  e brings
+    the typical row to unit order, ``round(-sum A_j)`` (rows spread over the box then lie
+    within about 2^(+-1.5 sqrt(d)) of it: their products stay inside float32 too), but at
+    most ``floor(PEAK_LOG2 - sum P_j)`` so that no value of any row exceeds 2^120 (float32's
+    largest is about 2^128); it is recorded only when the typical row would be below
+    2^-:data:`SCALE_FROM` (e >= SCALE_FROM), else 0."""
+    s = np.asarray(s, np.float64)[:, None]
+    u = ((np.arange(4096) + 0.5) / 4096)[None, :]
+    if kernel_name == "brownian":  # the hat min(u, 1 - u) (level 1: h = 1/2, divisor sqrt(2 h) = 1)
+        log_phi = np.broadcast_to(np.log2(np.minimum(u, 1.0 - u)), (s.size, u.size))
+        log_peak = np.full(s.shape, -1.0)
+    else:  # level 1 on [0, 1], g = 1/2 (as _factor_normed), in logs: no underflow for large s
+        mn, mx = np.minimum(u, 0.5), np.maximum(u, 0.5)
+        log_norm = np.log2(-np.expm1(-2.0 * s)) + 0.5 * np.log2(np.tanh(0.5 * s))
+        log_phi = (-s * (mx - mn) / math.log(2.0) + np.log2(-np.expm1(-2.0 * s * mn))
+                   + np.log2(-np.expm1(-2.0 * s * (1.0 - mx))) - log_norm)
+        log_peak = 2.0 * np.log2(-np.expm1(-s)) - log_norm
+    # a column's typical value is taken at most 2 bits below its peak: a tent loses 1.44 bits;
+    # a laplace kernel far narrower than the grid's cells makes most rows' values tiny whatever the scale
+    typical = np.maximum(np.mean(log_phi, axis=1), log_peak.ravel() - 2.0)
+    raw = int(round(-float(np.sum(typical))))
+    cap = int(math.floor(PEAK_LOG2 - float(np.sum(log_peak))))
+    return min(raw, cap) if raw >= SCALE_FROM else 0
 
 
 # ---------------------------------------------------------------------- feature file
@@ -425,7 +524,7 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
     except (TypeError, ValueError):
         raise _bad(p, "the 'eof' attribute is not JSON") from None
     keys = {"kernel", "node", "level", "level_vectors", "grid_features", "lo", "hi", "margin", "domain_source"}
-    if not isinstance(meta, dict) or set(meta) != keys:
+    if not isinstance(meta, dict) or set(meta) - {"scale_exponent"} != keys:
         raise _bad(p, "the 'eof' attribute lacks or has extra keys")
     try:
         spec = spec_of(fs.skeleton)
@@ -445,6 +544,13 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in lo + hi)
             and all(a < b for a, b in zip(lo, hi))):
         raise _bad(p, f"the EOF domain is not {d} finite pairs lo < hi")
+    try:
+        check_box(spec, lo, hi, ValueError, "", "")
+    except ValueError as err:
+        raise _bad(p, "the EOF box of " + str(err).strip().rstrip(";").removeprefix("node ")) from None
+    e = meta.get("scale_exponent", 0)
+    if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e <= 400 * d or ("scale_exponent" in meta and not e):
+        raise _bad(p, f"EOF scale exponent {e!r} outside 1..{400 * d}")
     if level.shape[1] != d or index.shape[1] != d:
         raise _bad(p, f"EOF level/index vectors of {level.shape[1]}/{index.shape[1]} entries for {article(d)} {d}-column node")
     if level.size and (int(level.min()) < 1 or int(level.max()) > n):
@@ -477,11 +583,18 @@ def _slots(cols: Columns):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out, start, stop):  # pragma: no cover - compiled
+def _rows(u, kernel, s, mult, top, act_ptr, act_j, act_l, act_stride, off, table, out, peak, start, stop):  # pragma: no cover - compiled
     """Algorithm 1 over rows [start, stop).  A level vector is stored by its active
     coordinates (l_j > 1, increasing j; level-1 coordinates have the one cell 0): its value
     is the product, in increasing j, of runs of level-1 factors (``seg``, per row) and the
-    active factors -- O(d^2 + |levels| |active|) per row instead of O(|levels| d)."""
+    active factors -- O(d^2 + |levels| |active|) per row instead of O(|levels| d).
+    Column j's factors are multiplied by ``mult[j]`` (powers of two: exact), and ``peak[r]``
+    gets the row's largest |value| in float64 (the caller checks it fits ``out``'s dtype).
+
+    Memory safety whatever the values: :func:`_factor_normed` clamps its x to [0, 1] (NaN
+    to 0), so each cell lies in [0, 2^(l-1)); each slot is checked against the table and
+    each column against ``out`` before they are used (a wrong table is skipped, not
+    followed)."""
     m, d = u.shape
     cell = np.empty((d, top + 1), np.int64)
     val = np.empty((d, top + 1))
@@ -496,13 +609,14 @@ def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out,
             for l in range(1, top + 1):
                 c, v = _factor_normed(kernel, s[j], u[r, j], l, n1[j, l], n2[j, l])
                 cell[j, l] = c
-                val[j, l] = v
+                val[j, l] = v * mult[j]
         for a in range(d + 1):
             p = 1.0
             seg[a, a] = p
             for b in range(a + 1, d + 1):
                 p *= val[b - 1, 1]
                 seg[a, b] = p
+        top_v = 0.0
         for t in range(off.size):
             slot = off[t]
             v = 1.0
@@ -514,9 +628,15 @@ def _rows(u, kernel, s, top, act_ptr, act_j, act_l, act_stride, off, table, out,
                 v *= val[j, act_l[k]]
                 prev = j + 1
             v *= seg[prev, d]
+            if slot < 0 or slot >= table.size:
+                continue
             col = table[slot]
-            if col >= 0:
+            if 0 <= col < out.shape[1]:
                 out[r, col] = v
+                a = abs(v)
+                if not a <= top_v:  # NaN included: it is the row's peak
+                    top_v = a
+        peak[r] = top_v
 
 
 class Transformer:
@@ -534,10 +654,19 @@ class Transformer:
         self.cols = np.array(spec_of(fs.skeleton).columns, dtype=np.int64)
         self.lo, self.hi = cols.lo, cols.hi
         self.s = np.ascontiguousarray(cols.unit_scales(fs.skeleton))
+        self.mult = np.ascontiguousarray(cols.multipliers())
         levels, slot, _ = _slots(cols)
         off, stride, sizes = strides(levels)
         n_slots = int(sizes.sum())
-        budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
+        top = int(levels.max(initial=1))
+        d = levels.shape[1]
+        from ._compiled import threads
+
+        # the table, and per thread the scratch of _rows: cell, val, n1, n2 (d x (top + 1)) and seg ((d + 1)^2)
+        budget.check(8.0 * n_slots + threads() * 8.0 * (4 * d * (top + 1) + (d + 1) ** 2),
+                     f"the EOF column table ({n_slots:,} slots) and per-thread tables of its {d}-column node "
+                     f"({threads()} threads x {d + 1}^2 values)",
+                     "sample fewer EOF columns or a node of fewer columns, or use fewer threads (NUMBA_NUM_THREADS)")
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
         self.lev, self.off = levels, off
@@ -547,7 +676,7 @@ class Transformer:
         self.act_l = levels[t_idx, self.act_j].astype(np.int64)
         self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
         self.act_j = self.act_j.astype(np.int64)
-        self.top = int(levels.max(initial=1))
+        self.top = top
         # Float column weights (LKRF over an EOF pool): column j is sqrt(w_j) times its feature.
         self.col_scale = (None if fs.column_weight is None else
                           np.sqrt(np.asarray(fs.column_weight, dtype=np.float64)).astype(self.dtype))
@@ -573,7 +702,8 @@ class Transformer:
 
     def _mapped(self, x: np.ndarray) -> np.ndarray:
         u = np.asarray(x, dtype=np.float64)[:, self.cols]
-        return (u - self.lo) / (self.hi - self.lo)
+        with np.errstate(over="ignore"):  # far outside the box: +-inf, clipped (the width is finite: check_box)
+            return (u - self.lo) / (self.hi - self.lo)
 
     def clipped_in(self, x: np.ndarray) -> int:
         """How many values of rows ``x`` lie outside the box (and are clipped by :meth:`unit`)."""
@@ -609,11 +739,33 @@ class Transformer:
         else:
             out[...] = 0
         if m and self.columns:
-            on_rows(_rows, m, u, self.kernel, self.s, self.top, self.act_ptr, self.act_j, self.act_l, self.act_stride,
-                    self.off, self.table, out, min_rows=max(1, 65536 // max(1, self.lev.size)))
+            peak = np.zeros(m)
+            on_rows(_rows, m, u, self.kernel, self.s, self.mult, self.top, self.act_ptr, self.act_j, self.act_l,
+                    self.act_stride, self.off, self.table, out, peak, min_rows=max(1, 65536 // max(1, self.lev.size)))
+            self._check_range(peak, row0, source)
             if self.col_scale is not None:
                 out *= self.col_scale
         return out
+
+    def _check_range(self, peak: np.ndarray, row0: int, source: str) -> None:
+        """:class:`DataError` for the first row whose largest feature value (float64) is not
+        finite, overflows ``self.dtype`` or underflows it (non-zero, below its smallest normal
+        number: the row would be written as zeros or subnormals).  A row that passes keeps
+        every value to within the dtype's precision of its largest (a value flushed to zero
+        is below 2^-23 of it in float32).  float64 output is written as computed."""
+        info = np.finfo(self.dtype)
+        tiny = info.tiny if self.dtype.itemsize < 8 else 0.0  # float64 holds the values as computed
+        bad = np.flatnonzero(~(peak <= info.max) | ((peak > 0) & (peak < tiny)))
+        if not bad.size:
+            return
+        r = int(bad[0])
+        e = self.fs.eof.scale_exponent
+        what = (f"its largest EOF feature is {peak[r]:.3g}, below {self.dtype.name}'s smallest normal number "
+                f"{info.tiny:.3g}: written in {self.dtype.name} the row would lose its values"
+                if peak[r] > 0 and peak[r] < info.tiny else
+                f"its largest EOF feature is {peak[r]:.3g}, beyond {self.dtype.name}")
+        raise DataError(f"{source}: row {row0 + r}: {what} (features scaled by 2^{e}); write --dtype float64, or "
+                        "sample a node of fewer columns or a box that fits the rows more closely")
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """As :meth:`rfsgen.transform.Transformer.chunks`."""
@@ -625,17 +777,37 @@ class Transformer:
 # ---------------------------------------------------------------------- kernels
 def unit_rows(spec: Spec, lo, hi, x) -> np.ndarray:
     """Rows mapped to the unit cube and clipped, float64 ``(m, d)``."""
-    u = (np.asarray(x, dtype=np.float64)[:, list(spec.columns)] - lo) / (hi - lo)
+    with np.errstate(over="ignore"):  # far outside the box: +-inf, clipped (the width is finite: check_box)
+        u = (np.asarray(x, dtype=np.float64)[:, list(spec.columns)] - lo) / (hi - lo)
     return np.clip(u, 0.0, 1.0)
 
 
-def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+#: float64 (b, k) temporaries that :func:`k1` holds at once for a block of b rows (laplace
+#: at most; brownian fewer), counted by :func:`limit_kernel`.
+K1_TEMPORARIES = 8
+
+
+def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray, copies: int = 0) -> np.ndarray:
     """The kernel EOF converges to (pinned laplace or brownian product) between unit-cube
-    rows ``u`` ``(m, d)`` and ``v`` ``(k, d)``: float64 ``(m, k)``."""
+    rows ``u`` ``(m, d)`` and ``v`` ``(k, d)``: float64 ``(m, k)``.  The matrix (plus
+    ``copies`` more that the caller will make) and the temporaries of :func:`k1` are
+    checked against the memory budget first; rows go in blocks sized to fit it (the
+    same bits whatever the block)."""
+    from . import budget
+
     s = np.broadcast_to(np.asarray(s, np.float64), (u.shape[1],))
-    out = np.ones((u.shape[0], v.shape[0]))
-    for j in range(u.shape[1]):
-        out *= k1(kernel, s[j], u[:, j, None], v[None, :, j])
+    m, k = u.shape[0], v.shape[0]
+    fixed = 8.0 * m * k * (1 + copies) + 8.0 * (u.size + v.size)
+    per_row = 8.0 * K1_TEMPORARIES * k
+    budget.check(fixed + per_row * min(m, 1), f"the EOF limit kernel on {m} x {k} rows (the {m} x {k} float64 matrix"
+                 f"{f' and {copies} copy' if copies else ''}, and temporaries per block of rows)",
+                 "use fewer rows (--rows START:STOP)")
+    block = int(max(1, min(m, (budget.limit() - fixed) // max(per_row, 1), 1 << 12)))
+    out = np.ones((m, k))
+    for a in range(0, m, block):
+        b = min(m, a + block)
+        for j in range(u.shape[1]):
+            out[a:b] *= k1(kernel, s[j], u[a:b, j, None], v[None, :, j])
     return out
 
 
@@ -677,15 +849,25 @@ def box(skel, domain_from=None, margin=None, rows=None):
     return spec, spec.domain[0], spec.domain[1], "skeleton", None
 
 
-def kernel(skel, x, y=None, *, lo, hi) -> np.ndarray:
+def kernel(skel, x, y=None, *, lo, hi, x_source: str = "<array>", y_source: str = "<array>",
+           copies: int = 0) -> np.ndarray:
     """The kernel EOF converges to for ``skel`` on the box ``[lo, hi]``: the product of the
     pinned laplace (or brownian) 1-D kernels between rows ``x`` ``(m, width)`` and ``y``
-    ``(k, width)`` (default ``x``), clipped to the box; float64 ``(m, k)``."""
+    ``(k, width)`` (default ``x``), clipped to the box; float64 ``(m, k)``.  NaN or
+    infinity in a row is a :class:`DataError` naming ``x_source`` / ``y_source`` and the
+    row, as everywhere; the box is checked (:func:`check_box`) and the memory counted
+    (:func:`limit_kernel`, ``copies`` more matrices the caller will make)."""
+    from .inputs import check_finite
+
     spec = spec_of(skel)
-    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    lo, hi = (np.broadcast_to(np.asarray(a, np.float64), (spec.d,)) for a in (lo, hi))
+    check_box(spec, lo, hi, UsageError, f"{skel.path}: the EOF box of", "state another box")
+    for rows, source in ((x, x_source), (y, y_source)):
+        if rows is not None:
+            check_finite(np.asarray(rows), 0, source)
     u = unit_rows(spec, lo, hi, x)
     v = u if y is None else unit_rows(spec, lo, hi, y)
-    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v)
+    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v, copies)
 
 
 def limit_name(kernel_name: str) -> str:

@@ -257,7 +257,8 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
         from . import eof as _eof
 
         _, lo, hi, _, _ = _eof.box(skel, eof.get("domain_from"), eof.get("margin"))
-        k = _eof.kernel(skel, arrays[0], y, lo=lo, hi=hi)
+        k = _eof.kernel(skel, arrays[0], y, lo=lo, hi=hi, x_source=names[0], y_source=names[-1],
+                        copies=1)  # + np.save's buffer
     else:
         k = kernel(skel, arrays[0], y, progress=progress, x_source=names[0], y_source=names[-1],
                    copies=1)  # + np.save's buffer
