@@ -125,8 +125,17 @@ class _Progress:
             self.bar.close()
 
 
+def echo(text: str = "") -> None:
+    """A line of a command's output on stdout, written through the checked writer
+    (:func:`rfsgen.atomic.write_stdout`: a short write, a closed pipe or a full device
+    is never passed over)."""
+    from ..atomic import write_stdout
+
+    write_stdout(f"{text}\n")
+
+
 def _emit_json(obj):
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
+    echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
 
 
 @contextlib.contextmanager
