@@ -69,6 +69,94 @@ def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
     assert copied and open("m.h5", "rb").read() == open("all.h5", "rb").read()
 
 
+#: A merge whose first shard another program truncates to half its size once the
+#: merge has read a block of it (the hook: the verifying thread's first block), in a
+#: process of its own: blocks of 5 rows (dense uncompressed: pieces of 1 row), so
+#: that more of that shard is read after it shrank.
+TRUNCATING_MERGE = r"""
+import os, sys
+import rfsgen.merge as rm, rfsgen.output as ro
+target = os.environ["TRUNCATE"]
+ro.default_chunk_rows = lambda *a, **k: 5
+rm.RAW_STEP, rm.MAP_MIN_CHUNK = 1, 1
+submit = rm._Hasher.submit
+def truncating(self, *a):
+    submit(self, *a)
+    if not os.environ.pop("TRUNCATE_DONE", None) and os.path.getsize(target) > 0:
+        os.truncate(target, os.path.getsize(target) // 2)
+        os.environ["TRUNCATE_DONE"] = "1"
+rm._Hasher.submit = truncating
+sys.argv[0] = "rfsgen"
+from rfsgen._entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("extra, how", [(["--layout", "dense"], "by position (_RawDense)"),
+                                        (["--layout", "csr"], "by position (_CSRChunks)"),
+                                        (["--layout", "csr", "--compression", "gzip"], "through HDF5"),
+                                        (["--layout", "dense", "--compression", "lzf"], "through HDF5")],
+                         ids=["dense", "csr", "csr-gzip", "dense-lzf"])
+def test_a_shard_truncated_during_the_merge_is_one_line_naming_it(setup, extra, how):
+    """Issue 37 item 10: a shard another program truncates while merge reads it ends the
+    merge with one line naming the shard and exit code 1, and neither the output nor a
+    temporary file is left.  (Read through a map of the file, a CSR shard ended it with
+    SIGBUS, exit 135 and its temporary file left; a dense one blamed the output: "m.h5:
+    cannot write (Bad address)".)"""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    parts = shards(2, *extra)
+    size = os.path.getsize(parts[0])
+    before = sorted(os.listdir("."))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRUNCATE=parts[0])
+    env.pop("TRUNCATE_DONE", None)
+    res = subprocess.run([sys.executable, "-c", TRUNCATING_MERGE, "merge", *parts, "-o", "m.h5", "-q"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert os.path.getsize(parts[0]) == size // 2, res.stderr  # it happened during the merge
+    assert res.returncode == 1, (how, res.returncode, res.stderr)
+    assert res.stderr.startswith(f"rfsgen: error: {parts[0]}: shrank from {size} to ") \
+        and res.stderr.count("\n") == 1, res.stderr
+    assert "while it was being merged" in res.stderr and res.stdout == ""
+    assert sorted(os.listdir(".")) == before  # no m.h5, no temporary file
+
+
+def test_a_read_that_ends_early_is_the_shard_shrinking(tmp_path):
+    """rfsgen.merge._pread: a read by position that ends before the bytes its checks
+    placed in the file names the shard and its new size (the size checks around it
+    aside); a failing read is named too, and a whole read fills the buffer."""
+    import os
+    from types import SimpleNamespace
+
+    import rfsgen.merge as rm
+    from rfsgen.errors import InputChangedError
+
+    path = tmp_path / "s.h5"
+    path.write_bytes(bytes(range(256)) * 4)
+    s = SimpleNamespace(path=str(path), size=1024)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(100)
+        rm._pread(s, fd, memoryview(buf), 900, "X")
+        assert bytes(buf) == (bytes(range(256)) * 4)[900:1000]
+        os.truncate(path, 950)
+        with pytest.raises(InputChangedError, match=rf"^{re.escape(str(path))}: shrank from 1024 to 950 bytes "):
+            rm._pread(s, fd, memoryview(buf), 900, "X")
+        with pytest.raises(InputChangedError, match="shrank from 1024 to 950 bytes"):
+            rm._check_size(s, fd)
+    finally:
+        os.close(fd)
+    wfd = os.open(path, os.O_WRONLY)  # reading a descriptor open for writing only: EBADF
+    try:
+        with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: 'X' cannot be read at byte 0 \("):
+            rm._pread(SimpleNamespace(path=str(path), size=0), wfd, memoryview(buf), 0, "X")
+    finally:
+        os.close(wfd)
+
+
 @pytest.mark.parametrize("damage_kind, message", [("swap", "'X/indices' is not canonical CSR at row 41 "),
                                                     ("outside", "'X/indices' is not canonical CSR at row 41 "),
                                                     ("zero", "'X/data' stores a zero at row 41 "),
