@@ -288,5 +288,10 @@ def write_stdout(data) -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        raise OutputError(f"standard output: cannot write ({e.strerror or e}); what was written is incomplete; "
-                          "check where standard output goes (a full disk, a closed device)") from None
+        raise stdout_failed(e) from None
+
+
+def stdout_failed(e: OSError) -> OutputError:
+    """The error for a write to standard output that failed with ``e`` (not EPIPE)."""
+    return OutputError(f"standard output: cannot write ({e.strerror or e}); what was written is incomplete; "
+                       "check where standard output goes (a full disk, a closed device)")

@@ -329,16 +329,16 @@ def test_closed_stdout_ends_quietly(inputs, cifar_rows, reader, unbuffered):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("command, unbuffered", [("kernel", ""), ("kernel", "1"), ("skeleton --json", "1"),
-                                                 ("skeletons", ""), ("inspect", "1")])
+                                                 ("skeletons", ""), ("inspect", "1"), ("sample --help", "")])
 def test_a_full_stdout_is_one_line(inputs, command, unbuffered):
     """Issue 42 item 7: every write to stdout is checked: a full device (/dev/full:
     ENOSPC) ends the run with one line and exit code 1, whether stdout is buffered or
-    not, for the kernel's bytes and for text (it was a traceback)."""
+    not, for the kernel's bytes, for text and for click's --help (it was a traceback)."""
     import subprocess
 
     args = {"kernel": ["kernel", inputs / "tiny.yaml", inputs / "one.npy", "-o", "-"],
             "skeleton --json": ["skeleton", "cifar-deep", "--json"], "skeletons": ["skeletons"],
-            "inspect": ["inspect", inputs / "f.h5"]}[command]
+            "inspect": ["inspect", inputs / "f.h5"], "sample --help": ["sample", "--help"]}[command]
     np.save(inputs / "one.npy", np.ones((3, 1)))
     with open("/dev/full", "wb") as full:
         res = subprocess.run([*_rfsgen_cmd(), *map(str, args)], stdout=full, stderr=subprocess.PIPE, text=True,

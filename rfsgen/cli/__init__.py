@@ -84,6 +84,10 @@ def _translate(e: BaseException):
         _fail(getattr(e, "cli_message", str(e)), e.exit_code)  # the message in the CLI's words (--overwrite)
     if isinstance(e, BrokenPipeError):
         _stdout_closed()
+    if _click_wrote_stdout(e):  # its --help or --version to a full or failing stdout
+        from ..atomic import stdout_failed
+
+        _fail(stdout_failed(e).cli_message, 1)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)
@@ -92,6 +96,23 @@ def _translate(e: BaseException):
     if isinstance(e, click.Abort):
         _fail("interrupted; no output was written", 130)
     raise e
+
+
+def _click_wrote_stdout(e: BaseException) -> bool:
+    """Whether ``e`` is an OSError of click's own ``echo`` writing to stdout (``--help``,
+    ``--version``; rfsgen's output goes through :func:`rfsgen.atomic.write_stdout`)."""
+    if not isinstance(e, OSError) or e.__traceback__ is None:
+        return False
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    if frame.f_code.co_name != "echo" or frame.f_globals.get("__name__") != "click.utils":
+        return False
+    try:
+        return frame.f_locals.get("file").fileno() == sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 class _Progress:
