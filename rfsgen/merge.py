@@ -856,8 +856,8 @@ class _CSRChunks:
         (the block before may still be hashed from the others)."""
         m = hi - lo
         pair = self.buffers[0]
-        if pair is None or pair[0].size < m:
-            pair = tuple(np.empty(m, dtype=t) for t in self.dtypes)
+        if pair is None or pair[0].size < m:  # grown by half at least: blocks vary, few allocations
+            pair = tuple(np.empty(max(m, 0 if pair is None else pair[0].size * 3 // 2), dtype=t) for t in self.dtypes)
         self.buffers = [self.buffers[1], pair]
         out = (pair[0][:m], pair[1][:m])
         C, s, fd = self.C, self.s, self.fd
