@@ -939,14 +939,14 @@ class _ShardRows:
                     r.finish()
             yield a, (pieces, counts[0] if len(counts) == 1 else np.concatenate(counts))
             pieces = None
-            for s, r in zip(self.shards, self.readers):  # written: their maps are no longer needed
+            for s, r in zip(self.shards, self.readers):  # written: their read buffers are no longer needed
                 if s.stop <= b:
                     r.unmap()
         for r in self.readers:
             r.finish()
 
     def close(self) -> None:
-        """Stop the hashing thread (see :class:`_Hasher`), then unmap the shards."""
+        """Stop the hashing thread (see :class:`_Hasher`), then let go of the shards' read buffers."""
         self.hasher.close()
         for r in self.readers:
             r.unmap()
