@@ -251,3 +251,47 @@ class SafeFile:
 
 # HDF5 calls these from C: a signal's exception must wait until HDF5 has returned.
 UNSAFE_CODE.update(getattr(SafeFile, name).__code__ for name in ("write", "readinto", "read", "seek", "tell", "truncate"))
+
+
+def write_stdout(data) -> None:
+    """Write ``data`` (bytes, or text in stdout's encoding) to standard output, whole or
+    not at all without a word: every write is checked.  A short write (a pipe whose
+    reader left mid-write; ``PYTHONUNBUFFERED=1`` makes stdout's writes raw, and Python
+    drops what a raw write did not take) is followed by another, which raises
+    ``BrokenPipeError`` once the reader is gone (the CLI exits 141, as ``| head``
+    expects); any other failure (ENOSPC on ``/dev/full``, EIO) is an
+    :class:`~rfsgen.errors.OutputError`.  Text written through ``sys.stdout`` before
+    goes first.  A stdout that is not a file (a test's capture) is written as usual."""
+    import io
+    import sys
+
+    stream = sys.stdout
+    if isinstance(data, str):
+        data = data.encode(getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict")
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        fd = None
+    try:
+        stream.flush()
+        if fd is None:
+            target = getattr(stream, "buffer", None)
+            if target is None:
+                stream.write(data.decode(getattr(stream, "encoding", None) or "utf-8"))
+            else:
+                target.write(data)
+            stream.flush()
+            return
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]  # a short write: the rest, or EPIPE
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise stdout_failed(e) from None
+
+
+def stdout_failed(e: OSError) -> OutputError:
+    """The error for a write to standard output that failed with ``e`` (not EPIPE)."""
+    return OutputError(f"standard output: cannot write ({e.strerror or e}); what was written is incomplete; "
+                       "check where standard output goes (a full disk, a closed device)")

@@ -90,6 +90,11 @@ class FeatureFileError(UsageError):
     (an input named on the command line that cannot be used: exit code 2)."""
 
 
+class InputChangedError(RfsgenError):
+    """An input changed while it was being read (another program truncated or rewrote
+    it): the run cannot finish with what the file held when it was checked (exit code 1)."""
+
+
 class OutputError(RfsgenError):
     """An output cannot be written (exists, unwritable, disk full)."""
 

@@ -224,11 +224,10 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     parameters (names to numbers or their text).
     """
     import io
-    import sys
 
     from .inputs import check_width, open_input, resolve_rows
 
-    from .atomic import atomic_path
+    from .atomic import atomic_path, write_stdout
     from .skeleton import load_skeleton
 
     skel = load_skeleton(skeleton_path, params=params)
@@ -265,8 +264,7 @@ def kernel_files(skeleton_path, input, input2, output, *, rows=None, overwrite=F
     if output == "-":
         buf = io.BytesIO()
         np.save(buf, k)
-        sys.stdout.buffer.write(buf.getbuffer())  # BrokenPipeError (| head) is the CLI's to handle
-        sys.stdout.buffer.flush()
+        write_stdout(buf.getbuffer())  # checked; BrokenPipeError (| head) is the CLI's to handle
         return k
     with atomic_path(output, overwrite, inputs=[skeleton_path, input, input2]) as tmp:
         buf = io.BytesIO()

@@ -26,9 +26,12 @@ What is verified, and when:
   and (CSR) the index structure.  The data is read and hashed once: the merged
   file's checksums are the sums of its shards' (:data:`rfsgen.output.CHECKSUM`), so
   the output is never hashed again.  Uncompressed shards (record version 2) are read
-  in place, through a map of the file (:class:`_RawDense`, :class:`_CSRMap`): the
-  bytes verified are the bytes written.  Nothing that fails a check ever becomes the
-  output, and no temporary file remains.
+  by position from their files into merge's own buffers (:class:`_RawDense`,
+  :class:`_CSRChunks`), not through HDF5: the bytes verified are the bytes written.
+  Nothing that fails a check ever becomes the output, and no temporary file remains.
+* throughout: that no shard shrinks (another program truncating it) while it is read:
+  its size is compared with the size checked after each read, and a shrink is an
+  :class:`~rfsgen.errors.InputChangedError` naming the shard (exit code 1).
 
 Shards with a record of version 1 (:data:`rfsgen.output.CHECKSUM_V1`) are verified by
 that checksum, and merge, alone or with newer shards, into an output with a current
@@ -48,7 +51,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import InputError, RfsgenError, UsageError
+from .errors import InputChangedError, InputError, RfsgenError, UsageError
 
 #: The root attributes every shard must have (written by ``rfsgen transform``).
 SHARD_ATTRS = ("rfsgen_version", "features_file", "features_sha256", "input", "rows_start", "rows_stop", "columns",
@@ -74,6 +77,40 @@ def _damaged(path, what: str) -> InputError:
     return InputError(f"{path}: {what}; the shard is damaged or not rfsgen's; re-create it with 'rfsgen transform'")
 
 
+def _check_size(s, fd: int) -> None:
+    """Raise :class:`InputChangedError` when the shard ``s`` (open as ``fd``) is now
+    shorter than the file its checks were made on (another program truncated it)."""
+    try:
+        size = os.fstat(fd).st_size
+    except OSError:  # not seen on a descriptor HDF5 holds open; a read then fails and is named
+        return
+    if size < s.size:
+        raise _shrank(s, size)
+
+
+def _shrank(s, size: int) -> InputChangedError:
+    return InputChangedError(f"{s.path}: shrank from {s.size} to {size} bytes while it was being merged (another "
+                             "program truncated or rewrote it); nothing was written; merge again once the shard is "
+                             "complete and nothing writes it")
+
+
+def _pread(s, fd: int, out: memoryview, offset: int, where: str) -> None:
+    """Fill ``out`` (writable bytes) from byte ``offset`` of shard ``s``'s file (open
+    as ``fd``; read by position, so HDF5's own reads of it are not disturbed).  A read
+    that ends early is the file shrinking: :class:`InputChangedError` naming it."""
+    pos = offset
+    while out:
+        try:
+            k = os.preadv(fd, [out], pos)
+        except OSError as e:
+            _check_size(s, fd)
+            raise _damaged(s.path, f"'{where}' cannot be read at byte {pos} ({e.strerror})") from None
+        if not k:  # its end, which its checks placed after these bytes
+            _check_size(s, fd)
+            raise _shrank(s, pos)  # and grown back since
+        out, pos = out[k:], pos + k
+
+
 @dataclass
 class _Shard:
     path: str
@@ -87,6 +124,13 @@ class _Shard:
     names: list = field(default_factory=list)
     obs_columns: list = field(default_factory=list)  # rfsgen.obs.Column, from the shard's obs
     obs: object = None  # rfsgen.obs.ObsColumns of its rows, read and verified by _verify_names
+    size: int = 0  # the file's size its checks were made on (a shrink while it is read is named)
+
+    @property
+    def fd(self) -> int:
+        """The descriptor HDF5 reads the shard through: reads by position read the file
+        that was checked, whatever its path names now."""
+        return self.file.id.get_vfd_handle()
 
     @property
     def label(self) -> str:
@@ -290,7 +334,9 @@ def _open_shard(path) -> _Shard:
     except OSError:
         raise InputError(f"{path}: not a readable HDF5 file; {_REFUSE}") from None
     try:
-        return _check_shard(str(path), f, st.st_size)
+        shard = _check_shard(str(path), f, st.st_size)
+        shard.size = st.st_size
+        return shard
     except RfsgenError:
         f.close()
         raise
@@ -589,16 +635,22 @@ class _Reader:
             self.data, self.indices, self.indptr = x["data"], x["indices"], x["indptr"]
             self.old = {"X/data": BlockChecksum(), "X/indices": BlockChecksum(), "X/indptr": BlockChecksum()}
             self.end = 0  # indptr where the next row starts
+        self.fd = s.fd
         self.map = None
-        self.mappable = _CSRMap.applies(s)  # mapped when its rows are first read
+        self.mappable = _CSRChunks.applies(s)  # its chunks found when its rows are first read
         self.done = False
 
     def _read(self, ds, a, b, where):
+        """``ds[a:b]`` through HDF5, the file's size checked after it (HDF5 reads zeros
+        past a file's end: a shrink would pass for damage)."""
         try:
-            return ds[a:b]
+            out = ds[a:b]
         except (OSError, RuntimeError, ValueError) as e:
+            _check_size(self.s, self.fd)
             detail = " ".join(str(e).split())[:100]
             raise _damaged(self.s.path, f"'{where}' cannot be read at {a}:{b} ({type(e).__name__}: {detail})") from None
+        _check_size(self.s, self.fd)
+        return out
 
     def _csr_fault(self, row0, run_of):
         """The error for a fault :meth:`rfsgen.output.DataChecksum.csr` found in CSR rows
@@ -667,8 +719,11 @@ class _Reader:
         s = self.s
         ptr = ptr0 = self._pointer(a, b)
         lo, hi = int(ptr[0]), int(ptr[-1])
-        vals = self._read(self.data, lo, hi, "X/data")
-        cols = self._read(self.indices, lo, hi, "X/indices")
+        if self.map is not None:
+            vals, cols = self.map.read(lo, hi)
+        else:
+            vals = self._read(self.data, lo, hi, "X/data")
+            cols = self._read(self.indices, lo, hi, "X/indices")
         if self.v1:
             self.old["X/data"].update(vals)
             self.old["X/indices"].update(cols)
@@ -684,27 +739,22 @@ class _Reader:
     def csr_pieces(self, a: int, b: int):
         """CSR rows ``a:b`` of the shard (in order), to be verified in the hasher's thread
         while the caller writes them (until :meth:`finish` or the next read): ``(pieces,
-        counts)``, their values and columns as ``[(data, indices), ..]`` and each row's
-        count (int64 ``(b - a,)``).  Read in place where the shard allows it
-        (:class:`_CSRMap`: a pair of views per HDF5 chunk), else through HDF5."""
+        counts)``, their values and columns as ``[(data, indices)]`` and each row's
+        count (int64 ``(b - a,)``).  Read by position from the file where the shard
+        allows it (:class:`_CSRChunks`), else through HDF5."""
         try:
             if self.mappable:
                 self.mappable = False
-                self.map = _CSRMap.open(self.s)
-            if self.map is None:
-                vals, cols, ptr = self._csr(a, b)
-                return [(vals, cols)], np.diff(ptr)
-            ptr = self._pointer(a, b)
-            row0 = self.s.start + a
-            self.hasher.submit(self.map.verify, (self.sums, ptr, row0),
-                               self._csr_fault(row0, lambda r: self.map.run(ptr[r], ptr[r + 1])))
-            return self.map.pieces(int(ptr[0]), int(ptr[-1])), np.diff(ptr)
+                self.map = _CSRChunks(self.s, self.fd)
+            vals, cols, ptr = self._csr(a, b)
+            return [(vals, cols)], np.diff(ptr)
         except RfsgenError:
             self.hasher.settle()  # a bad row in a block read before is reported first, as in line
             raise
 
     def unmap(self) -> None:
-        """Close the shard's map (once its pieces are written and verified)."""
+        """Let go of the shard's chunk places and read buffers (once its rows are
+        written and verified)."""
         if self.map is not None:
             self.map.close()
             self.map = None
@@ -735,27 +785,23 @@ class _Reader:
         return self.sums.hexdigests()
 
 
-#: Fewest values an HDF5 chunk of a CSR shard must hold to be read in place
-#: (:class:`_CSRMap`; transform writes 2^12 to 2^20): shards of smaller chunks (another
-#: writer's) are read through HDF5, which handles many small chunks better than a view
-#: and a checked place each.
+#: Fewest values an HDF5 chunk of a CSR shard must hold to be read by position
+#: (:class:`_CSRChunks`; transform writes 2^12 to 2^20): shards of smaller chunks
+#: (another writer's) are read through HDF5, which handles many small chunks better
+#: than a read of each.
 MAP_MIN_CHUNK = 1 << 12
-#: Which fault :meth:`rfsgen.output.DataChecksum.csr` reports first in a block.
-_FAULT_RANK = {"nonfinite": 0, "indices": 1, "zero": 2}
 
 
-class _CSRMap:
-    """An uncompressed CSR shard's ``X/data`` and ``X/indices`` read in place: its file
-    mapped (read only), each HDF5 chunk's values a view at the offset HDF5's chunk
-    index gives (checked first: each chunk once, unfiltered, whole, inside the file).
-    No HDF5 read, no copy: the verifying thread hashes the views while the writer
-    copies them out, and faults their pages in for it (as :class:`_RawDense` does for
-    dense shards).  A shard is mapped when its rows are first read and unmapped once
-    they are written, so a merge of many shards holds one or two maps at a time.
-
-    The two datasets' chunks interleave in the file (transform writes them in turn), so
-    a block of rows is one view per chunk it spans: a row across a chunk boundary is
-    hashed from a copy of its few values (checksum words pair values across the cut)."""
+class _CSRChunks:
+    """An uncompressed CSR shard's ``X/data`` and ``X/indices`` read by position from its
+    file (``os.preadv``, into two pairs of buffers used in turn), at the offsets HDF5's
+    chunk index gives, checked first: each chunk once, unfiltered, whole, inside the
+    file.  No HDF5 read: a block of rows is one read per chunk it spans and dataset,
+    into buffers the verifying thread hashes while the writer copies them out (the
+    pair read next is the other one).  Not a map of the file: a shard that shrinks
+    while it is read is an error naming it, where a map's missing page is SIGBUS.
+    Made when the shard's rows are first read and let go once they are written, so
+    a merge of many shards holds the buffers of one or two at a time."""
 
     @staticmethod
     def applies(s: _Shard) -> bool:
@@ -766,31 +812,15 @@ class _CSRMap:
         return (data.chunks is not None and data.chunks == indices.chunks and data.chunks[0] >= MAP_MIN_CHUNK
                 and hasattr(data.id, "chunk_iter"))
 
-    @classmethod
-    def open(cls, s: _Shard):
-        """The shard's map, or None when the system will not map it (too many open
-        files, a file system without mmap...): it is then read through HDF5.  A chunk
-        out of place raises :class:`InputError`."""
-        import mmap
-
-        try:
-            with open(s.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return None
-        try:
-            return cls(s, mm, size)
-        except BaseException:
-            mm.close()  # no view of it exists yet: they are made once every chunk is checked
-            raise
-
-    def __init__(self, s: _Shard, mm, size: int):
+    def __init__(self, s: _Shard, fd: int):
+        """A chunk out of place raises :class:`InputError`."""
         x = s.file["X"]
         nnz = s.record["nnz"]
+        self.s, self.fd = s, fd
         self.C = C = x["data"].chunks[0]
-        self.empty = (np.empty(0, x["data"].dtype), np.empty(0, x["indices"].dtype))
-        self.mm = mm
+        self.dtypes = (x["data"].dtype, x["indices"].dtype)
+        self.buffers = [None, None]  # (data, indices) each, read into in turn
+        size = s.size
         n = -(-nnz // C)
         found = {}
         for name in ("data", "indices"):
@@ -819,63 +849,29 @@ class _CSRMap:
             if n and places.min() < 0:  # _check_shard counted them: a chunk given twice hides another
                 raise _damaged(s.path, f"'X/{name}' has no chunk at {int(np.argmin(places)) * C}")
             found[name] = places
-        self.data, self.indices = ([np.frombuffer(mm, dtype=x[name].dtype, count=min(C, nnz - k * C),
-                                                  offset=int(found[name][k])) for k in range(n)]
-                                   for name in ("data", "indices"))
+        self.places = (found["data"], found["indices"])
 
-    def pieces(self, lo: int, hi: int) -> list:
-        """Values ``lo:hi`` as ``[(data, indices), ..]``, a pair of views per chunk."""
-        C = self.C
-        out = []
+    def read(self, lo: int, hi: int):
+        """Values ``lo:hi`` as ``(data, indices)``, in the buffers not read into last
+        (the block before may still be hashed from the others)."""
+        m = hi - lo
+        pair = self.buffers[0]
+        if pair is None or pair[0].size < m:  # grown by half at least: blocks vary, few allocations
+            pair = tuple(np.empty(max(m, 0 if pair is None else pair[0].size * 3 // 2), dtype=t) for t in self.dtypes)
+        self.buffers = [self.buffers[1], pair]
+        out = (pair[0][:m], pair[1][:m])
+        C, s, fd = self.C, self.s, self.fd
+        _check_size(s, fd)
         for k in range(lo // C, -(-hi // C)):
-            a, b = max(lo, k * C) - k * C, min(hi, (k + 1) * C) - k * C
-            out.append((self.data[k][a:b], self.indices[k][a:b]))
+            a, b = max(lo, k * C), min(hi, (k + 1) * C)
+            for arr, places, where in zip(out, self.places, ("X/data", "X/indices")):
+                _pread(s, fd, memoryview(arr[a - lo:b - lo]).cast("B"),
+                       int(places[k]) + (a - k * C) * arr.itemsize, where)
+        _check_size(s, fd)
         return out
 
-    def run(self, lo: int, hi: int):
-        """Values ``lo:hi`` as one ``(data, indices)`` (a copy when they span chunks)."""
-        parts = self.pieces(lo, hi)
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return self.empty
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-    def verify(self, sums, ptr: np.ndarray, row0: int):
-        """:meth:`rfsgen.output.DataChecksum.csr` of the rows ``ptr`` points to (int64
-        ``(m + 1,)``, into the shard's values; global rows ``row0`` on), fed a run of
-        rows in one chunk at a time.  Returns the fault ``(row index, kind)`` that one
-        call over all the rows would report (whatever the chunks), or None."""
-        C = self.C
-        starts, ends = ptr[:-1], ptr[1:]
-        k = starts // C
-        split = (ends > starts) & ((ends - 1) // C != k)  # a row in two chunks or more
-        new = np.ones(k.size, dtype=bool)
-        new[1:] = (k[1:] != k[:-1]) | split[1:] | split[:-1]
-        firsts = np.flatnonzero(new).tolist()
-        first = None
-        for r0, r1 in zip(firsts, firsts[1:] + [k.size]):
-            lo, hi = int(ptr[r0]), int(ptr[r1])
-            if split[r0]:
-                d, i = self.run(lo, hi)
-            elif lo == hi:
-                d, i = self.empty
-            else:
-                base = int(k[r0]) * C
-                d, i = self.data[k[r0]][lo - base:hi - base], self.indices[k[r0]][lo - base:hi - base]
-            found = sums.csr(d, i, ptr[r0:r1 + 1], row0 + r0)
-            if found is not None:
-                found = (r0 + found[0], found[1])
-                if first is None or (_FAULT_RANK[found[1]], found[0]) < (_FAULT_RANK[first[1]], first[0]):
-                    first = found
-        return first
-
     def close(self) -> None:
-        self.data = self.indices = None
-        try:
-            self.mm.close()
-        except BufferError:  # a view is still held (an error's traceback): unmapped when freed
-            pass
+        self.buffers = [None, None]
 
 
 class _ShardRows:
@@ -943,14 +939,14 @@ class _ShardRows:
                     r.finish()
             yield a, (pieces, counts[0] if len(counts) == 1 else np.concatenate(counts))
             pieces = None
-            for s, r in zip(self.shards, self.readers):  # written: their maps are no longer needed
+            for s, r in zip(self.shards, self.readers):  # written: their read buffers are no longer needed
                 if s.stop <= b:
                     r.unmap()
         for r in self.readers:
             r.finish()
 
     def close(self) -> None:
-        """Stop the hashing thread (see :class:`_Hasher`), then unmap the shards."""
+        """Stop the hashing thread (see :class:`_Hasher`), then let go of the shards' read buffers."""
         self.hasher.close()
         for r in self.readers:
             r.unmap()
@@ -999,16 +995,18 @@ class _Copy:
         return src.csr_chunks(chunk_rows, start, stop)
 
 
-#: Bytes of a shard mapped and copied at a time by :class:`_RawDense`.
+#: Bytes of a shard read and copied at a time by :class:`_RawDense` (its buffer).
 RAW_STEP = 64 << 20
 
 
 class _RawDense(_Copy):
     """A merge of dense uncompressed shards (record version 2, ``X`` contiguous): each
-    shard's ``X`` bytes are mapped from its file a piece at a time, hashed and checked
-    for NaN and infinity (its :class:`_Reader`'s checksum, keyed by global row) and
-    written with ``os.pwrite`` at their place in the output, bytes as they are: no
-    HDF5 read, no copy in between.  The verified bytes are the bytes written."""
+    shard's ``X`` bytes are read by position (``os.preadv``) a piece at a time into one
+    buffer, hashed and checked for NaN and infinity (its :class:`_Reader`'s checksum,
+    keyed by global row) while they are written with ``os.pwrite`` at their place in
+    the output, bytes as they are: no HDF5 read.  The verified bytes are the bytes
+    written, and a shard that shrinks meanwhile is an error naming it (a map of it
+    would fault: SIGBUS, or EFAULT blamed on the output)."""
 
     def __init__(self, columns: int, dtype, src: "_ShardRows"):
         super().__init__(columns, dtype)
@@ -1020,47 +1018,31 @@ class _RawDense(_Copy):
                    and (s.stop == s.start or s.file["X"].id.get_offset() is not None) for s in order)
 
     def copy_into(self, fd, offset, row_bytes, start, stop, progress) -> int:
-        import mmap
-
-        step = max(1, RAW_STEP // row_bytes)
+        step = max(1, min(RAW_STEP // row_bytes, max(s.stop - s.start for s in self.src.shards)))
+        buf = np.empty(step * row_bytes, dtype=np.uint8)  # hashed whole before it is read into again
         for s, r in zip(self.src.shards, self.src.readers):
             n = s.stop - s.start
             if n:
                 base = s.file["X"].id.get_offset()
-                with open(s.path, "rb") as fh:
-                    for a in range(0, n, step):
-                        b = min(n, a + step)
-                        lo, hi = base + a * row_bytes, base + b * row_bytes
-                        at = lo - lo % mmap.ALLOCATIONGRANULARITY
-                        try:
-                            window = mmap.mmap(fh.fileno(), hi - at, offset=at, access=mmap.ACCESS_READ)
-                        except (OSError, ValueError) as e:
-                            raise _damaged(s.path, f"'X' cannot be read at rows {s.start + a}:{s.start + b} "
-                                                   f"({e})") from None
-                        try:
-                            if hasattr(window, "madvise"):
-                                window.madvise(mmap.MADV_SEQUENTIAL)
-                            block = np.frombuffer(window, dtype=self.dtype, count=(b - a) * self.columns,
-                                                  offset=lo - at).reshape(b - a, self.columns)
-                            # Hashed in the verifying thread while this process writes the same block.
-                            r.hasher.submit(r.sums.dense, (block, s.start + a), _first_nonfinite(r, block, s.start + a))
-                            data = memoryview(block).cast("B")
-                            pos = offset + (s.start + a - start) * row_bytes
-                            while data:  # pwrite may write less than asked
-                                k = os.pwrite(fd, data, pos)
-                                data, pos = data[k:], pos + k
-                        finally:
-                            block = data = None
-                            try:
-                                r.hasher.settle()  # hashed before its map is closed
-                            finally:
-                                try:
-                                    window.close()
-                                except BufferError:  # an error's traceback still holds a view: unmapped when freed
-                                    pass
-                        r.next = b
-                        if progress:
-                            progress(b - a)
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    data = memoryview(buf)[:(b - a) * row_bytes]
+                    _check_size(s, r.fd)
+                    _pread(s, r.fd, data, base + a * row_bytes, "X")
+                    _check_size(s, r.fd)
+                    block = buf[:data.nbytes].view(self.dtype).reshape(b - a, self.columns)
+                    try:
+                        # Hashed in the verifying thread while this process writes the same block.
+                        r.hasher.submit(r.sums.dense, (block, s.start + a), _first_nonfinite(r, block, s.start + a))
+                        pos = offset + (s.start + a - start) * row_bytes
+                        while data:  # pwrite may write less than asked
+                            k = os.pwrite(fd, data, pos)
+                            data, pos = data[k:], pos + k
+                    finally:
+                        r.hasher.settle()  # hashed before the buffer is read into again
+                    r.next = b
+                    if progress:
+                        progress(b - a)
             r.finish()
         return stop - start
 

@@ -117,3 +117,58 @@ def test_safe_file_records_seek_errors_too(tmp_path, monkeypatch):
         assert f.seek(2**50) == 2**50
         with pytest.raises(OSError, match="Invalid argument"):
             f.check()
+
+
+def test_write_stdout_finishes_a_short_write(capfd, monkeypatch):
+    """Issue 42 item 7: rfsgen.atomic.write_stdout writes what a short write left
+    (a raw stdout under PYTHONUNBUFFERED=1 drops it), text written before first."""
+    import os
+    import sys
+
+    import rfsgen.atomic as atomic
+
+    real, sizes = os.write, []
+
+    def short(fd, data):  # a pipe that takes 7 bytes at a time
+        sizes.append(len(data))
+        return real(fd, bytes(data[:7]))
+
+    sys.stdout.write("before ")
+    monkeypatch.setattr(atomic.os, "write", short)
+    atomic.write_stdout(b"0123456789" * 10)
+    atomic.write_stdout("and text\n")
+    monkeypatch.undo()
+    assert capfd.readouterr().out == "before " + "0123456789" * 10 + "and text\n"
+    assert len(sizes) == 15 + 2 and sizes[0] == 100
+
+
+def test_write_stdout_failures(monkeypatch):
+    """A closed pipe stays BrokenPipeError (the CLI's exit 141); another failure is one
+    OutputError naming standard output."""
+    import errno
+    import os
+
+    import rfsgen.atomic as atomic
+    from rfsgen.errors import OutputError
+
+    def fails(code):
+        def write(fd, data):
+            raise OSError(code, os.strerror(code))
+        return write
+
+    class Stdout:  # a real descriptor, whose writes fail as set below
+        encoding = "utf-8"
+
+        def fileno(self):
+            return 1
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr("sys.stdout", Stdout())
+    monkeypatch.setattr(atomic.os, "write", fails(errno.EPIPE))
+    with pytest.raises(BrokenPipeError):
+        atomic.write_stdout(b"x")
+    monkeypatch.setattr(atomic.os, "write", fails(errno.ENOSPC))
+    with pytest.raises(OutputError, match=r"^standard output: cannot write \(No space left on device\); "):
+        atomic.write_stdout("x")

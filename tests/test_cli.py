@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -308,18 +309,43 @@ def test_ctrl_c_during_start_up_is_one_line(inputs, delay):
         assert load(inputs / "s.h5").columns == 3000
 
 
-def test_closed_stdout_ends_quietly(inputs, cifar_rows):
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+@pytest.mark.parametrize("reader", ["true", "head -c 10"])
+def test_closed_stdout_ends_quietly(inputs, cifar_rows, reader, unbuffered):
     """`rfsgen kernel ... -o - | head`: the reader goes away; exit 141 like a
-    program killed by SIGPIPE, nothing on stderr."""
+    program killed by SIGPIPE, nothing on stderr.  Issue 42 item 7: with
+    PYTHONUNBUFFERED=1 (stdout's writes raw) `| head -c 10` exited 0: the write that
+    the pipe took only part of was not checked."""
     import subprocess
 
     np.save(inputs / "rows1024.npy", np.concatenate([cifar_rows] * 16))  # an 8 MB kernel: more than a pipe holds
     cmd = " ".join(map(str, _rfsgen_cmd())) + f" kernel {skeleton_path('shallow-gaussian')} {inputs / 'rows1024.npy'} -o -"
-    # a reader that leaves at once (head may drain a few MB before it exits)
-    res = subprocess.run(["bash", "-c", f"{cmd} 2>{inputs / 'err'} | true; echo ${{PIPESTATUS[0]}}"],
-                         capture_output=True, text=True)
+    # true: a reader that leaves at once; head -c 10 reads 10 bytes first
+    res = subprocess.run(["bash", "-c", f"{cmd} 2>{inputs / 'err'} | {reader} >/dev/null; echo ${{PIPESTATUS[0]}}"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED=unbuffered))
     assert res.stdout.strip() == "141", res
     assert (inputs / "err").read_text() == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command, unbuffered", [("kernel", ""), ("kernel", "1"), ("skeleton --json", "1"),
+                                                 ("skeletons", ""), ("inspect", "1"), ("sample --help", "")])
+def test_a_full_stdout_is_one_line(inputs, command, unbuffered):
+    """Issue 42 item 7: every write to stdout is checked: a full device (/dev/full:
+    ENOSPC) ends the run with one line and exit code 1, whether stdout is buffered or
+    not, for the kernel's bytes, for text and for click's --help (it was a traceback)."""
+    import subprocess
+
+    args = {"kernel": ["kernel", inputs / "tiny.yaml", inputs / "one.npy", "-o", "-"],
+            "skeleton --json": ["skeleton", "cifar-deep", "--json"], "skeletons": ["skeletons"],
+            "inspect": ["inspect", inputs / "f.h5"], "sample --help": ["sample", "--help"]}[command]
+    np.save(inputs / "one.npy", np.ones((3, 1)))
+    with open("/dev/full", "wb") as full:
+        res = subprocess.run([*_rfsgen_cmd(), *map(str, args)], stdout=full, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONUNBUFFERED=unbuffered), timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.startswith("rfsgen: error: standard output: cannot write (No space left on device); ") \
+        and res.stderr.count("\n") == 1, res.stderr
 
 
 def test_progress_is_told_totals_and_phases(inputs):

@@ -69,6 +69,94 @@ def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
     assert copied and open("m.h5", "rb").read() == open("all.h5", "rb").read()
 
 
+#: A merge whose first shard another program truncates to half its size once the
+#: merge has read a block of it (the hook: the verifying thread's first block), in a
+#: process of its own: blocks of 5 rows (dense uncompressed: pieces of 1 row), so
+#: that more of that shard is read after it shrank.
+TRUNCATING_MERGE = r"""
+import os, sys
+import rfsgen.merge as rm, rfsgen.output as ro
+target = os.environ["TRUNCATE"]
+ro.default_chunk_rows = lambda *a, **k: 5
+rm.RAW_STEP, rm.MAP_MIN_CHUNK = 1, 1
+submit = rm._Hasher.submit
+def truncating(self, *a):
+    submit(self, *a)
+    if not os.environ.pop("TRUNCATE_DONE", None) and os.path.getsize(target) > 0:
+        os.truncate(target, os.path.getsize(target) // 2)
+        os.environ["TRUNCATE_DONE"] = "1"
+rm._Hasher.submit = truncating
+sys.argv[0] = "rfsgen"
+from rfsgen._entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("extra, how", [(["--layout", "dense"], "by position (_RawDense)"),
+                                        (["--layout", "csr"], "by position (_CSRChunks)"),
+                                        (["--layout", "csr", "--compression", "gzip"], "through HDF5"),
+                                        (["--layout", "dense", "--compression", "lzf"], "through HDF5")],
+                         ids=["dense", "csr", "csr-gzip", "dense-lzf"])
+def test_a_shard_truncated_during_the_merge_is_one_line_naming_it(setup, extra, how):
+    """Issue 37 item 10: a shard another program truncates while merge reads it ends the
+    merge with one line naming the shard and exit code 1, and neither the output nor a
+    temporary file is left.  (Read through a map of the file, a CSR shard ended it with
+    SIGBUS, exit 135 and its temporary file left; a dense one blamed the output: "m.h5:
+    cannot write (Bad address)".)"""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    parts = shards(2, *extra)
+    size = os.path.getsize(parts[0])
+    before = sorted(os.listdir("."))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRUNCATE=parts[0])
+    env.pop("TRUNCATE_DONE", None)
+    res = subprocess.run([sys.executable, "-c", TRUNCATING_MERGE, "merge", *parts, "-o", "m.h5", "-q"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert os.path.getsize(parts[0]) == size // 2, res.stderr  # it happened during the merge
+    assert res.returncode == 1, (how, res.returncode, res.stderr)
+    assert res.stderr.startswith(f"rfsgen: error: {parts[0]}: shrank from {size} to ") \
+        and res.stderr.count("\n") == 1, res.stderr
+    assert "while it was being merged" in res.stderr and res.stdout == ""
+    assert sorted(os.listdir(".")) == before  # no m.h5, no temporary file
+
+
+def test_a_read_that_ends_early_is_the_shard_shrinking(tmp_path):
+    """rfsgen.merge._pread: a read by position that ends before the bytes its checks
+    placed in the file names the shard and its new size (the size checks around it
+    aside); a failing read is named too, and a whole read fills the buffer."""
+    import os
+    from types import SimpleNamespace
+
+    import rfsgen.merge as rm
+    from rfsgen.errors import InputChangedError
+
+    path = tmp_path / "s.h5"
+    path.write_bytes(bytes(range(256)) * 4)
+    s = SimpleNamespace(path=str(path), size=1024)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(100)
+        rm._pread(s, fd, memoryview(buf), 900, "X")
+        assert bytes(buf) == (bytes(range(256)) * 4)[900:1000]
+        os.truncate(path, 950)
+        with pytest.raises(InputChangedError, match=rf"^{re.escape(str(path))}: shrank from 1024 to 950 bytes "):
+            rm._pread(s, fd, memoryview(buf), 900, "X")
+        with pytest.raises(InputChangedError, match="shrank from 1024 to 950 bytes"):
+            rm._check_size(s, fd)
+    finally:
+        os.close(fd)
+    wfd = os.open(path, os.O_WRONLY)  # reading a descriptor open for writing only: EBADF
+    try:
+        with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: 'X' cannot be read at byte 0 \("):
+            rm._pread(SimpleNamespace(path=str(path), size=0), wfd, memoryview(buf), 0, "X")
+    finally:
+        os.close(wfd)
+
+
 @pytest.mark.parametrize("damage_kind, message", [("swap", "'X/indices' is not canonical CSR at row 41 "),
                                                     ("outside", "'X/indices' is not canonical CSR at row 41 "),
                                                     ("zero", "'X/data' stores a zero at row 41 "),
@@ -195,9 +283,9 @@ def small_chunks(values=16):
 
 @pytest.fixture(autouse=True)
 def map_small_chunks(monkeypatch):
-    """Merges here read CSR shards in place whatever their HDF5 chunks (by default only
-    chunks of 2^12 values or more, transform's, are), so that "small" has rows across
-    chunks read in place."""
+    """Merges here read CSR shards by position whatever their HDF5 chunks (by default
+    only chunks of 2^12 values or more, transform's, are), so that "small" has rows
+    across chunks read so."""
     import rfsgen.merge as rm
 
     monkeypatch.setattr(rm, "MAP_MIN_CHUNK", 1)
@@ -650,21 +738,35 @@ def test_eof_clipped_values_add_up_in_copied_and_virtual_merges(tmp_path):
             assert f.attrs["clipped_values"] == want > 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_uncompressed_csr_shards_are_read_through_a_map(base, tmp_path, monkeypatch, kind):
-    """Uncompressed CSR shards (version 2) are read in place (rfsgen.merge._CSRMap), in
-    whatever HDF5 chunks they come, verified, and merge to the unsharded bytes; other
-    shards are read through HDF5."""
+def _spy_reads(monkeypatch):
+    """The values read by position (rfsgen.merge._CSRChunks.read): a list of counts."""
     import rfsgen.merge as rm
 
-    rows = []
-    real = rm._CSRMap.verify
-    monkeypatch.setattr(rm._CSRMap, "verify", lambda self, sums, ptr, row0: rows.append(ptr.size - 1)
-                        or real(self, sums, ptr, row0))
+    values = []
+    real = rm._CSRChunks.read
+    monkeypatch.setattr(rm._CSRChunks, "read", lambda self, lo, hi: values.append(hi - lo) or real(self, lo, hi))
+    return values
+
+
+def _nnz(*paths):
+    total = 0
+    for p in paths:
+        with h5py.File(p, "r") as f:
+            total += f["X/data"].shape[0]
+    return total
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_uncompressed_csr_shards_are_read_by_position(base, tmp_path, monkeypatch, kind):
+    """Uncompressed CSR shards (version 2) are read by position from their files
+    (rfsgen.merge._CSRChunks), in whatever HDF5 chunks they come, verified, and merge to
+    the unsharded bytes; other shards are read through HDF5."""
+    values = _spy_reads(monkeypatch)
     names = _copy_set(base, kind, tmp_path)
     merge_files(names, tmp_path / "m.h5", chunk_rows=5)
     assert (tmp_path / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
-    assert sum(rows) == (103 if kind in ("csr", "small") else 0)
+    assert sum(values) == (_nnz(*names) if kind in ("csr", "small") else 0)
+    assert sum(values) or kind not in ("csr", "small")
 
 
 def _straddling(path, values):
@@ -721,42 +823,39 @@ def test_csr_shards_whose_datasets_are_chunked_differently_are_read_through_hdf5
         indices = f["X/indices"][()]
         del f["X/indices"]
         f["X"].create_dataset("indices", data=indices, chunks=(7,), maxshape=(None,))
-    rows = []
-    real = rm._CSRMap.verify
-    monkeypatch.setattr(rm._CSRMap, "verify", lambda self, sums, ptr, row0: rows.append(ptr.size - 1)
-                        or real(self, sums, ptr, row0))
+    values = _spy_reads(monkeypatch)
     merge_files(names, tmp_path / "m.h5")
     assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
-    assert sum(rows) == 103 - (CUTS[4] - CUTS[3])  # the other shards are read in place
+    assert sum(values) == _nnz(*names[:3], *names[4:]) > 0  # the other shards are read by position
 
 
 def _spy_maps(monkeypatch):
-    """Count the maps open at a time: returns a dict with 'opened' and 'most' (open at once)."""
+    """Count the shards read by position at a time (rfsgen.merge._CSRChunks, each with
+    its buffers): returns a dict with 'opened' and 'most' (open at once)."""
     import rfsgen.merge as rm
 
     seen = {"opened": 0, "open": 0, "most": 0}
-    real_open, real_close = rm._CSRMap.open.__func__, rm._CSRMap.close
+    real_init, real_close = rm._CSRChunks.__init__, rm._CSRChunks.close
 
-    def opened(cls, s):
-        m = real_open(cls, s)
-        if m is not None:
-            seen["opened"] += 1
-            seen["open"] += 1
-            seen["most"] = max(seen["most"], seen["open"])
-        return m
+    def opened(self, s, fd):
+        real_init(self, s, fd)
+        seen["opened"] += 1
+        seen["open"] += 1
+        seen["most"] = max(seen["most"], seen["open"])
 
     def closed(self):
         seen["open"] -= 1
         real_close(self)
 
-    monkeypatch.setattr(rm._CSRMap, "open", classmethod(opened))
-    monkeypatch.setattr(rm._CSRMap, "close", closed)
+    monkeypatch.setattr(rm._CSRChunks, "__init__", opened)
+    monkeypatch.setattr(rm._CSRChunks, "close", closed)
     return seen
 
 
-def test_a_merge_of_many_csr_shards_holds_a_map_or_two_at_a_time(base, tmp_path, monkeypatch):
-    """Each shard is mapped when its rows are first read and unmapped once they are
-    written (a map holds a file descriptor: hundreds of shards must not run out)."""
+def test_a_merge_of_many_csr_shards_holds_the_buffers_of_one_or_two_at_a_time(base, tmp_path, monkeypatch):
+    """Each shard's chunks are found when its rows are first read and its read buffers
+    let go once they are written (hundreds of shards must not hold hundreds of
+    buffers)."""
     seen = _spy_maps(monkeypatch)
     names = []
     for k, a in enumerate(range(0, 103, 3)):
@@ -767,23 +866,6 @@ def test_a_merge_of_many_csr_shards_holds_a_map_or_two_at_a_time(base, tmp_path,
     assert seen["opened"] == len(names) and seen["open"] == 0 and seen["most"] <= 3, seen
 
 
-def test_a_shard_the_system_will_not_map_is_read_through_hdf5(base, tmp_path, monkeypatch):
-    """mmap failing (too many open files, a file system without it) is no fault of the
-    shard: it is read through HDF5 instead, to the same bytes."""
-    import errno
-    import mmap
-
-    def refuse(*a, **k):
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    seen = _spy_maps(monkeypatch)
-    monkeypatch.setattr(mmap, "mmap", refuse)
-    names = _copy_set(base, "csr", tmp_path)
-    merge_files(names, tmp_path / "m.h5")
-    assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
-    assert seen["opened"] == 0
-
-
 def test_chunks_smaller_than_transform_writes_are_read_through_hdf5_by_default(base, tmp_path, monkeypatch):
     import rfsgen.merge as rm
 
@@ -792,7 +874,7 @@ def test_chunks_smaller_than_transform_writes_are_read_through_hdf5_by_default(b
     merge_files(_copy_set(base, "small", tmp_path), tmp_path / "m.h5")
     assert (tmp_path / "m.h5").read_bytes() == (base / "csr-all.h5").read_bytes()
     assert seen["opened"] == 0
-    merge_files(_copy_set(base, "csr", tmp_path), tmp_path / "m2.h5")  # 2^12 values a chunk: mapped
+    merge_files(_copy_set(base, "csr", tmp_path), tmp_path / "m2.h5")  # 2^12 values a chunk: by position
     assert seen["opened"] == len(CUTS) - 1
 
 
@@ -816,7 +898,7 @@ def test_which_fault_is_named_does_not_depend_on_the_hdf5_chunks(base, tmp_path,
 @pytest.mark.parametrize("name", ["X/data", "X/indices"])
 @pytest.mark.parametrize("where", ["past the end", "across the end", "another chunk"])
 def test_a_chunk_placed_out_of_the_file_or_twice_is_refused_before_its_rows_are_read(base, tmp_path, name, where):
-    """The chunk index of a shard read in place is checked when its rows are first read:
+    """The chunk index of a shard read by position is checked when its rows are first read:
     a chunk outside the file is one line naming the shard and the dataset, and rows of
     the shards before are still checked first.  (Two chunks at one place are valid HDF5,
     read as HDF5 reads them: the checksum finds the values changed.)"""

@@ -88,6 +88,10 @@ def _translate(e: BaseException):
         _signals.finish()
         e.show()
         sys.exit(e.exit_code)
+    if _click_wrote_stdout(e):  # its --help or --version to a full or failing stdout
+        from ..atomic import stdout_failed
+
+        _fail(stdout_failed(e).cli_message, 1)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)
@@ -96,6 +100,23 @@ def _translate(e: BaseException):
     if isinstance(e, click.Abort):
         _fail("interrupted; no output was written", 130)
     raise e
+
+
+def _click_wrote_stdout(e: BaseException) -> bool:
+    """Whether ``e`` is an OSError of click's own ``echo`` writing to stdout (``--help``,
+    ``--version``; rfsgen's output goes through :func:`rfsgen.atomic.write_stdout`)."""
+    if not isinstance(e, OSError) or e.__traceback__ is None:
+        return False
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    if frame.f_code.co_name != "echo" or frame.f_globals.get("__name__") != "click.utils":
+        return False
+    try:
+        return frame.f_locals.get("file").fileno() == sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 class _Progress:
@@ -130,8 +151,17 @@ class _Progress:
             self.bar.close()
 
 
+def echo(text: str = "") -> None:
+    """A line of a command's output on stdout, written through the checked writer
+    (:func:`rfsgen.atomic.write_stdout`: a short write, a closed pipe or a full device
+    is never passed over)."""
+    from ..atomic import write_stdout
+
+    write_stdout(f"{text}\n")
+
+
 def _emit_json(obj):
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
+    echo(json.dumps(obj, indent=2, sort_keys=False, default=float))
 
 
 @contextlib.contextmanager

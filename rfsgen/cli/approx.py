@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import main, translate_errors, _Progress, _emit_json
+from . import echo, main, translate_errors, _Progress, _emit_json
 from ._budget import max_memory_option, threads_option
 from ._params import set_option
 
@@ -76,4 +76,4 @@ def approx_cmd(skeleton, input, budgets, trials, subset, rows, seed, schemes, as
     if as_json:
         _emit_json(records)
     else:
-        click.echo(format_table(records))
+        echo(format_table(records))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import main, translate_errors, _emit_json
+from . import echo, main, translate_errors, _emit_json
 from ._budget import max_memory_option
 
 
@@ -91,4 +91,4 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
     rows.append(("density", f"{text}; --layout auto writes {dens['layout']}"))
     rows.append(("command", info["command"]))
     for k, v in rows:
-        click.echo(f"{k:<12} {v}")
+        echo(f"{k:<12} {v}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import main, translate_errors, _emit_json
+from . import echo, main, translate_errors, _emit_json
 from ._budget import max_memory_option
 from ._params import set_option
 
@@ -35,23 +35,23 @@ def skeleton_cmd(skeleton, as_json, width, params):
         _emit_json(info)
         return
     if info["width"] == "auto":
-        click.echo(f"skeleton   {info['path']}")
-        click.echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
-        click.echo("           sample --width N); pass --width N to see it for N columns")
+        echo(f"skeleton   {info['path']}")
+        echo("input      width auto: the structure is built for the data's width (at fit, kernel, or")
+        echo("           sample --width N); pass --width N to see it for N columns")
         _params_line(info)
         return
     shape = f" (shape {info['shape']})" if info["shape"] else ""
-    click.echo(f"skeleton   {info['path']}")
-    click.echo(f"input      width {info['width']}{shape}")
-    click.echo(f"nodes      {info['nodes']} ({info['input_nodes']} input, {info['internal_nodes']} internal)")
-    click.echo(f"depth      {info['depth']}")
-    click.echo(f"output     {info['output']}")
-    click.echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
+    echo(f"skeleton   {info['path']}")
+    echo(f"input      width {info['width']}{shape}")
+    echo(f"nodes      {info['nodes']} ({info['input_nodes']} input, {info['internal_nodes']} internal)")
+    echo(f"depth      {info['depth']}")
+    echo(f"output     {info['output']}")
+    echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
     _params_line(info)
     if info["unused_input_nodes"]:
-        click.echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
-    click.echo("")
-    click.echo(f"{'layer':<12} {'kind':<7} {'shape':<10} {'nodes':>6} {'fan-in':>9}  what")
+        echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
+    echo("")
+    echo(f"{'layer':<12} {'kind':<7} {'shape':<10} {'nodes':>6} {'fan-in':>9}  what")
     for layer in info["layers"]:
         shape = "x".join(map(str, layer["shape"])) or "1"
         if "base" in layer:
@@ -65,7 +65,7 @@ def skeleton_cmd(skeleton, as_json, width, params):
                 t = layer["truncation"]
                 what += (f", series truncated (dropped mass {t:.2g}: renormalised so k(x, x) = 1 stays exact; "
                          f"other values move by at most {2 * t:.2g})")
-        click.echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")
+        echo(f"{layer['name']:<12} {layer['kind']:<7} {shape:<10} {layer['nodes']:>6} {fan:>9}  {what}")
 
 
 @main.command("skeletons")
@@ -91,10 +91,10 @@ def skeletons_cmd(as_json):
         return
     width = max((len(n) for n in shipped), default=0)
     for name, description in shipped.items():
-        click.echo(f"{name:<{width}}  {description}".rstrip())
+        echo(f"{name:<{width}}  {description}".rstrip())
 
 
 def _params_line(info):
     if info.get("params"):
-        click.echo("params     " + ", ".join(f"{k} = {v:g}" for k, v in info["params"].items())
-                   + "  (set with --set NAME=VALUE)")
+        echo("params     " + ", ".join(f"{k} = {v:g}" for k, v in info["params"].items())
+             + "  (set with --set NAME=VALUE)")
