@@ -28,7 +28,9 @@ column's weight; the budget D counts every distinct column once.
 (cifar-deep: 576 sphere nodes of 3 values, 1,728 columns).  Degrees ``0 .. k`` are
 enumerated for the largest ``k <= 1`` whose columns take at most half of D; with degree 1
 left out its features are sampled as ``strat`` samples them (stratified codes), and with
-degree 0 left out too (D = 1) the scheme is ``strat``.  Nodes are listed only while their
+degree 0 left out too (D = 1) the scheme is ``strat``.  Where no draw has degree 2 or
+more, the listed columns are every feature and may take all of D (none is kept for a
+sampled part of no mass); fewer features than D is refused with their number.  Nodes are listed only while their
 columns fit in :data:`MAX_LISTED`; the rest are sampled like gaussian nodes.  The file's ``stats`` record the
 degrees enumerated (``exact_degrees``: -1, 0 or 1), their columns and their total weight.
 """
@@ -212,6 +214,13 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
     budget = int(MAX_EXACT_SHARE * columns)
     degrees, batch, weight = 1, *build(rows)
     subset = weight.size
+    if 1.0 - p_all <= NO_MASS and weight.size > budget and (
+            weight.size < columns or (budget >= 2 and weight[0] > 0 and batch.ptr[1] == 0)):
+        # Nothing beyond degree 1: the listed columns are every feature, and no room is
+        # kept for a sampled part of no mass (half of D here refused a D that the features
+        # fill, with a false count): all are taken, a PPS subset of D when there are more,
+        # and fewer than D is refused at once with their true number.
+        budget = columns
     if weight.size > budget and budget >= 2 and weight[0] > 0 and batch.ptr[1] == 0:
         # Wide inputs: the constant stays exact, and budget - 1 of the degree-1 columns are
         # chosen by systematic sampling with probabilities proportional to their weights

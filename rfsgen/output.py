@@ -20,7 +20,7 @@ import numpy as np
 
 from .checksums import NamesChecksum, canonical_json  # below obs and merge; still importable from here
 from .errors import UsageError
-from .h5ad import feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
+from .h5ad import check_obsm_target, feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 LAYOUTS = ("csr", "dense")
@@ -973,10 +973,10 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
     from .atomic import SafeFile, atomic_path
     from .errors import InputError
 
-    _check_obsm_key(adata_path, key)
+    D, n = tr.columns, src.n_rows
+    _check_obsm_key(adata_path, key, n)
     chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
-    D, n = tr.columns, src.n_rows
     if progress is not None and hasattr(progress, "phase"):
         progress.phase("transform", n)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
@@ -991,6 +991,7 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
             raise InputError(f"{adata_path}: its copy cannot be opened by HDF5 to add obsm['{key}']; the file is "
                              "damaged") from None
         with _first_write_error(sink), f:
+            check_obsm_target(f, adata_path, key, n, UNS_KEY)  # again on the copy: the input may have changed
             if "obsm" not in f:  # files written before anndata had obsm
                 f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
             name = f"obsm/{key}"
@@ -1008,9 +1009,10 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
     return {"rows": n_rows, "columns": D, "nnz": nnz, "output": str(output), "obsm": key}
 
 
-def _check_obsm_key(adata_path, key: str) -> None:
-    """Before any work: ``key`` is a name that the copy does not hold yet (in ``obsm``
-    and in ``uns["rfsgen"]``)."""
+def _check_obsm_key(adata_path, key: str, n_rows: int) -> None:
+    """Before any work: ``key`` is a name, and the file can take it
+    (:func:`rfsgen.h5ad.check_obsm_target`: a name it does not hold yet, in groups of
+    the kinds anndata writes)."""
     import h5py
 
     from .errors import InputError
@@ -1018,13 +1020,8 @@ def _check_obsm_key(adata_path, key: str) -> None:
     if not key or "/" in key or key in (".", ".."):
         raise UsageError(f"--obsm {key!r}: give a name without '/' (for example X_rfsgen)")
     try:
-        with h5py.File(adata_path, "r") as f:
-            for where in (f"obsm/{key}", f"uns/{UNS_KEY}/{key}"):
-                if f.get(where, getlink=True) is not None:
-                    raise UsageError(f"{adata_path}: already holds '{where}'; choose another --obsm KEY",)
-            uns = f.get(f"uns/{UNS_KEY}", getlink=True)
-            if uns is not None and not isinstance(f[f"uns/{UNS_KEY}"], h5py.Group):
-                raise UsageError(f"{adata_path}: its uns['{UNS_KEY}'] is not a dict, so the provenance of "
-                                 f"obsm['{key}'] cannot go there; remove it first")
+        f = h5py.File(adata_path, "r")
     except OSError:
         raise InputError(f"{adata_path}: not a readable HDF5 file") from None
+    with f:
+        check_obsm_target(f, adata_path, key, n_rows, UNS_KEY)

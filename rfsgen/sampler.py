@@ -845,6 +845,9 @@ def sample(
     def check(size):
         check_block(skeleton_for_walk, fp, size, columns)
 
+    if exact is not None and cols.found >= columns:  # every feature enumerated (D of them): no draw to walk
+        stats = {"mean_factors_per_draw": 0.0, "var_factors_per_draw": 0.0, "output_degree_histogram": []}
+        return _exact_featureset(skeleton, t, cols, counts, 0, 0, seed, stats, exact)
     with _BlockWalker(walk, block_sizes(skeleton_for_walk, columns), min(threads, ahead), ahead, check) as blocks:
         while True:
             try:

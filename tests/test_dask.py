@@ -122,7 +122,7 @@ def shell_cluster(tmp_path_factory):
                                "--scheduler-file", str(info)], cwd=d, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # only a hang detector: a scheduler starts in seconds
         while not info.exists() or not info.read_text().strip():
             assert time.monotonic() < deadline and procs[0].poll() is None, "the dask scheduler did not start"
             time.sleep(0.1)
@@ -235,7 +235,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 def _cli(args, cwd, timeout=120):
     """`python -m rfsgen ARGS` in a child process: (exit code, stderr, seconds). A child
-    shows what the CliRunner cannot: output at interpreter exit (garbage collection)."""
+    shows what the CliRunner cannot: output at interpreter exit (garbage collection).
+    ``timeout`` only detects a hang (generous: runs take seconds); no test asserts the
+    seconds (issue 37, item 11: a loaded machine is slow, not wrong)."""
     import time
 
     t = time.monotonic()
@@ -252,7 +254,8 @@ def test_issue_bad_address_is_one_line_and_nothing_after(files, address, why):
     code, err, seconds = _cli(["transform", "f.h5", "x.npy", "-o", "o.h5", "-q", "--dask-scheduler", address], files)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"rfsgen: error: --dask-scheduler '{address}': not a Dask scheduler address ({why})")
-    assert seconds < 15 and sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
+    # The late traceback came ~20 s after the error line: the line count above finds it.
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
@@ -274,7 +277,6 @@ def test_close_never_leaves_the_client_to_the_garbage_collector():
     """A Client whose scheduler has gone is closed within CLOSE_TIMEOUT; afterwards its
     __del__ prints nothing (it used to wait 20 s, then print a traceback)."""
     import gc
-    import time
 
     seen = []
     hook, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(u)
@@ -283,9 +285,11 @@ def test_close_never_leaves_the_client_to_the_garbage_collector():
                                            dashboard_address=":0")
         client = rd.connect(cluster.scheduler_address)
         cluster.close()
-        t = time.monotonic()
+        asked, close = [], client.close
+        client.close = lambda *a, **kw: (asked.append(kw.get("timeout")), close(*a, **kw))[1]
         rd.close(client)
-        assert time.monotonic() - t < rd.CLOSE_TIMEOUT + 5
+        # Bounded by the timeout it passes (not by timing it: issue 37, item 11).
+        assert asked == [rd.CLOSE_TIMEOUT]
         del client
         gc.collect()
     finally:
@@ -322,7 +326,7 @@ def test_a_scheduler_that_dies_mid_run_is_one_line_and_nothing_after(files, tmp_
                               "0", "--no-dashboard", "--scheduler-file", str(info)], cwd=tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # only a hang detector: a scheduler starts in seconds
         while not info.exists() or not info.read_text().strip():
             assert time.monotonic() < deadline and sched.poll() is None, "the dask scheduler did not start"
             time.sleep(0.1)
@@ -331,15 +335,14 @@ def test_a_scheduler_that_dies_mid_run_is_one_line_and_nothing_after(files, tmp_
                                 "--dask-scheduler", address], cwd=files, stderr=subprocess.PIPE, text=True)
         time.sleep(8)  # start-up (imports) and connecting
         os.killpg(sched.pid, signal.SIGTERM)
-        t = time.monotonic()
-        err = run.communicate(timeout=60)[1]
+        err = run.communicate(timeout=120)[1]  # only a hang detector: the run ends in seconds
     finally:
         with __import__("contextlib").suppress(ProcessLookupError):
             os.killpg(sched.pid, signal.SIGKILL)
         sched.wait(timeout=20)
     assert run.returncode == 1 and err.count("\n") == 1, err
+    # The 20-second wait ended in a traceback after the line: the line count above finds it.
     assert err.startswith(f"rfsgen: error: lost the Dask scheduler at {address}") and "nothing was written" in err
-    assert time.monotonic() - t < 15
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
 
 
@@ -381,7 +384,7 @@ def test_shutdown_stops_workers_then_scheduler_without_tracebacks_or_lingering_p
                                "--scheduler-file", str(info)], cwd=tmp_path, stdout=logs[0], stderr=logs[0],
                               start_new_session=True)]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # only a hang detector: a scheduler starts in seconds
         while not info.exists() or not info.read_text().strip():
             assert time.monotonic() < deadline and procs[0].poll() is None, "the dask scheduler did not start"
             time.sleep(0.1)
@@ -394,13 +397,13 @@ def test_shutdown_stops_workers_then_scheduler_without_tracebacks_or_lingering_p
             client.wait_for_workers(2, timeout=60)
             assert client.gather(client.map(abs, [-1, -2], pure=False)) == [1, 2]  # both workers have worked
         assert rd.shutdown(address) == 2
-        procs[0].wait(timeout=10)  # the scheduler stops by itself
-        t = time.monotonic()
+        # The scheduler stops by itself, the workers on SIGTERM.  The timeouts only detect a
+        # hang (generous for a loaded machine); no test asserts seconds (issue 37, item 11).
+        procs[0].wait(timeout=60)
         for p in procs[1:]:
             os.killpg(p.pid, signal.SIGTERM)
         for p in procs[1:]:
-            p.wait(timeout=10)
-        assert time.monotonic() - t < 5
+            p.wait(timeout=60)
     finally:
         for p in procs:
             if p.poll() is None:

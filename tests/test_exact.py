@@ -383,3 +383,103 @@ nodes:
     for label, base in bases.items():
         table = one_factor_columns(base)
         assert one_factor_count(base) == (None if table is None else table[0].size), label
+
+
+# Issue 37 item 9: exact counted the columns it kept (a subset of half of D), not the
+# features.  Skeletons whose draws have degree 0 or 1 only have every feature listed.
+THREE_BINARY = """
+rfsgen: 1
+input: {width: 3}
+nodes:
+  - {name: a, base: binary, columns: [0]}
+  - {name: b, base: binary, columns: [1]}
+  - {name: c, base: binary, columns: [2]}
+  - {name: out, activation: {name: coefficients, values: [0.5, 0.5]}, inputs: [a, b, c]}
+"""
+
+
+def test_three_binary_inputs_have_four_exact_features(tmp_path):
+    """The issue's example: the constant and x_a, x_b, x_c.  -n 4 was refused ("has only
+    2"), -n 6 said 3; now -n 4 lists all four with their exact weights (the kernel
+    itself), and -n 5, 6 are refused at once with the true number."""
+    (tmp_path / "s.yaml").write_text(THREE_BINARY)
+    r = run(["sample", "s.yaml", "-n", 4, "--scheme", "exact", "-o", "f.h5", "-q"], tmp_path)
+    assert r.exit_code == 0, r.output
+    fs = load(tmp_path / "f.h5")
+    assert fs.columns == 4 and fs.stats["exact_columns"] == 4
+    x = np.array([[1.0, -1, 1], [1, 1, -1], [-1, -1, -1]])
+    z = transform(fs, x, layout="dense", dtype="float64")
+    np.testing.assert_allclose(z @ z.T, kernel(fs.skeleton, x), atol=1e-12)
+    for n in (5, 6):
+        r = run(["sample", "s.yaml", "-n", n, "--scheme", "exact", "-o", f"g{n}.h5"], tmp_path)
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert "has only 4 distinct features" in r.output and "ask for at most 4" in r.output, r.output
+        assert not (tmp_path / f"g{n}.h5").exists()
+    assert run(["sample", "s.yaml", "-n", 4, "-o", "r.h5", "-q"], tmp_path).exit_code == 0  # rfs agrees
+
+
+def test_fewer_enumerated_features_than_d_are_refused_at_once():
+    """identity over two circles (4 features, the constant of weight 0): D = 5 .. 7 left
+    the sampler to find that out by stalling; now at once, naming the true number."""
+    s = skel("identity")
+    for D in (5, 7):
+        with pytest.raises(SamplerError, match="has only 4 distinct features .*ask for at most 4"):
+            sample(s, D, 0, scheme="exact")
+
+
+_FINITE = st.one_of(
+    st.just("{base: binary}"),
+    st.just("{base: circle}"),
+    st.builds("{{base: categorical, categories: {}}}".format, st.integers(2, 4)),
+    st.builds("{{base: sphere, scheme: coordinate, width: {}}}".format, st.integers(2, 3)),
+)
+_LOW = st.sampled_from(["[0.5, 0.5]", "[0.25, 0.75]", "[0.7, 0.3]", "[0.0, 1.0]", "[1.0, 2.0]"])
+
+
+@st.composite
+def _degree_one_skeletons(draw):
+    """Tiny skeletons whose every draw has degree 0 or 1 (activations of degree 1, an
+    optional middle node), of input nodes with finitely many codes."""
+    bases = draw(st.lists(_FINITE, min_size=1, max_size=3))
+    lines, col = [], 0
+    for i, b in enumerate(bases):
+        width = int(b.split("width: ")[1].rstrip("}")) if "width" in b else 1
+        cols = list(range(col, col + width))
+        col += width
+        b = b.replace(f", width: {width}", "")
+        lines.append(f"  - {{name: u{i}, columns: {cols}, {b[1:-1]}}}")
+    names = [f"u{i}" for i in range(len(bases))]
+    if len(names) > 1 and draw(st.booleans()):
+        lines.append(f"  - {{name: h, activation: {{name: coefficients, values: {draw(_LOW)}}}, inputs: {names[:2]}}}")
+        names = ["h"] + names[2:]
+    lines.append(f"  - {{name: out, activation: {{name: coefficients, values: {draw(_LOW)}}}, inputs: {names}}}")
+    return "rfsgen: 1\ninput: {width: %d}\nnodes:\n%s\n" % (col, "\n".join(lines))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(text=_degree_one_skeletons(), seed=st.integers(0, 2**32))
+def test_exact_counts_the_features_rfs_draws(text, seed):
+    """Generated: exact's features are the distinct keys of 2^15 rfs draws (every feature
+    has probability >= 1/400, so none is missed but with probability < e^-80); D from
+    half their number up to it gives D columns (where all are listed, the kernel
+    exactly), one more a one-line refusal naming that number."""
+    from rfsgen.sampler import _keys
+
+    s = parse_skeleton(text, "gen.yaml")
+    t = _tables(s)
+    b = _walk(s, t, _block_rng(seed, 0), 1 << 15)
+    drawn = {tuple(k) for k in _keys(b, 0).tolist()}
+    pl = plan(s, t, 10**6)
+    listed = {tuple(k) for k in _keys(pl.batch, 0).tolist()}
+    assert pl.p_high == 0.0 and listed == drawn, text
+    n = len(drawn)
+    for D in sorted({n, max(1, n // 2 + 1), max(1, n - 1)}):
+        fs = sample(s, D, seed, scheme="exact")
+        assert fs.columns == D and fs.weight.sum() == pytest.approx(1.0, abs=1e-9), (text, D)
+    if fs.stats["exact_columns"] == n:  # all listed (not where D < 4 keeps degree 1 sampled): the kernel exactly
+        x = rows_for(s, 4, seed=seed % 1000)
+        z = transform(fs, x, layout="dense", dtype="float64")
+        np.testing.assert_allclose(z @ z.T, kernel(s, x), atol=1e-9)
+    with pytest.raises(SamplerError, match=f"(has only {n} distinct features|it can give at most {n} distinct) .*ask for at most {n}(,|$)"):
+        sample(s, n + 1, seed, scheme="exact")
+    assert sample(s, n, seed).columns == n  # rfs gives as many

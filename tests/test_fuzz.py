@@ -30,8 +30,12 @@ if str(ROOT) not in sys.path:  # tests.fuzz is imported from the repository root
 from tests.fuzz import harness  # noqa: E402
 REGRESSIONS = sorted((FUZZ / "regressions").glob("*.json"))
 
+#: Seconds a case may run before the harness calls it a hang: only a hang detector, so generous
+#: (cases take a second or two alone, several times that on a loaded 2-core machine); no test
+#: fails because a machine is slow (issue 37, item 11).
+HANG = "120"
 #: The bounded budget: cheap kinds, fixed seed, forked runs (no interpreter start-up per case).
-BUDGET = ["--cases", "60", "--seed", "2026", "--kinds", "skeletons,rows,features,shards", "--time-limit", "10"]
+BUDGET = ["--cases", "60", "--seed", "2026", "--kinds", "skeletons,rows,features,shards", "--time-limit", HANG]
 
 #: The bounded budget of issue 37's surfaces (expressions, labels, domains, EOF, --obsm, the
 #: memory budget, exact counts): two cases a kind on average, every kind at least once (seed 2034).  It fails on today's code (the issue's
@@ -72,9 +76,9 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def regressions(tmp_path_factory, cache):
-    # 30 s: the slowest legitimate refusal (a sampler projecting that -n cannot be reached)
+    # HANG: the slowest legitimate refusal (a sampler projecting that -n cannot be reached)
     # takes about 6 s alone and more beside the rest of the suite on two cores.
-    return _run(["--replay", str(FUZZ / "regressions"), "--time-limit", "30"], tmp_path_factory.mktemp("fuzz-reg"),
+    return _run(["--replay", str(FUZZ / "regressions"), "--time-limit", HANG], tmp_path_factory.mktemp("fuzz-reg"),
                 cache)
 
 

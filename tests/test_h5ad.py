@@ -338,6 +338,136 @@ def test_obsm_mistakes_are_one_line_errors(tmp_path, args, text):
     assert res.exit_code == 2 and "the input must be an .h5ad file" in res.output
 
 
+
+# Issue 37 item 6: --obsm onto AnnData files of another shape.  Each shape is a change
+# made with h5py to an anndata-written file; the writer must refuse it in one line naming
+# the node, leave no output and no temporary file, and not touch the input.
+def _reshape(path, node, kind, elsewhere=None):
+    """Make ``node`` of the .h5ad ``path`` of ``kind`` (deleting what was there)."""
+    with h5py.File(path, "r+") as f:
+        parent, _, name = node.rpartition("/")
+        g = f[parent] if parent else f
+        if g.get(name, getlink=True) is not None:
+            del g[name]
+        if kind == "dataset":
+            g.create_dataset(name, data=np.arange(3))
+        elif kind == "soft-self":
+            g[name] = h5py.SoftLink("/" + node)
+        elif kind == "dangling":
+            g[name] = h5py.SoftLink("/nothing/here")
+        elif kind.startswith("soft:"):
+            g[name] = h5py.SoftLink(kind[5:])
+        elif kind == "external-missing":
+            g[name] = h5py.ExternalLink("missing.h5", "/g")
+        elif kind == "external":
+            g[name] = h5py.ExternalLink(str(elsewhere), "/g")
+        elif kind.startswith("hard:"):
+            g[name] = f[kind[5:]]
+        elif kind.startswith("encoded:"):
+            g.create_group(name).attrs["encoding-type"] = kind[8:]
+        else:
+            raise AssertionError(kind)
+
+
+def _obsm_refused(tmp_path, res, node, text):
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "Traceback" not in res.output and f"a.h5ad:/{node}: " in res.output and text in res.output, res.output
+    assert not (tmp_path / "o.h5ad").exists() and not [p for p in tmp_path.iterdir() if ".part" in p.name]
+
+
+@pytest.mark.parametrize("node, kind, text", [
+    ("obsm", "dataset", "is a dataset; expected a dict group"),
+    ("obsm", "soft:/X", "is a soft link (to '/X'); expected a dict group"),
+    ("obsm", "external-missing", "is an external link (to missing.h5:/g); expected a dict group"),
+    ("uns", "dataset", "is a dataset; expected a dict group"),
+    ("uns/rfsgen", "dangling", "is a soft link (to '/nothing/here'); expected a dict group"),
+    ("obsm", "soft-self", "is a soft link (to '/obsm'); expected a dict group"),
+    ("uns/rfsgen", "soft-self", "is a soft link (to '/uns/rfsgen')"),
+    ("obsm", "hard:uns", "also linked elsewhere in the file (2 links)"),
+    ("obsm", "encoded:csr_matrix", "is a group encoded as 'csr_matrix'; expected a dict group"),
+    ("obs", "dataset", "is a dataset; expected a dataframe group"),
+    ("obs/_index", "dangling", "is a soft link (to '/nothing/here'); expected the dataset of row names"),
+    ("obs/_index", "dataset", "the row names (obs index) are a dataset of shape (3,); expected one name for each"),
+])
+def test_obsm_onto_a_file_of_another_shape_is_a_one_line_error(tmp_path, node, kind, text):
+    _annotated(tmp_path)
+    if node == "uns/rfsgen":
+        with h5py.File(tmp_path / "a.h5ad", "r+") as f:
+            f["uns"].create_group("rfsgen")
+    _reshape(tmp_path / "a.h5ad", node, kind)
+    before = (tmp_path / "a.h5ad").read_bytes()
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", "--obsm", "X_rf"])
+    _obsm_refused(tmp_path, res, node, text)
+    assert (tmp_path / "a.h5ad").read_bytes() == before
+
+
+def test_obsm_never_writes_into_the_input_or_through_a_link_to_another_file(tmp_path):
+    import os
+
+    _annotated(tmp_path)
+    # In place (the input as -o, by its name or a hard link to it): refused, the input as it was.
+    before = (tmp_path / "a.h5ad").read_bytes()
+    os.link(tmp_path / "a.h5ad", tmp_path / "same.h5ad")
+    for out in ("a.h5ad", "same.h5ad"):
+        res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / out, "--obsm", "X_rf",
+                   "--overwrite"])
+        assert res.exit_code == 2 and "is also an input of this command" in res.output, res.output
+        assert (tmp_path / "a.h5ad").read_bytes() == before
+    os.unlink(tmp_path / "same.h5ad")
+    # obsm an external link to a group of another file: that file is not written.
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_group("g").attrs["encoding-type"] = "dict"
+    other = (tmp_path / "other.h5").read_bytes()
+    _reshape(tmp_path / "a.h5ad", "obsm", "external", elsewhere=tmp_path / "other.h5")
+    before = (tmp_path / "a.h5ad").read_bytes()
+    res = run(["transform", tmp_path / "fa.h5", tmp_path / "a.h5ad", "-o", tmp_path / "o.h5ad", "--obsm", "X_rf"])
+    _obsm_refused(tmp_path, res, "obsm", "is an external link (to ")
+    assert (tmp_path / "other.h5").read_bytes() == other and (tmp_path / "a.h5ad").read_bytes() == before
+
+_OBSM_NODES = ["obsm", "uns", "uns/rfsgen", "obsm/X_rf", "uns/rfsgen/X_rf", "obs", "obs/_index"]
+_OBSM_KINDS = ["dataset", "soft-self", "dangling", "soft:/X", "soft:/var", "soft:/uns", "external-missing",
+               "external", "hard:var", "hard:X", "encoded:dataframe"]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(changes=st.lists(st.tuples(st.sampled_from(_OBSM_NODES), st.sampled_from(_OBSM_KINDS)), min_size=1,
+                        max_size=2, unique_by=lambda t: t[0]))
+def test_obsm_refuses_every_node_of_another_kind_or_writes_a_valid_anndata(tmp_path_factory, changes):
+    """Generated: one or two nodes on the writer's path made of another kind.  Either a
+    one-line error naming a node on that path (nothing written, the input and any file it
+    links to untouched), or an output anndata reads whose obsm holds the features."""
+    import shutil
+
+    base = tmp_path_factory.getbasetemp() / "obsm-base"
+    if not base.exists():
+        base.mkdir()
+        _annotated(base)
+        with h5py.File(base / "a.h5ad", "r+") as f:
+            f["uns"].create_group("rfsgen").attrs["encoding-type"] = "dict"
+        with h5py.File(base / "other.h5", "w") as f:
+            f.create_group("g")
+    d = tmp_path_factory.mktemp("obsm")
+    for name in ("a.h5ad", "fa.h5", "other.h5"):
+        shutil.copy(base / name, d / name)
+    for node, kind in sorted(changes, key=lambda c: c[0].count("/")):
+        with h5py.File(d / "a.h5ad", "r") as f:
+            parent = node.rpartition("/")[0]
+            if parent and not isinstance(f.get(parent), h5py.Group):
+                continue  # its parent was changed first
+        _reshape(d / "a.h5ad", node, kind, elsewhere=d / "other.h5")
+    before, other = (d / "a.h5ad").read_bytes(), (d / "other.h5").read_bytes()
+    res = run(["transform", d / "fa.h5", d / "a.h5ad", "-o", d / "o.h5ad", "--obsm", "X_rf"])
+    assert "Traceback" not in res.output and (d / "a.h5ad").read_bytes() == before
+    assert (d / "other.h5").read_bytes() == other and not [p for p in d.iterdir() if ".part" in p.name]
+    if res.exit_code == 0:
+        o = _read_h5ad(d / "o.h5ad")
+        assert o.obsm["X_rf"].shape == (40, 50) and o.n_obs == 40
+        return
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert any(f"a.h5ad:/{n}" in res.output or f"'{n}'" in res.output for n, _ in changes) or (
+        "a.h5ad:/X" in res.output or "'/X'" in res.output), res.output
+    assert not (d / "o.h5ad").exists()
+
 def test_inspect_states_the_density_of_a_coordinate_feature_file(tmp_path, rows):
     res = run(["inspect", tmp_path / "f.h5"])
     line = next(t for t in res.output.splitlines() if t.startswith("density"))
