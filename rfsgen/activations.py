@@ -157,6 +157,9 @@ class Activation:
     )
     gap_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     near_minus_one_fn: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    #: Bound on |dual - true dual| (rfsgen.duals: the estimated remainder of an exact tail;
+    #: 2t/(1-t) for a series cut at dropped mass t; 0 for closed forms).
+    dual_error: float = 0.0
 
     def __post_init__(self):
         self.coefficients.setflags(write=False)
@@ -601,10 +604,22 @@ COUNTS = {"evaluations": 0, "projections": 0}
 def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The quadrature of :func:`_hermite`: nodes ``z``, weights ``w``, ``sqrt(phi(z))`` and the
     number of nodes per panel (read-only arrays, built once)."""
+    return _panels(np.linspace(-40.0, 40.0, 1601))  # 1600 panels: 0 is a panel boundary
+
+
+def _split_grid(breaks) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`_grid` with a panel boundary added at each of ``breaks`` that is not within 1e-12
+    of one already (the same grid, bit for bit, when none is added): Gauss-Legendre panels
+    then never straddle a kink or a jump."""
+    edges = np.linspace(-40.0, 40.0, 1601)
+    extra = [t for t in breaks if -40.0 < t < 40.0 and np.abs(edges - t).min() > 1e-12]
+    if not extra:
+        return _grid()
+    return _panels(np.sort(np.concatenate((edges, extra))))
+
+
+def _panels(edges):
     nodes, weights = np.polynomial.legendre.leggauss(24)
-    half_width = 40.0
-    panels = 1600  # even, so 0 is a panel boundary
-    edges = np.linspace(-half_width, half_width, panels + 1)
     mid = 0.5 * (edges[1:] + edges[:-1])[:, None]
     half = 0.5 * (edges[1:] - edges[:-1])[:, None]
     z = (mid + half * nodes[None, :]).ravel()
@@ -615,21 +630,22 @@ def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     return z, w, root_phi, nodes.size
 
 
-def _moments(f: np.ndarray) -> tuple[float, tuple]:
+def _moments(f: np.ndarray, grid=None) -> tuple[float, tuple]:
     """``(second_moment, (outer, total))`` of the values ``f`` at the nodes (see :func:`_hermite`)."""
-    z, w, root_phi, per_panel = _grid()
+    z, w, root_phi, per_panel = grid or _grid()
     second = float(np.sum((w * f * f) * (root_phi * root_phi)))  # as ever: the named tables' bits
     mass = w * np.square(f * root_phi)  # for the checks: root_phi^2 alone underflows at |z| near 40
     outer = float(np.sum(mass[: 2 * per_panel]) + np.sum(mass[-2 * per_panel:]))  # two panels each side
     return second, (outer, float(np.sum(mass)))
 
 
-def _recurrence(f: np.ndarray, degree: int, second: float | None = None) -> np.ndarray:
+def _recurrence(f: np.ndarray, degree: int, second: float | None = None, grid=None) -> np.ndarray:
     """``b[i] = E[f(Z) He_i(Z)] / sqrt(i!)`` for ``i = 0 .. degree`` from the values ``f`` at the
     nodes.  With ``second``, stops early once the dropped mass ``1 - sum b_i^2 / second`` is at
     most TOLERANCE (checked every 32 degrees), returning the prefix computed so far: the same
-    bits as the full run's prefix, and :func:`_cut` finds the same cut in it."""
-    z, w, root_phi, _ = _grid()
+    bits as the full run's prefix, and :func:`_cut` finds the same cut in it.  ``grid``:
+    another quadrature (:func:`_split_grid`), ``f`` given at its nodes."""
+    z, w, root_phi, _ = grid or _grid()
     COUNTS["projections"] += 1
     g = w * f * root_phi
     b = np.empty(degree + 1)
@@ -684,9 +700,15 @@ def _named_series(name: str) -> tuple[np.ndarray, float]:
 
 
 def quadrature_activation(name: str, params=()) -> Activation:
-    """The conjugate activation of a named elementwise function, by HermiteE projection."""
+    """The conjugate activation of a named elementwise function, by HermiteE projection
+    (``abs``, kinked at 0, with the exact tail of :func:`project_exact`)."""
+    import dataclasses
+
+    if name == "abs":
+        return projected_activation(name, params, abs, "abs", key=("named", name), breaks=[0.0])
     a, truncation = _named_series(name)
-    return _series_activation(name, params, a, truncation=truncation)
+    act = _series_activation(name, params, a, truncation=truncation)
+    return dataclasses.replace(act, dual_error=2 * truncation / (1 - truncation))
 
 
 # --------------------------------------------------------------------------- user functions
@@ -718,7 +740,7 @@ class _Checked:
         return v
 
 
-def _values(fn: Callable[[float], float], what: str) -> np.ndarray:
+def _values(fn: Callable[[float], float], what: str, grid=None) -> np.ndarray:
     """``fn`` at the quadrature nodes (float64), or :class:`ProjectionError` naming ``what``.
     A compiled expression is evaluated a whole array at a time (the same bits); where that
     fails, the scalar path finds the first bad node for the message."""
@@ -727,7 +749,7 @@ def _values(fn: Callable[[float], float], what: str) -> np.ndarray:
     checked = _Checked(fn, what)
     for z in (0.0, -1.0, 1.0):  # kinks sit at panel edges, which the quadrature nodes skip (1/x)
         checked(z)
-    z = _grid()[0]
+    z = (grid or _grid())[0]
     COUNTS["evaluations"] += z.size
     if isinstance(fn, Expr):
         try:
@@ -784,22 +806,75 @@ def _cut(a: np.ndarray) -> tuple[np.ndarray, float]:
     return a, float(max(0.0, 1.0 - math.fsum(a)))
 
 
-_SERIES: dict = {}  # key -> (a, truncation): projections take 0.1-1 s; a skeleton repeats them
+def project_exact(fn: Callable[[float], float], what: str, breaks) -> tuple[np.ndarray, float, object]:
+    """:func:`project` for a function whose kinks and jumps are at ``breaks`` (floats), with the
+    exact dual of :mod:`rfsgen.duals`: ``(a, truncation, tail)``.  The quadrature grid gets a
+    panel boundary at each breakpoint (the grid and so the series' bits are unchanged where
+    they all lie on boundaries already, such as 0); ``a`` is cut as :func:`project` cuts it (the
+    sampler's table) and ``tail`` is an :class:`rfsgen.duals.ExactTail` (None when there is no
+    breakpoint within duals.REACH or more than duals.MAX_BREAKPOINTS: the truncated series)."""
+    from . import duals
+    from .expression import Expr, evaluate
+
+    breaks = [t for t in breaks if abs(t) <= duals.REACH]
+    if not breaks or len(breaks) > duals.MAX_BREAKPOINTS:
+        return project(fn, what) + (None,)
+    f, second = check_function(fn, what)
+    grid = _split_grid(breaks)
+    if grid is not _grid():
+        f = _values(fn, what, grid)
+        second = _moments(f, grid)[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        b = _recurrence(f, MAX_QUADRATURE_DEGREE, None, grid)
+    a, truncation = _cut(b * b / second)
+
+    def vec(z):
+        if isinstance(fn, Expr):
+            with np.errstate(all="ignore"):
+                return evaluate(fn, z)
+        return _libm(fn, z)
+
+    pieces = []
+    for t in breaks:
+        near = min([abs(t - u) for u in breaks if u != t] + [1.0])
+        pieces += duals.pieces_from_jumps(t, duals.one_sided_jumps(vec, t, near / 2))
+    return a, truncation, duals.exact_tail(b, second, pieces)
 
 
-def _projected_series(key, fn, what):
+_SERIES: dict = {}  # key -> (a, truncation, tail): projections take 0.1-1 s; a skeleton repeats them
+
+
+def _projected_series(key, fn, what, breaks=None):
     if key not in _SERIES:
         if len(_SERIES) >= 256:
             _SERIES.clear()
-        _SERIES[key] = project(fn, what)
+        _SERIES[key] = project(fn, what) + (None,) if breaks is None else project_exact(fn, what, breaks)
     return _SERIES[key]
 
 
-def projected_activation(name: str, params: tuple, fn: Callable[[float], float], what: str, key=None) -> Activation:
+def _exact_dual(tail, rho):
+    return tail.dual(rho)
+
+
+def _exact_gap(tail, tails, rho, delta):
+    return tail.gap(tails, rho, delta)
+
+
+def projected_activation(name: str, params: tuple, fn: Callable[[float], float], what: str, key=None,
+                         breaks=None) -> Activation:
     """The conjugate activation of the scalar function ``fn`` by HermiteE projection
-    (the series cached per ``key``, default ``(name, params)``); see :func:`project`."""
-    a, truncation = _projected_series(key or (name, params), fn, what)
-    return _series_activation(name, params, a, truncation=truncation)
+    (the series cached per ``key``, default ``(name, params)``); see :func:`project`.  With
+    ``breaks`` (where ``fn`` has kinks or jumps; see :func:`project_exact`) the dual is exact to
+    ``dual_error`` while the sampler's table stays the cut series."""
+    import dataclasses
+
+    a, truncation, tail = _projected_series(key or (name, params), fn, what, breaks)
+    act = _series_activation(name, params, a, truncation=truncation)
+    if tail is None:
+        return dataclasses.replace(act, dual_error=2 * truncation / (1 - truncation))
+    tails = np.maximum(np.cumsum(tail.series[::-1])[::-1][1:], 0.0)
+    return dataclasses.replace(act, dual_fn=functools.partial(_exact_dual, tail),
+                               gap_fn=functools.partial(_exact_gap, tail, tails), dual_error=tail.error)
 
 
 def _elu_scalar(alpha, z):
@@ -808,7 +883,8 @@ def _elu_scalar(alpha, z):
 
 def _elu(params) -> Activation:
     alpha = dict(params)["alpha"]
-    return projected_activation("elu", params, functools.partial(_elu_scalar, alpha), f"elu(alpha={alpha:g})")
+    return projected_activation("elu", params, functools.partial(_elu_scalar, alpha), f"elu(alpha={alpha:g})",
+                                breaks=[0.0])
 
 
 # ---- leaky_relu = (1+s)/2 x + (1-s)/2 |x|: its dual mixes rho and abs's arc-cosine dual
@@ -885,7 +961,8 @@ def _arccos(params) -> Activation:
         return dataclasses.replace(base, name="arccos", params=params, coefficients=np.array(base.coefficients))
     # n >= 2: a_i ~ i^-(n + 3/2); the series is cut like the other projected activations
     # and the sampler and kernel share it (its closed form is arccos_dual).
-    return projected_activation("arccos", params, functools.partial(_step_power_scalar, n), f"arccos(degree={n})")
+    return projected_activation("arccos", params, functools.partial(_step_power_scalar, n), f"arccos(degree={n})",
+                                breaks=[0.0])
 
 
 # --------------------------------------------------------------------------- registry
@@ -1049,8 +1126,12 @@ def _short_text(text: str) -> str:
 def _function(params) -> Activation:
     from .expression import compile_expression
 
+    from .duals import REACH
+    from .expression import breakpoints
+
     text = dict(params)["expr"]
-    return projected_activation("function", params, compile_expression(text), f"expression '{text}'")
+    fn = compile_expression(text)
+    return projected_activation("function", params, fn, f"expression '{text}'", breaks=breakpoints(fn, REACH))
 
 
 def _python(params) -> Activation:

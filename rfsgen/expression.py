@@ -531,3 +531,58 @@ def singular_point(expr: Expr):
 
 def _gap(lo, hi):
     return 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))
+
+
+# --------------------------------------------------------------------------- breakpoints
+def _switches(expr: Expr, out: list) -> None:
+    """The sub-expressions whose sign changes switch a branch of ``expr``: the difference of
+    maximum's, minimum's and a comparison's operands, clip's value less either bound, the
+    operand of abs, sign and heaviside, and where's condition."""
+    op, args = expr.op, expr.args
+    if op in ("x", "num"):
+        return
+    kind, name = op
+    if kind == "cmp" or (kind == "call" and name in ("maximum", "minimum")):
+        out.append(Expr(("bin", ast.Sub), (args[0], args[1])))
+    elif kind == "call" and name in ("abs", "sign", "heaviside", "where"):
+        out.append(args[0])
+    elif kind == "call" and name == "clip":
+        out += [Expr(("bin", ast.Sub), (args[0], args[1])), Expr(("bin", ast.Sub), (args[0], args[2]))]
+    for a in args:
+        _switches(a, out)
+
+
+def breakpoints(expr: Expr, reach: float, step: float = 1e-3) -> list[float]:
+    """Where a branch of ``expr`` may switch inside [-reach, reach]: each switching
+    sub-expression's changes of sign class (-, 0, +) between the points of a grid of ``step``,
+    refined by bisection to neighbouring floats (sorted, distinct).  Two changes closer than
+    ``step`` can cancel out unseen (a documented limit)."""
+    import numpy as np
+
+    fns: list = []
+    _switches(expr, fns)
+    z = np.linspace(-reach, reach, int(round(2 * reach / step)) + 1)
+    found = set()
+    for g in fns:
+        try:
+            with np.errstate(all="ignore"):
+                s = np.sign(evaluate(g, z))
+        except (ArithmeticError, ValueError, TypeError):
+            continue
+        for i in np.flatnonzero(s[:-1] != s[1:]):
+            lo, hi, cls = float(z[i]), float(z[i + 1]), s[i]
+            while True:
+                mid = lo / 2 + hi / 2
+                if mid in (lo, hi):
+                    break
+                try:
+                    same = np.sign(g(mid)) == cls
+                except (ArithmeticError, ValueError, TypeError):
+                    break
+                lo, hi = (mid, hi) if same else (lo, mid)
+            found.add(hi if cls == 0 or abs(hi) < abs(lo) else lo)
+    out: list[float] = []
+    for t in sorted(found):  # one point per switch: merge those within 1e-9 (both sides of a zero)
+        if not out or t - out[-1] > 1e-9:
+            out.append(t)
+    return out
