@@ -30,6 +30,7 @@ and tabulated elsewhere as a Chebyshev series in theta = arccos(rho), in which i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -82,7 +83,7 @@ def _hermite_e(d: int, v: np.ndarray) -> np.ndarray:
     return h
 
 
-@__import__("functools").lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _graded_nodes():
     """Nodes and weights on [0, 1] with panels halving towards 1 (down to 2^-44)."""
     x, w = np.polynomial.legendre.leggauss(10)
