@@ -296,7 +296,7 @@ def test_process_limits_are_ceilings(monkeypatch, tmp_path):
     limits = {resource.RLIMIT_AS: 3_000_000 << 10, resource.RLIMIT_DATA: resource.RLIM_INFINITY}
     monkeypatch.setattr(resource, "getrlimit", lambda r: (limits.get(r, resource.RLIM_INFINITY),) * 2)
     monkeypatch.setattr(budget, "_proc_status", lambda: {"VmSize": 1 << 30, "VmData": 1 << 28})
-    monkeypatch.setattr(budget, "CGROUP_FILES", ())
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(tmp_path / "no-cgroups"))
     room = (3_000_000 << 10) - (1 << 30)
     assert budget.ceiling()[0] == room
     with budget.limited("100G"):
@@ -312,14 +312,80 @@ def test_process_limits_are_ceilings(monkeypatch, tmp_path):
             budget.check(2 << 20, "thing", "x")
     limits[resource.RLIMIT_DATA] = (1 << 28) + 5000
     assert budget.ceiling() == (5000, "what this process may still allocate under its limit RLIMIT_DATA (ulimit -d)")
-    # cgroup v2: the limit less what the cgroup holds outside the page cache
+    # cgroup v2 at the root: the limit less what the cgroup holds outside the page cache
     limits[resource.RLIMIT_AS] = limits[resource.RLIMIT_DATA] = resource.RLIM_INFINITY
-    for name, text in (("max", "1000000\n"), ("current", "700000\n"), ("stat", "anon 400000\nfile 300000\n")):
-        (tmp_path / name).write_text(text)
-    monkeypatch.setattr(budget, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current"),
-                                                  str(tmp_path / "stat"), "file"),))
-    assert budget.ceiling() == (600_000, f"what is left in this process's memory cgroup ({tmp_path / 'max'})")
-    (tmp_path / "max").write_text("max\n")
+    root = tmp_path / "cg"
+    _cgroup_files(root, 1_000_000, 700_000, "anon 400000\nfile 300000\n")
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "no-proc"))
+    assert budget.ceiling() == (600_000, f"what is left in this process's memory cgroup ({root / 'memory.max'})")
+    (root / "memory.max").write_text("max\n")
+    assert budget.ceiling() == (None, "")
+
+
+def _cgroup_files(d, cap, used, stat, v1=False):
+    """One level of a fake memory cgroup: its limit (an int or "max"), usage and statistics."""
+    d.mkdir(parents=True, exist_ok=True)
+    names = ("memory.limit_in_bytes", "memory.usage_in_bytes") if v1 else ("memory.max", "memory.current")
+    (d / names[0]).write_text(f"{cap}\n")
+    (d / names[1]).write_text(f"{used}\n")
+    (d / "memory.stat").write_text(stat)
+
+
+def _fake_cgroups(monkeypatch, tmp_path, proc_text):
+    (tmp_path / "proc-cgroup").write_text(proc_text)
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(tmp_path / "sys"))
+    return tmp_path / "sys"
+
+
+def test_cgroup_v2_follows_the_process_own_cgroup_to_the_tightest(monkeypatch, tmp_path):
+    """The process's own cgroup (from /proc/self/cgroup, "0::/path") and every ancestor up
+    to the root are read; the level with the least room binds, and is named."""
+    monkeypatch.setattr(budget, "_proc_status", lambda: {})
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (resource.RLIM_INFINITY,) * 2)
+    sys_root = _fake_cgroups(monkeypatch, tmp_path, "0::/user.slice/job-7/step\n")
+    leaf, job = sys_root / "user.slice/job-7/step", sys_root / "user.slice/job-7"
+    _cgroup_files(leaf, "max", 10 << 20, "anon 1\nfile 0\n")  # the leaf has no limit of its own
+    _cgroup_files(job, 800 << 20, 500 << 20, "anon 1\nfile 100000000\n")  # 800 MiB less (500 MiB - the cache)
+    _cgroup_files(sys_root / "user.slice", 4 << 30, 1 << 30, "file 0\n")
+    _cgroup_files(sys_root, 64 << 30, 0, "file 0\n")  # (a root's limit file, as a container may show)
+    room = (800 << 20) - ((500 << 20) - 100_000_000)
+    assert budget.ceiling() == (room, f"what is left in this process's memory cgroup ({job / 'memory.max'})")
+    assert budget.machine_memory() <= 800 << 20
+    with budget.limited("100G"):
+        assert budget.limit() == room
+        with pytest.raises(LimitError, match=r"memory cgroup \(.*job-7/memory.max\); fix \(or raise that limit\)"):
+            budget.check(room + 1, "thing", "fix")
+    # the tightest may be an ancestor: the job's room grows past its parent's
+    (job / "memory.max").write_text("max\n")
+    assert budget.ceiling() == ((4 << 30) - (1 << 30), f"what is left in this process's memory cgroup "
+                                                        f"({sys_root / 'user.slice/memory.max'})")
+    # a level the process cannot see (a container showing its own cgroup as the root) is passed over
+    (tmp_path / "proc-cgroup").write_text("0::/elsewhere/x\n")
+    assert budget.ceiling() == (64 << 30, f"what is left in this process's memory cgroup ({sys_root / 'memory.max'})")
+    # no /proc/self/cgroup: the root's files, as before
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "missing"))
+    assert budget.ceiling()[0] == 64 << 30
+
+
+def test_cgroup_v1_memory_controller_and_unsafe_paths(monkeypatch, tmp_path):
+    """v1: the "memory" controller's line (alone or with others) names the cgroup under
+    /sys/fs/cgroup/memory; "no limit" (a page short of 2^63) is none; ".." in a path
+    cannot leave the tree."""
+    monkeypatch.setattr(budget, "_proc_status", lambda: {})
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (resource.RLIM_INFINITY,) * 2)
+    sys_root = _fake_cgroups(monkeypatch, tmp_path, "9:pids:/\n4:cpu,memory:/docker/abc\n1:name=systemd:/\n0::/\n")
+    mem = sys_root / "memory"
+    _cgroup_files(mem, 9223372036854771712, 5 << 30, "total_cache 0\n", v1=True)
+    _cgroup_files(mem / "docker", 9223372036854771712, 5 << 30, "total_cache 0\n", v1=True)
+    _cgroup_files(mem / "docker/abc", 2 << 30, 1 << 30, "cache 7\ntotal_cache 268435456\n", v1=True)
+    assert budget.ceiling() == ((2 << 30) - (1 << 30) + (256 << 20), f"what is left in this process's memory "
+                                                                    f"cgroup ({mem / 'docker/abc/memory.limit_in_bytes'})")
+    assert budget.machine_memory() <= 2 << 30
+    (tmp_path / "proc-cgroup").write_text("4:memory:/../../../etc\n")
+    assert budget.ceiling() == (None, "")
+    (tmp_path / "proc-cgroup").write_text("garbage\n\n4:cpu:/docker/abc\n")  # no memory controller: the root only
     assert budget.ceiling() == (None, "")
 
 
