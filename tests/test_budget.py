@@ -612,3 +612,60 @@ def test_every_command_takes_max_memory():
         assert "--max-memory SIZE" in run([cmd, "--help"]).output, cmd
     res = run(["skeleton", "cifar-deep", "--max-memory", "10K"])
     assert res.exit_code == 1 and "memory budget of 10.0 KiB" in one_error_line(res)
+
+
+# ----------------------------------------------------------------------------- the CLI's MemoryError backstop
+def _array_memory_error(*args, **kwargs):
+    from numpy._core._exceptions import _ArrayMemoryError
+
+    raise _ArrayMemoryError((10**12,), np.dtype(np.float64))  # numpy's own, as an allocation past RLIMIT_AS gives
+
+
+def test_memoryerror_escaping_a_command_is_one_line_and_leaves_nothing(monkeypatch, tmp_path):
+    """An allocation the budget did not foresee (here: writing transform's rows, after
+    the temporary output exists) is one line naming the command and the options
+    that shrink the run, exit 1, no output and no temporary file -- never a traceback."""
+    from rfsgen import output
+    from rfsgen.features import save
+
+    save(sampler.sample(parse_skeleton(GAUSS5), 16, seed=1), tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", np.zeros((10, 5)))
+    made = []
+    real_write = output._write
+
+    def write(*args, **kwargs):
+        made.extend(tmp_path.glob(".*.part"))  # the temporary output is there when it fails
+        _array_memory_error()
+
+    monkeypatch.setattr(output, "_write", write)
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "out.h5"])
+    assert made and res.exit_code == 1
+    line = one_error_line(res)
+    assert line.startswith("rfsgen: error: rfsgen transform: ran out of memory (Unable to allocate 7.28 TiB for an "
+                           "array with shape (1000000000000,)"), line
+    assert "a smaller --max-memory" in line and "a smaller --chunk-rows" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.h5", "x.npy"]  # no output, no temporary file
+    monkeypatch.setattr(output, "_write", real_write)
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "out.h5"]).exit_code == 0
+
+
+def test_memoryerror_names_each_command_and_its_options(monkeypatch, tmp_path):
+    """A bare MemoryError (no message) from kernel's matrix: the command named, its --rows
+    suggested, no --chunk-rows (kernel has none)."""
+    import importlib
+
+    kernel_module = importlib.import_module("rfsgen.kernel")  # (rfsgen.kernel is also a function's name)
+    np.save(tmp_path / "x.npy", np.zeros((3, 5)) + 0.1)
+    skel = tmp_path / "g.yaml"
+    skel.write_text(GAUSS5)
+
+    def boom(*a, **k):
+        raise MemoryError()
+
+    monkeypatch.setattr(kernel_module, "kernel_files", boom)
+    res = run(["kernel", skel, tmp_path / "x.npy", "-o", tmp_path / "k.npy"])
+    line = one_error_line(res)
+    assert res.exit_code == 1 and line.startswith("rfsgen: error: rfsgen kernel: ran out of memory; give a smaller "
+                                                  "--max-memory"), line
+    assert "--rows START:STOP" in line and "--chunk-rows" not in line
+    assert not (tmp_path / "k.npy").exists()

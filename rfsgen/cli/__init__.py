@@ -84,6 +84,8 @@ def _translate(e: BaseException):
         _fail(getattr(e, "cli_message", str(e)), e.exit_code)  # the message in the CLI's words (--overwrite)
     if isinstance(e, BrokenPipeError):
         _stdout_closed()
+    if isinstance(e, MemoryError):  # numpy's _ArrayMemoryError too: an allocation the budget did not foresee
+        _fail(_out_of_memory(e), 1)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)
@@ -92,6 +94,25 @@ def _translate(e: BaseException):
     if isinstance(e, click.Abort):
         _fail("interrupted; no output was written", 130)
     raise e
+
+
+def _out_of_memory(e: MemoryError) -> str:
+    """The one line for a :class:`MemoryError` that escaped a command: the command, what
+    failed to allocate (numpy's message, when it has one) and the options that make the
+    run smaller.  The output's temporary file is removed on the way out (atomic_path)."""
+    from ..errors import one_line
+
+    ctx = click.get_current_context(silent=True)
+    command = "rfsgen" if ctx is None or ctx.command is None or ctx.parent is None else f"rfsgen {ctx.info_name}"
+    options = set() if ctx is None or ctx.command is None else {p.name for p in ctx.command.params}
+    detail = " ".join(str(e).split())[:200]
+    fixes = ["a smaller --max-memory (the budget that rfsgen sizes its work to and checks its estimates against)"]
+    if "chunk_rows" in options:
+        fixes.append("a smaller --chunk-rows")
+    if "rows" in options:
+        fixes.append("fewer rows (--rows START:STOP)")
+    return one_line(f"{command}: ran out of memory{f' ({detail})' if detail else ''}; "
+                    f"give {', or '.join(fixes)}, or run it where more memory is free")
 
 
 class _Progress:
