@@ -250,9 +250,27 @@ def check(nbytes: float, what: str, fix: str = "") -> None:
     node 'h': the sampler's terms"``); ``fix`` says what the user can change."""
     budget, why = _in_force()
     if nbytes > budget:
-        hint = f"; {fix}" if fix else ""
-        if why:
-            raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}, {why}{hint} "
-                             "(or raise that limit)")
-        raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}{hint} "
-                         f"(or raise the budget with --max-memory or {ENV})")
+        raise _over(nbytes, what, fix, budget, why)
+
+
+def room(per_unit: float) -> int:
+    """How many units of ``per_unit`` bytes the budget in force holds (at least 1): for a
+    reader that bounds a piece of input (a line of text) before reading it, then reports
+    one past it with :func:`refuse`."""
+    return max(1, int(_in_force()[0] // per_unit))
+
+
+def refuse(nbytes: float, what: str, fix: str = "") -> None:
+    """Raise :func:`check`'s error for ``nbytes`` (a lower bound: "needs more than")
+    whatever the budget is now (a reader that stopped at :func:`room` has decided)."""
+    budget, why = _in_force()
+    raise _over(max(nbytes, budget + 1), what, fix, budget, why, "needs more than")
+
+
+def _over(nbytes, what, fix, budget, why, needs="needs about") -> LimitError:
+    hint = f"; {fix}" if fix else ""
+    if why:
+        return LimitError(f"{what} {needs} {fmt(nbytes)}, over the memory budget of {fmt(budget)}, {why}{hint} "
+                          "(or raise that limit)")
+    return LimitError(f"{what} {needs} {fmt(nbytes)}, over the memory budget of {fmt(budget)}{hint} "
+                      f"(or raise the budget with --max-memory or {ENV})")

@@ -669,3 +669,52 @@ def test_memoryerror_names_each_command_and_its_options(monkeypatch, tmp_path):
                                                   "--max-memory"), line
     assert "--rows START:STOP" in line and "--chunk-rows" not in line
     assert not (tmp_path / "k.npy").exists()
+
+
+# ----------------------------------------------------------------------------- one very long text line
+class _LineReads(__import__("io").StringIO):
+    """A text stream that records the longest ``readline`` asked of it (a whole line: -1)."""
+
+    largest = 0
+
+    def readline(self, size=-1):
+        self.largest = max(self.largest, size if size is not None and size >= 0 else 1 << 62)
+        return super().readline(size)
+
+
+@pytest.mark.parametrize("where", [1, 3])
+def test_one_very_long_text_line_is_refused_before_it_is_read_whole(where):
+    """A row of 1,000,000 values on one line (2 MB of text) under a 16 MiB budget: refused
+    naming the file and the line, and never read in more than budget / TEXT_LINE_BYTES
+    characters; under a larger budget the same line is a row."""
+    from rfsgen.inputs import TEXT_LINE_BYTES, TextSource
+
+    lines = ["a,b", "1,2"][:where - 1] + [",".join(["1"] * 1_000_000), "3,4"]
+    with budget.limited("16M"):
+        most = budget.limit() // TEXT_LINE_BYTES
+        stream = _LineReads("\n".join(lines) + "\n")
+        with pytest.raises(LimitError, match=rf"^rows.csv:{where}: a line of more than {most} characters \(its text and "
+                                             r"fields\) needs more than 16.0 MiB, over the memory budget of 16.0 MiB; "
+                                             r"put one row on each line \(or raise the budget"):
+            src = TextSource(stream, "rows.csv", ",")
+            list(src.chunks(10))
+        assert stream.largest == most + 1
+    with budget.limited("128M"):
+        src = TextSource(_LineReads("\n".join(lines[where - 1:where]) + "\n"), "rows.csv", ",")
+        (row0, x), = src.chunks(10)
+        assert x.shape == (1, 1_000_000)
+
+
+def test_long_text_line_cli_one_line(tmp_path):
+    """Through the command line, from a file and from standard input."""
+    (tmp_path / "x.csv").write_text("0.1,0.2\n" + "0.5," * 400_000 + "0.5\n")
+    skel = tmp_path / "g.yaml"
+    skel.write_text(GAUSS5.replace("width: 5", "width: 2"))
+    res = run(["kernel", skel, tmp_path / "x.csv", "-o", tmp_path / "k.npy", "--max-memory", "8M"])
+    assert res.exit_code == 1 and f"{tmp_path / 'x.csv'}:2: a line of more than " in one_error_line(res)
+    res = run(["kernel", skel, "-", "-o", tmp_path / "k.npy", "--max-memory", "8M"],
+              input=(tmp_path / "x.csv").read_bytes())
+    assert res.exit_code == 1 and "<stdin>:2: a line of more than " in one_error_line(res)
+    assert not (tmp_path / "k.npy").exists()
+    res = run(["kernel", skel, tmp_path / "x.csv", "-o", tmp_path / "k.npy", "--max-memory", "200M"])
+    assert res.exit_code == 2 and "x.csv:2: has 400001 fields but the first row has 2" in one_error_line(res)
