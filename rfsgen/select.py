@@ -218,7 +218,10 @@ def _read_h5_labels(p: Path, key) -> np.ndarray:
         _check_dataset(ds, p, key, "the labels' dataset")
         from . import budget
 
-        budget.check(float(ds.size) * (2 * max(ds.dtype.itemsize, 8) + 24), f"labels dataset '{key}' of '{p}'",
+        if ds.dtype.kind == "O":  # variable-length: the dtype's size is a pointer's, not the labels'
+            return _read_h5_vlen_labels(ds, p, key)
+        itemsize = ds.dtype.itemsize * (4 if ds.dtype.kind == "S" else 1)  # bytes decode to str (UCS-4)
+        budget.check(float(ds.size) * (2 * max(itemsize, 8) + 24), f"labels dataset '{key}' of '{p}'",
                      "give fewer labels")
         try:
             data = ds[()]
@@ -226,6 +229,49 @@ def _read_h5_labels(p: Path, key) -> np.ndarray:
             raise InputError(f"{p}:{key}: cannot read the labels ({' '.join(str(e).split())[:120]}); the file is "
                              "damaged") from None
         return _one_d(data, f"{p}:{key}")
+
+
+#: Bytes a variable-length label takes in memory beyond its characters: its HDF5
+#: reference, a bytes and a str object, a list slot, and its class code.
+VLEN_LABEL_BYTES = 160
+
+
+def _read_h5_vlen_labels(ds, p: Path, key) -> np.ndarray:
+    """Variable-length string labels, measured as they are read: a few at a time (a
+    slice is at most an eighth of the budget even if every label in it were as long as
+    the file, or all pointed at one such string), the labels' final memory (numpy's str
+    array holds every name at the longest one's width, 4 bytes a character) checked
+    after every slice, before the next is read."""
+    import h5py
+
+    from . import budget
+
+    name = f"labels dataset '{key}' of '{p}'"
+    if h5py.check_string_dtype(ds.dtype) is None:
+        raise InputError(f"{p}:{key}: labels of a variable-length non-string type; give numbers or class names")
+    if ds.ndim != 1 and not (ds.ndim == 2 and ds.shape[1] == 1):
+        raise InputError(f"{p}:{key}: labels have shape {ds.shape}; give one label per row (a 1-D array)")
+    n = int(ds.shape[0])
+    fix = "give fewer labels or shorter class names"
+    budget.check(float(n) * VLEN_LABEL_BYTES, f"{name} ({n} labels of variable length)", fix)
+    biggest = max(p.stat().st_size, 1)  # no string inside the file is longer than the file
+    step = int(min(1 << 16, max(1, budget.limit() // 8 // (biggest + VLEN_LABEL_BYTES))))
+    names, chars, longest = [], 0, 0
+    for a in range(0, n, step):
+        try:
+            got = ds[a:a + step]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise InputError(f"{p}:{key}: cannot read the labels ({' '.join(str(e).split())[:120]}); the file is "
+                             "damaged") from None
+        for v in got.reshape(-1):
+            text = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            names.append(text)
+            chars += len(text)
+            longest = max(longest, len(text))
+        del got
+        budget.check(float(n) * (VLEN_LABEL_BYTES + 2 * 4 * longest) + 4.0 * chars,
+                     f"{name} ({n} class names of up to {longest} characters)", fix)
+    return np.array(names, dtype=str) if names else np.array([], dtype=str)
 
 
 def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "labels"):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import ROOT, skeleton_path
 from rfsgen import budget, sampler
 from rfsgen.cli import main
-from rfsgen.errors import LimitError, SamplerError, UsageError
+from rfsgen.errors import InputError, LimitError, SamplerError, UsageError
 from rfsgen.kernel import _Plan, check_memory, kernel
 from rfsgen.skeleton import load_skeleton, parse_skeleton
 
@@ -718,3 +718,50 @@ def test_long_text_line_cli_one_line(tmp_path):
     assert not (tmp_path / "k.npy").exists()
     res = run(["kernel", skel, tmp_path / "x.csv", "-o", tmp_path / "k.npy", "--max-memory", "200M"])
     assert res.exit_code == 2 and "x.csv:2: has 400001 fields but the first row has 2" in one_error_line(res)
+
+
+# ----------------------------------------------------------------------------- .h5 labels of variable length
+def test_h5_vlen_labels_counted_from_their_data(tmp_path):
+    """Variable-length class names in .h5 were counted at the pointer's 8 bytes: 100,000
+    names, one of them 200,000 characters long, make numpy's str array 80 GB.  Now they
+    are measured a slice at a time and refused once the longest seen says so, naming the
+    dataset, the count and the width; ordinary ones (UTF-8 included) read as they are."""
+    import tracemalloc
+
+    import h5py
+
+    from rfsgen.select import read_labels
+
+    names = np.array(["cat", "dog"] * 50_000, dtype=object)
+    names[7] = "x" * 200_000
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f.create_dataset("y", data=names, dtype=h5py.string_dtype())
+        f.create_dataset("ok", data=np.array(["chat", "été", "chat"], dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset("wide", data=np.array([b"a" * 1000, b"b"] * 10_000))  # fixed-length bytes: 4 x as str
+        f.create_dataset("ragged", data=np.array([np.arange(3), np.arange(2)], dtype=object),
+                         dtype=h5py.vlen_dtype(np.int64))
+    with budget.limited("64M"):
+        tracemalloc.start()
+        try:
+            with pytest.raises(LimitError, match=r"labels dataset '/y' of '.*y.h5' \(100000 class names of up to "
+                                                 r"200000 characters\) needs about 149.0 GiB, over the memory budget "
+                                                 r"of 64.0 MiB; give fewer labels or shorter class names"):
+                read_labels(f"{tmp_path}/y.h5:/y")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20  # a few labels at a time, not the 100,000
+        assert read_labels(f"{tmp_path}/y.h5:/ok").tolist() == ["chat", "été", "chat"]
+        with pytest.raises(LimitError, match=r"labels dataset '/wide' of .* needs about 153.0 MiB"):
+            read_labels(f"{tmp_path}/y.h5:/wide")
+        with pytest.raises(InputError, match="labels of a variable-length non-string type"):
+            read_labels(f"{tmp_path}/y.h5:/ragged")
+    with budget.limited("1G"):
+        got = read_labels(f"{tmp_path}/y.h5:/wide")
+        assert got.dtype.kind == "U" and got[0] == "a" * 1000 and got[1] == "b"
+    _pool_file(tmp_path, 40)
+    np.save(tmp_path / "x.npy", np.zeros((100_000, 5)))
+    res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", f"{tmp_path}/y.h5:/y", "-n", 2,
+               "-o", tmp_path / "s.h5", "--max-memory", "64M"])
+    assert res.exit_code == 1 and "100000 class names of up to 200000 characters" in one_error_line(res)
+    assert not (tmp_path / "s.h5").exists()
