@@ -80,7 +80,8 @@ def read_labels(spec, *, where: str = "labels") -> np.ndarray:
     """Labels from an array-like (1-D, or (n, 1)), or a path: ``.npy``, ``.csv``/``.tsv``/
     ``.txt`` (one label per line; a first line that is not a number above numeric labels is
     a header), ``.h5``/``.hdf5``[``:/dataset``] (a 1-D dataset; without a key, the only one).
-    Returns a 1-D array (numbers, or str for class names)."""
+    Returns a 1-D array (numbers, or str for class names; integers past 64 bits as
+    Python ints in an object array, compared exactly)."""
     if isinstance(spec, (str, os.PathLike)):
         return _read_label_file(os.fspath(spec))
     a = np.asarray(spec)
@@ -182,11 +183,9 @@ def _read_text_labels(p: Path) -> np.ndarray:
         lines, values = lines[1:], values[1:]  # a header above numbers
     if all(v is not None for v in values):
         if all(type(v) is int for v in values):
-            for i, v in enumerate(values):
-                if not -2**63 <= v < 2**63:
-                    raise InputError(f"{p}: label {i} ({lines[i][:40]}) is an integer outside the 64-bit range, which "
-                                     "rfsgen reads exactly; give class names or smaller integers")
-            return np.array(values, dtype=np.int64)
+            if all(-2**63 <= v < 2**63 for v in values):
+                return np.array(values, dtype=np.int64)
+            return np.array(values, dtype=object)  # past 64 bits: Python's integers, still exact (2^64 + 1 is not 2^64)
         a = np.array(values, dtype=np.float64)
         if np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.all(np.abs(a) < 2**53):
             return a.astype(np.int64)
@@ -302,7 +301,8 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
         return "regression", None, y
     classes, codes = np.unique(labels, return_inverse=True)
     if classes.size < 2:
-        raise DataError(f"{where}: every label is class {classes[0].item()!r}: selection needs at least two classes "
+        only = classes[0].item() if isinstance(classes[0], np.generic) else classes[0]
+        raise DataError(f"{where}: every label is class {only!r}: selection needs at least two classes "
                         "(or --task regression for numeric labels)")
     return "classification", classes, codes.astype(np.int64)
 
