@@ -537,6 +537,15 @@ class Transformer:
         off, stride, sizes = strides(levels)
         n_slots = int(sizes.sum())
         budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
+        # Each thread of _rows holds its own (d + 1)^2 run products and four d x (top + 1)
+        # factor tables (8,000 brownian dimensions: 512 MB a thread), counted before the table.
+        from ._compiled import threads
+
+        d, top, n_threads = self.cols.size, int(levels.max(initial=1)), threads()
+        budget.check(8.0 * n_threads * ((d + 1) ** 2 + 4 * d * (top + 1)),
+                     f"the EOF transform's working tables in {d} dimensions ({n_threads} threads, each (d + 1)^2 "
+                     "products and 4 x d x (top level + 1) factors)",
+                     "use fewer threads (NUMBA_NUM_THREADS) or an EOF skeleton over fewer columns")
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
         self.lev, self.off = levels, off

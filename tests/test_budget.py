@@ -765,3 +765,29 @@ def test_h5_vlen_labels_counted_from_their_data(tmp_path):
                "-o", tmp_path / "s.h5", "--max-memory", "64M"])
     assert res.exit_code == 1 and "100000 class names of up to 200000 characters" in one_error_line(res)
     assert not (tmp_path / "s.h5").exists()
+
+
+# ----------------------------------------------------------------------------- EOF transform's working tables
+def test_eof_transform_counts_its_per_thread_tables(monkeypatch, tmp_path):
+    """Transforming an EOF file over 8,000 brownian columns used 278 MiB (fuzz budget-s37-19:
+    761 MiB) under --max-memory 64M: each thread's (d + 1)^2 run products were not counted.
+    Now counted per thread before the transform starts; a budget that holds them transforms."""
+    from rfsgen import _compiled, eof
+    from rfsgen.features import load, save
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 3000}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n")
+    save(eof.sample(skel, level=1), tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", np.full((2, 3000), 0.5))
+    need = 8.0 * 3001 ** 2 + 8.0 * 4 * 3000 * 2  # one thread's tables
+    for n in (1, 3):
+        monkeypatch.setattr(_compiled, "threads", lambda n=n: n)
+        with budget.limited(int(n * need) - 1), pytest.raises(LimitError, match=rf"the EOF transform's working tables "
+                                                                                rf"in 3000 dimensions \({n} threads,"):
+            eof.Transformer(load(tmp_path / "f.h5"))
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5", "--max-memory", "64M"])
+    assert res.exit_code == 1 and "use fewer threads (NUMBA_NUM_THREADS)" in one_error_line(res)
+    assert not (tmp_path / "o.h5").exists()
+    monkeypatch.setattr(_compiled, "threads", lambda: 1)
+    with budget.limited("256M"):
+        z = eof.Transformer(load(tmp_path / "f.h5")).chunk(np.full((2, 3000), 0.5))
+    assert z.shape == (2, 1) and np.all(np.isfinite(z))
