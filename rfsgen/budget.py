@@ -13,9 +13,10 @@ written as bytes or with a unit: ``512M``, ``4G``, ``1.5GiB``, ``2e9``.
 
 Whatever is asked, the process's own limits are ceilings (:func:`ceiling`): what is
 left under its address-space limit (``RLIMIT_AS``, ``ulimit -v``), under its data
-limit (``RLIMIT_DATA``, ``ulimit -d``), and in its cgroup (``memory.max`` or
-``memory.limit_in_bytes``, less the memory the cgroup already holds outside the page
-cache).  A budget past such a ceiling would only trade the budget's one-line error
+limit (``RLIMIT_DATA``, ``ulimit -d``), and in its memory cgroups (``memory.max`` or
+``memory.limit_in_bytes`` of its own cgroup, named in ``/proc/self/cgroup``, and of each
+ancestor, less the memory that cgroup already holds outside the page cache; the
+tightest binds).  A budget past such a ceiling would only trade the budget's one-line error
 for numpy's ``MemoryError``; the error then names the ceiling and how to raise it.
 """
 
@@ -53,20 +54,16 @@ def parse_size(text, where: str = "--max-memory") -> int:
 
 
 def machine_memory() -> int:
-    """Bytes of memory this process may use: physical memory, or a smaller cgroup limit."""
+    """Bytes of memory this process may use: physical memory, or a smaller limit of its
+    memory cgroup (the tightest from its own cgroup up to the root, :func:`cgroup_limits`)."""
     total = 0
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         pass
-    for path in (files[0] for files in CGROUP_FILES):
-        try:
-            with open(path) as fh:
-                raw = fh.read().strip()
-        except OSError:
-            continue
-        if raw.isdigit() and 0 < int(raw) < (total or 1 << 62):
-            total = int(raw)
+    for _, cap, *_rest in cgroup_limits():
+        if 0 < cap < (total or 1 << 62):
+            total = cap
     return total or 8 << 30
 
 
@@ -94,20 +91,69 @@ def _read_int(path: str):
     return int(raw) if raw.isdigit() else None
 
 
-#: The memory cgroup's files, v2 then v1: (limit, usage, statistics, the page cache's
-#: key in the statistics).
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "file"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-                 "/sys/fs/cgroup/memory/memory.stat", "total_cache"))
+#: Where this process's cgroups are named and where the cgroup file systems are mounted
+#: (module attributes, so that tests can point them at a fake tree).
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+#: The memory controller's files, v2 then v1: (the hierarchy's directory under
+#: :data:`CGROUP_ROOT`, limit, usage, statistics, the page cache's key in the statistics).
+CGROUP_FILES = (("", "memory.max", "memory.current", "memory.stat", "file"),
+                ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "total_cache"))
+
+
+def _own_cgroups() -> dict:
+    """``{0: path}`` for the v2 (unified) hierarchy and ``{1: path}`` for v1's memory
+    controller, from :data:`PROC_CGROUP` (``0::/a/b``, ``4:memory:/a/b``); {} unreadable."""
+    own = {}
+    try:
+        with open(PROC_CGROUP) as fh:
+            text = fh.read(1 << 16)
+    except OSError:
+        return own
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":
+            own.setdefault(0, path)
+        elif "memory" in controllers.split(","):
+            own.setdefault(1, path)
+    return own
+
+
+def _levels(path: str) -> list:
+    """``'/a/b'`` -> ``['a/b', 'a', '']``: a cgroup and each of its ancestors, the root last."""
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def cgroup_limits() -> list:
+    """``[(limit file, limit, usage file, statistics file, page-cache key)]``: every memory
+    limit over this process, from its own cgroup (:data:`PROC_CGROUP`, v2 and v1) up to
+    the root of each hierarchy.  A level whose directory is not visible (a container that
+    sees only its own cgroup at the root) is passed over; "max" (no limit) is left out."""
+    own = _own_cgroups()
+    found = []
+    for version, (sub, limit_name, usage_name, stat_name, key) in enumerate(CGROUP_FILES):
+        base = os.path.join(CGROUP_ROOT, sub) if sub else CGROUP_ROOT
+        for rel in _levels(own.get(version, "/")):
+            d = os.path.join(base, rel) if rel else base
+            cap = _read_int(os.path.join(d, limit_name))
+            if cap is None or cap >= 1 << 60:  # "max", or v1's "no limit" (a page short of 2^63)
+                continue
+            found.append((os.path.join(d, limit_name), cap, os.path.join(d, usage_name), os.path.join(d, stat_name),
+                          key))
+    return found
 
 
 def _cgroup_room():
-    """``(bytes left, file)`` in this process's memory cgroup: its limit less what it
-    holds outside the (reclaimable) page cache; None without a limit."""
-    for limit_file, usage_file, stat_file, stat_key in CGROUP_FILES:
-        cap = _read_int(limit_file)
-        if cap is None or cap >= 1 << 60:  # "max", or v1's "no limit" (a page short of 2^63)
-            continue
+    """``(bytes left, limit file)`` under the tightest of this process's memory cgroups
+    (:func:`cgroup_limits`): at each level its limit less what that cgroup holds outside
+    the (reclaimable) page cache; None without a limit."""
+    best = None
+    for limit_file, cap, usage_file, stat_file, stat_key in cgroup_limits():
         used = _read_int(usage_file) or 0
         try:
             with open(stat_file) as fh:
@@ -118,8 +164,10 @@ def _cgroup_room():
                         break
         except OSError:
             pass
-        return max(0, cap - max(used, 0)), limit_file
-    return None
+        room = max(0, cap - max(used, 0))
+        if best is None or room < best[0]:
+            best = (room, limit_file)
+    return best
 
 
 def ceiling():
@@ -202,9 +250,27 @@ def check(nbytes: float, what: str, fix: str = "") -> None:
     node 'h': the sampler's terms"``); ``fix`` says what the user can change."""
     budget, why = _in_force()
     if nbytes > budget:
-        hint = f"; {fix}" if fix else ""
-        if why:
-            raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}, {why}{hint} "
-                             "(or raise that limit)")
-        raise LimitError(f"{what} needs about {fmt(nbytes)}, over the memory budget of {fmt(budget)}{hint} "
-                         f"(or raise the budget with --max-memory or {ENV})")
+        raise _over(nbytes, what, fix, budget, why)
+
+
+def room(per_unit: float) -> int:
+    """How many units of ``per_unit`` bytes the budget in force holds (at least 1): for a
+    reader that bounds a piece of input (a line of text) before reading it, then reports
+    one past it with :func:`refuse`."""
+    return max(1, int(_in_force()[0] // per_unit))
+
+
+def refuse(nbytes: float, what: str, fix: str = "") -> None:
+    """Raise :func:`check`'s error for ``nbytes`` (a lower bound: "needs more than")
+    whatever the budget is now (a reader that stopped at :func:`room` has decided)."""
+    budget, why = _in_force()
+    raise _over(max(nbytes, budget + 1), what, fix, budget, why, "needs more than")
+
+
+def _over(nbytes, what, fix, budget, why, needs="needs about") -> LimitError:
+    hint = f"; {fix}" if fix else ""
+    if why:
+        return LimitError(f"{what} {needs} {fmt(nbytes)}, over the memory budget of {fmt(budget)}, {why}{hint} "
+                          "(or raise that limit)")
+    return LimitError(f"{what} {needs} {fmt(nbytes)}, over the memory budget of {fmt(budget)}{hint} "
+                      f"(or raise the budget with --max-memory or {ENV})")

@@ -658,15 +658,16 @@ class Transformer:
         levels, slot, _ = _slots(cols)
         off, stride, sizes = strides(levels)
         n_slots = int(sizes.sum())
-        top = int(levels.max(initial=1))
-        d = levels.shape[1]
+        budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
+        # Each thread of _rows holds its own (d + 1)^2 run products and four d x (top + 1)
+        # factor tables (8,000 brownian dimensions: 512 MB a thread), counted before the table.
         from ._compiled import threads
 
-        # the table, and per thread the scratch of _rows: cell, val, n1, n2 (d x (top + 1)) and seg ((d + 1)^2)
-        budget.check(8.0 * n_slots + threads() * 8.0 * (4 * d * (top + 1) + (d + 1) ** 2),
-                     f"the EOF column table ({n_slots:,} slots) and per-thread tables of its {d}-column node "
-                     f"({threads()} threads x {d + 1}^2 values)",
-                     "sample fewer EOF columns or a node of fewer columns, or use fewer threads (NUMBA_NUM_THREADS)")
+        d, top, n_threads = self.cols.size, int(levels.max(initial=1)), threads()
+        budget.check(8.0 * n_threads * ((d + 1) ** 2 + 4 * d * (top + 1)),
+                     f"the EOF transform's working tables in {d} dimensions ({n_threads} threads, each (d + 1)^2 "
+                     "products and 4 x d x (top level + 1) factors)",
+                     "use fewer threads (--threads N) or an EOF skeleton over fewer columns")
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
         self.lev, self.off = levels, off

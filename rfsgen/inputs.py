@@ -175,6 +175,12 @@ class ArraySource(InputSource):
             self._closer = None
 
 
+#: Bytes one character of a text line may take while the line is read, split into
+#: fields and parsed ("1,1,1,...": a str object and a list slot per field, a float64 per
+#: value): a line longer than the budget over this is refused before it is read whole.
+TEXT_LINE_BYTES = 32
+
+
 class TextSource(InputSource):
     """Delimited text (CSV/TSV/whitespace), parsed chunk by chunk with numpy's C parser."""
 
@@ -204,9 +210,16 @@ class TextSource(InputSource):
         return [f.strip() for f in (line.split(self.delimiter) if self.delimiter else line.split())]
 
     def _next_nonempty(self):
+        # A line is read at most budget / TEXT_LINE_BYTES characters at a time (the room
+        # read again for each chunk): one very long line is refused, never read whole.
+        most = getattr(self, "_most", None) or budget.room(TEXT_LINE_BYTES)
+        self._most = most
         try:
-            for line in self.stream:
+            for line in iter(lambda: self.stream.readline(most + 1), ""):
                 self._line += 1
+                if len(line) > most and line[-1:] != "\n":
+                    budget.refuse(TEXT_LINE_BYTES * len(line), f"{self.name}:{self._line}: a line of more than {most} "
+                                  "characters (its text and fields)", "put one row on each line")
                 if line.strip():
                     return line
         except UnicodeDecodeError:
@@ -215,6 +228,7 @@ class TextSource(InputSource):
         return None
 
     def _read_lines(self, n):
+        self._most = None  # the longest line the budget allows, read again for this chunk
         out = self._pending[:n]
         self._pending = self._pending[n:]
         while len(out) < n:

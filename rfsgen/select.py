@@ -80,7 +80,8 @@ def read_labels(spec, *, where: str = "labels") -> np.ndarray:
     """Labels from an array-like (1-D, or (n, 1)), or a path: ``.npy``, ``.csv``/``.tsv``/
     ``.txt`` (one label per line; a first line that is not a number above numeric labels is
     a header), ``.h5``/``.hdf5``[``:/dataset``] (a 1-D dataset; without a key, the only one).
-    Returns a 1-D array (numbers, or str for class names)."""
+    Returns a 1-D array (numbers, or str for class names; integers past 64 bits as
+    Python ints in an object array, compared exactly)."""
     if isinstance(spec, (str, os.PathLike)):
         return _read_label_file(os.fspath(spec))
     a = np.asarray(spec)
@@ -182,11 +183,9 @@ def _read_text_labels(p: Path) -> np.ndarray:
         lines, values = lines[1:], values[1:]  # a header above numbers
     if all(v is not None for v in values):
         if all(type(v) is int for v in values):
-            for i, v in enumerate(values):
-                if not -2**63 <= v < 2**63:
-                    raise InputError(f"{p}: label {i} ({lines[i][:40]}) is an integer outside the 64-bit range, which "
-                                     "rfsgen reads exactly; give class names or smaller integers")
-            return np.array(values, dtype=np.int64)
+            if all(-2**63 <= v < 2**63 for v in values):
+                return np.array(values, dtype=np.int64)
+            return np.array(values, dtype=object)  # past 64 bits: Python's integers, still exact (2^64 + 1 is not 2^64)
         a = np.array(values, dtype=np.float64)
         if np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.all(np.abs(a) < 2**53):
             return a.astype(np.int64)
@@ -218,7 +217,10 @@ def _read_h5_labels(p: Path, key) -> np.ndarray:
         _check_dataset(ds, p, key, "the labels' dataset")
         from . import budget
 
-        budget.check(float(ds.size) * (2 * max(ds.dtype.itemsize, 8) + 24), f"labels dataset '{key}' of '{p}'",
+        if ds.dtype.kind == "O":  # variable-length: the dtype's size is a pointer's, not the labels'
+            return _read_h5_vlen_labels(ds, p, key)
+        itemsize = ds.dtype.itemsize * (4 if ds.dtype.kind == "S" else 1)  # bytes decode to str (UCS-4)
+        budget.check(float(ds.size) * (2 * max(itemsize, 8) + 24), f"labels dataset '{key}' of '{p}'",
                      "give fewer labels")
         try:
             data = ds[()]
@@ -226,6 +228,49 @@ def _read_h5_labels(p: Path, key) -> np.ndarray:
             raise InputError(f"{p}:{key}: cannot read the labels ({' '.join(str(e).split())[:120]}); the file is "
                              "damaged") from None
         return _one_d(data, f"{p}:{key}")
+
+
+#: Bytes a variable-length label takes in memory beyond its characters: its HDF5
+#: reference, a bytes and a str object, a list slot, and its class code.
+VLEN_LABEL_BYTES = 160
+
+
+def _read_h5_vlen_labels(ds, p: Path, key) -> np.ndarray:
+    """Variable-length string labels, measured as they are read: a few at a time (a
+    slice is at most an eighth of the budget even if every label in it were as long as
+    the file, or all pointed at one such string), the labels' final memory (numpy's str
+    array holds every name at the longest one's width, 4 bytes a character) checked
+    after every slice, before the next is read."""
+    import h5py
+
+    from . import budget
+
+    name = f"labels dataset '{key}' of '{p}'"
+    if h5py.check_string_dtype(ds.dtype) is None:
+        raise InputError(f"{p}:{key}: labels of a variable-length non-string type; give numbers or class names")
+    if ds.ndim != 1 and not (ds.ndim == 2 and ds.shape[1] == 1):
+        raise InputError(f"{p}:{key}: labels have shape {ds.shape}; give one label per row (a 1-D array)")
+    n = int(ds.shape[0])
+    fix = "give fewer labels or shorter class names"
+    budget.check(float(n) * VLEN_LABEL_BYTES, f"{name} ({n} labels of variable length)", fix)
+    biggest = max(p.stat().st_size, 1)  # no string inside the file is longer than the file
+    step = int(min(1 << 16, max(1, budget.limit() // 8 // (biggest + VLEN_LABEL_BYTES))))
+    names, chars, longest = [], 0, 0
+    for a in range(0, n, step):
+        try:
+            got = ds[a:a + step]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise InputError(f"{p}:{key}: cannot read the labels ({' '.join(str(e).split())[:120]}); the file is "
+                             "damaged") from None
+        for v in got.reshape(-1):
+            text = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            names.append(text)
+            chars += len(text)
+            longest = max(longest, len(text))
+        del got
+        budget.check(float(n) * (VLEN_LABEL_BYTES + 2 * 4 * longest) + 4.0 * chars,
+                     f"{name} ({n} class names of up to {longest} characters)", fix)
+    return np.array(names, dtype=str) if names else np.array([], dtype=str)
 
 
 def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "labels"):
@@ -256,7 +301,8 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
         return "regression", None, y
     classes, codes = np.unique(labels, return_inverse=True)
     if classes.size < 2:
-        raise DataError(f"{where}: every label is class {classes[0].item()!r}: selection needs at least two classes "
+        only = classes[0].item() if isinstance(classes[0], np.generic) else classes[0]
+        raise DataError(f"{where}: every label is class {only!r}: selection needs at least two classes "
                         "(or --task regression for numeric labels)")
     return "classification", classes, codes.astype(np.int64)
 

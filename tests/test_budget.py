@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import ROOT, skeleton_path
 from rfsgen import budget, sampler
 from rfsgen.cli import main
-from rfsgen.errors import LimitError, SamplerError, UsageError
+from rfsgen.errors import InputError, LimitError, SamplerError, UsageError
 from rfsgen.kernel import _Plan, check_memory, kernel
 from rfsgen.skeleton import load_skeleton, parse_skeleton
 
@@ -324,7 +324,7 @@ def test_process_limits_are_ceilings(monkeypatch, tmp_path):
     limits = {resource.RLIMIT_AS: 3_000_000 << 10, resource.RLIMIT_DATA: resource.RLIM_INFINITY}
     monkeypatch.setattr(resource, "getrlimit", lambda r: (limits.get(r, resource.RLIM_INFINITY),) * 2)
     monkeypatch.setattr(budget, "_proc_status", lambda: {"VmSize": 1 << 30, "VmData": 1 << 28})
-    monkeypatch.setattr(budget, "CGROUP_FILES", ())
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(tmp_path / "no-cgroups"))
     room = (3_000_000 << 10) - (1 << 30)
     assert budget.ceiling()[0] == room
     with budget.limited("100G"):
@@ -340,14 +340,80 @@ def test_process_limits_are_ceilings(monkeypatch, tmp_path):
             budget.check(2 << 20, "thing", "x")
     limits[resource.RLIMIT_DATA] = (1 << 28) + 5000
     assert budget.ceiling() == (5000, "what this process may still allocate under its limit RLIMIT_DATA (ulimit -d)")
-    # cgroup v2: the limit less what the cgroup holds outside the page cache
+    # cgroup v2 at the root: the limit less what the cgroup holds outside the page cache
     limits[resource.RLIMIT_AS] = limits[resource.RLIMIT_DATA] = resource.RLIM_INFINITY
-    for name, text in (("max", "1000000\n"), ("current", "700000\n"), ("stat", "anon 400000\nfile 300000\n")):
-        (tmp_path / name).write_text(text)
-    monkeypatch.setattr(budget, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current"),
-                                                  str(tmp_path / "stat"), "file"),))
-    assert budget.ceiling() == (600_000, f"what is left in this process's memory cgroup ({tmp_path / 'max'})")
-    (tmp_path / "max").write_text("max\n")
+    root = tmp_path / "cg"
+    _cgroup_files(root, 1_000_000, 700_000, "anon 400000\nfile 300000\n")
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "no-proc"))
+    assert budget.ceiling() == (600_000, f"what is left in this process's memory cgroup ({root / 'memory.max'})")
+    (root / "memory.max").write_text("max\n")
+    assert budget.ceiling() == (None, "")
+
+
+def _cgroup_files(d, cap, used, stat, v1=False):
+    """One level of a fake memory cgroup: its limit (an int or "max"), usage and statistics."""
+    d.mkdir(parents=True, exist_ok=True)
+    names = ("memory.limit_in_bytes", "memory.usage_in_bytes") if v1 else ("memory.max", "memory.current")
+    (d / names[0]).write_text(f"{cap}\n")
+    (d / names[1]).write_text(f"{used}\n")
+    (d / "memory.stat").write_text(stat)
+
+
+def _fake_cgroups(monkeypatch, tmp_path, proc_text):
+    (tmp_path / "proc-cgroup").write_text(proc_text)
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    monkeypatch.setattr(budget, "CGROUP_ROOT", str(tmp_path / "sys"))
+    return tmp_path / "sys"
+
+
+def test_cgroup_v2_follows_the_process_own_cgroup_to_the_tightest(monkeypatch, tmp_path):
+    """The process's own cgroup (from /proc/self/cgroup, "0::/path") and every ancestor up
+    to the root are read; the level with the least room binds, and is named."""
+    monkeypatch.setattr(budget, "_proc_status", lambda: {})
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (resource.RLIM_INFINITY,) * 2)
+    sys_root = _fake_cgroups(monkeypatch, tmp_path, "0::/user.slice/job-7/step\n")
+    leaf, job = sys_root / "user.slice/job-7/step", sys_root / "user.slice/job-7"
+    _cgroup_files(leaf, "max", 10 << 20, "anon 1\nfile 0\n")  # the leaf has no limit of its own
+    _cgroup_files(job, 800 << 20, 500 << 20, "anon 1\nfile 100000000\n")  # 800 MiB less (500 MiB - the cache)
+    _cgroup_files(sys_root / "user.slice", 4 << 30, 1 << 30, "file 0\n")
+    _cgroup_files(sys_root, 64 << 30, 0, "file 0\n")  # (a root's limit file, as a container may show)
+    room = (800 << 20) - ((500 << 20) - 100_000_000)
+    assert budget.ceiling() == (room, f"what is left in this process's memory cgroup ({job / 'memory.max'})")
+    assert budget.machine_memory() <= 800 << 20
+    with budget.limited("100G"):
+        assert budget.limit() == room
+        with pytest.raises(LimitError, match=r"memory cgroup \(.*job-7/memory.max\); fix \(or raise that limit\)"):
+            budget.check(room + 1, "thing", "fix")
+    # the tightest may be an ancestor: the job's room grows past its parent's
+    (job / "memory.max").write_text("max\n")
+    assert budget.ceiling() == ((4 << 30) - (1 << 30), f"what is left in this process's memory cgroup "
+                                                        f"({sys_root / 'user.slice/memory.max'})")
+    # a level the process cannot see (a container showing its own cgroup as the root) is passed over
+    (tmp_path / "proc-cgroup").write_text("0::/elsewhere/x\n")
+    assert budget.ceiling() == (64 << 30, f"what is left in this process's memory cgroup ({sys_root / 'memory.max'})")
+    # no /proc/self/cgroup: the root's files, as before
+    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "missing"))
+    assert budget.ceiling()[0] == 64 << 30
+
+
+def test_cgroup_v1_memory_controller_and_unsafe_paths(monkeypatch, tmp_path):
+    """v1: the "memory" controller's line (alone or with others) names the cgroup under
+    /sys/fs/cgroup/memory; "no limit" (a page short of 2^63) is none; ".." in a path
+    cannot leave the tree."""
+    monkeypatch.setattr(budget, "_proc_status", lambda: {})
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (resource.RLIM_INFINITY,) * 2)
+    sys_root = _fake_cgroups(monkeypatch, tmp_path, "9:pids:/\n4:cpu,memory:/docker/abc\n1:name=systemd:/\n0::/\n")
+    mem = sys_root / "memory"
+    _cgroup_files(mem, 9223372036854771712, 5 << 30, "total_cache 0\n", v1=True)
+    _cgroup_files(mem / "docker", 9223372036854771712, 5 << 30, "total_cache 0\n", v1=True)
+    _cgroup_files(mem / "docker/abc", 2 << 30, 1 << 30, "cache 7\ntotal_cache 268435456\n", v1=True)
+    assert budget.ceiling() == ((2 << 30) - (1 << 30) + (256 << 20), f"what is left in this process's memory "
+                                                                    f"cgroup ({mem / 'docker/abc/memory.limit_in_bytes'})")
+    assert budget.machine_memory() <= 2 << 30
+    (tmp_path / "proc-cgroup").write_text("4:memory:/../../../etc\n")
+    assert budget.ceiling() == (None, "")
+    (tmp_path / "proc-cgroup").write_text("garbage\n\n4:cpu:/docker/abc\n")  # no memory controller: the root only
     assert budget.ceiling() == (None, "")
 
 
@@ -574,3 +640,182 @@ def test_every_command_takes_max_memory():
         assert "--max-memory SIZE" in run([cmd, "--help"]).output, cmd
     res = run(["skeleton", "cifar-deep", "--max-memory", "10K"])
     assert res.exit_code == 1 and "memory budget of 10.0 KiB" in one_error_line(res)
+
+
+# ----------------------------------------------------------------------------- the CLI's MemoryError backstop
+def _array_memory_error(*args, **kwargs):
+    from numpy._core._exceptions import _ArrayMemoryError
+
+    raise _ArrayMemoryError((10**12,), np.dtype(np.float64))  # numpy's own, as an allocation past RLIMIT_AS gives
+
+
+def test_memoryerror_escaping_a_command_is_one_line_and_leaves_nothing(monkeypatch, tmp_path):
+    """An allocation the budget did not foresee (here: writing transform's rows, after
+    the temporary output exists) is one line naming the command and the options
+    that shrink the run, exit 1, no output and no temporary file -- never a traceback."""
+    from rfsgen import output
+    from rfsgen.features import save
+
+    save(sampler.sample(parse_skeleton(GAUSS5), 16, seed=1), tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", np.zeros((10, 5)))
+    made = []
+    real_write = output._write
+
+    def write(*args, **kwargs):
+        made.extend(tmp_path.glob(".*.part"))  # the temporary output is there when it fails
+        _array_memory_error()
+
+    monkeypatch.setattr(output, "_write", write)
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "out.h5"])
+    assert made and res.exit_code == 1
+    line = one_error_line(res)
+    assert line.startswith("rfsgen: error: rfsgen transform: ran out of memory (Unable to allocate 7.28 TiB for an "
+                           "array with shape (1000000000000,)"), line
+    assert "a smaller --max-memory" in line and "a smaller --chunk-rows" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.h5", "x.npy"]  # no output, no temporary file
+    monkeypatch.setattr(output, "_write", real_write)
+    assert run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "out.h5"]).exit_code == 0
+
+
+def test_memoryerror_names_each_command_and_its_options(monkeypatch, tmp_path):
+    """A bare MemoryError (no message) from kernel's matrix: the command named, its --rows
+    suggested, no --chunk-rows (kernel has none)."""
+    import importlib
+
+    kernel_module = importlib.import_module("rfsgen.kernel")  # (rfsgen.kernel is also a function's name)
+    np.save(tmp_path / "x.npy", np.zeros((3, 5)) + 0.1)
+    skel = tmp_path / "g.yaml"
+    skel.write_text(GAUSS5)
+
+    def boom(*a, **k):
+        raise MemoryError()
+
+    monkeypatch.setattr(kernel_module, "kernel_files", boom)
+    res = run(["kernel", skel, tmp_path / "x.npy", "-o", tmp_path / "k.npy"])
+    line = one_error_line(res)
+    assert res.exit_code == 1 and line.startswith("rfsgen: error: rfsgen kernel: ran out of memory; give a smaller "
+                                                  "--max-memory"), line
+    assert "--rows START:STOP" in line and "--chunk-rows" not in line
+    assert not (tmp_path / "k.npy").exists()
+
+
+# ----------------------------------------------------------------------------- one very long text line
+class _LineReads(__import__("io").StringIO):
+    """A text stream that records the longest ``readline`` asked of it (a whole line: -1)."""
+
+    largest = 0
+
+    def readline(self, size=-1):
+        self.largest = max(self.largest, size if size is not None and size >= 0 else 1 << 62)
+        return super().readline(size)
+
+
+@pytest.mark.parametrize("where", [1, 3])
+def test_one_very_long_text_line_is_refused_before_it_is_read_whole(where):
+    """A row of 1,000,000 values on one line (2 MB of text) under a 16 MiB budget: refused
+    naming the file and the line, and never read in more than budget / TEXT_LINE_BYTES
+    characters; under a larger budget the same line is a row."""
+    from rfsgen.inputs import TEXT_LINE_BYTES, TextSource
+
+    lines = ["a,b", "1,2"][:where - 1] + [",".join(["1"] * 1_000_000), "3,4"]
+    with budget.limited("16M"):
+        most = budget.limit() // TEXT_LINE_BYTES
+        stream = _LineReads("\n".join(lines) + "\n")
+        with pytest.raises(LimitError, match=rf"^rows.csv:{where}: a line of more than {most} characters \(its text and "
+                                             r"fields\) needs more than 16.0 MiB, over the memory budget of 16.0 MiB; "
+                                             r"put one row on each line \(or raise the budget"):
+            src = TextSource(stream, "rows.csv", ",")
+            list(src.chunks(10))
+        assert stream.largest == most + 1
+    with budget.limited("128M"):
+        src = TextSource(_LineReads("\n".join(lines[where - 1:where]) + "\n"), "rows.csv", ",")
+        (row0, x), = src.chunks(10)
+        assert x.shape == (1, 1_000_000)
+
+
+def test_long_text_line_cli_one_line(tmp_path):
+    """Through the command line, from a file and from standard input."""
+    (tmp_path / "x.csv").write_text("0.1,0.2\n" + "0.5," * 400_000 + "0.5\n")
+    skel = tmp_path / "g.yaml"
+    skel.write_text(GAUSS5.replace("width: 5", "width: 2"))
+    res = run(["kernel", skel, tmp_path / "x.csv", "-o", tmp_path / "k.npy", "--max-memory", "8M"])
+    assert res.exit_code == 1 and f"{tmp_path / 'x.csv'}:2: a line of more than " in one_error_line(res)
+    res = run(["kernel", skel, "-", "-o", tmp_path / "k.npy", "--max-memory", "8M"],
+              input=(tmp_path / "x.csv").read_bytes())
+    assert res.exit_code == 1 and "<stdin>:2: a line of more than " in one_error_line(res)
+    assert not (tmp_path / "k.npy").exists()
+    res = run(["kernel", skel, tmp_path / "x.csv", "-o", tmp_path / "k.npy", "--max-memory", "200M"])
+    assert res.exit_code == 2 and "x.csv:2: has 400001 fields but the first row has 2" in one_error_line(res)
+
+
+# ----------------------------------------------------------------------------- .h5 labels of variable length
+def test_h5_vlen_labels_counted_from_their_data(tmp_path):
+    """Variable-length class names in .h5 were counted at the pointer's 8 bytes: 100,000
+    names, one of them 200,000 characters long, make numpy's str array 80 GB.  Now they
+    are measured a slice at a time and refused once the longest seen says so, naming the
+    dataset, the count and the width; ordinary ones (UTF-8 included) read as they are."""
+    import tracemalloc
+
+    import h5py
+
+    from rfsgen.select import read_labels
+
+    names = np.array(["cat", "dog"] * 50_000, dtype=object)
+    names[7] = "x" * 200_000
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f.create_dataset("y", data=names, dtype=h5py.string_dtype())
+        f.create_dataset("ok", data=np.array(["chat", "été", "chat"], dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset("wide", data=np.array([b"a" * 1000, b"b"] * 10_000))  # fixed-length bytes: 4 x as str
+        f.create_dataset("ragged", data=np.array([np.arange(3), np.arange(2)], dtype=object),
+                         dtype=h5py.vlen_dtype(np.int64))
+    with budget.limited("64M"):
+        tracemalloc.start()
+        try:
+            with pytest.raises(LimitError, match=r"labels dataset '/y' of '.*y.h5' \(100000 class names of up to "
+                                                 r"200000 characters\) needs about 149.0 GiB, over the memory budget "
+                                                 r"of 64.0 MiB; give fewer labels or shorter class names"):
+                read_labels(f"{tmp_path}/y.h5:/y")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20  # a few labels at a time, not the 100,000
+        assert read_labels(f"{tmp_path}/y.h5:/ok").tolist() == ["chat", "été", "chat"]
+        with pytest.raises(LimitError, match=r"labels dataset '/wide' of .* needs about 153.0 MiB"):
+            read_labels(f"{tmp_path}/y.h5:/wide")
+        with pytest.raises(InputError, match="labels of a variable-length non-string type"):
+            read_labels(f"{tmp_path}/y.h5:/ragged")
+    with budget.limited("1G"):
+        got = read_labels(f"{tmp_path}/y.h5:/wide")
+        assert got.dtype.kind == "U" and got[0] == "a" * 1000 and got[1] == "b"
+    _pool_file(tmp_path, 40)
+    np.save(tmp_path / "x.npy", np.zeros((100_000, 5)))
+    res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", f"{tmp_path}/y.h5:/y", "-n", 2,
+               "-o", tmp_path / "s.h5", "--max-memory", "64M"])
+    assert res.exit_code == 1 and "100000 class names of up to 200000 characters" in one_error_line(res)
+    assert not (tmp_path / "s.h5").exists()
+
+
+# ----------------------------------------------------------------------------- EOF transform's working tables
+def test_eof_transform_counts_its_per_thread_tables(monkeypatch, tmp_path):
+    """Transforming an EOF file over 8,000 brownian columns used 278 MiB (fuzz budget-s37-19:
+    761 MiB) under --max-memory 64M: each thread's (d + 1)^2 run products were not counted.
+    Now counted per thread before the transform starts; a budget that holds them transforms."""
+    from rfsgen import _compiled, eof
+    from rfsgen.features import load, save
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 3000}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n")
+    save(eof.sample(skel, level=1), tmp_path / "f.h5")
+    np.save(tmp_path / "x.npy", np.full((2, 3000), 0.5))
+    need = 8.0 * 3001 ** 2 + 8.0 * 4 * 3000 * 2  # one thread's tables
+    for n in (1, 3):
+        monkeypatch.setattr(_compiled, "threads", lambda n=n: n)
+        with budget.limited(int(n * need) - 1), pytest.raises(LimitError, match=rf"the EOF transform's working tables "
+                                                                                rf"in 3000 dimensions \({n} threads,"):
+            eof.Transformer(load(tmp_path / "f.h5"))
+    res = run(["transform", tmp_path / "f.h5", tmp_path / "x.npy", "-o", tmp_path / "o.h5", "--max-memory", "64M"])
+    assert res.exit_code == 1 and "use fewer threads (--threads N)" in one_error_line(res)
+    assert not (tmp_path / "o.h5").exists()
+    monkeypatch.setattr(_compiled, "threads", lambda: 1)
+    with budget.limited("256M"):
+        z = eof.Transformer(load(tmp_path / "f.h5")).chunk(np.full((2, 3000), 0.5))
+    assert z.shape == (2, 1) and np.all(np.isfinite(z))

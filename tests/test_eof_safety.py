@@ -373,5 +373,5 @@ def test_eof_transform_counts_its_per_thread_tables():
     before the transform starts (was: uncounted)."""
     skel = skeleton("brownian", 8000, "[0, 1]")
     fs = eof.sample(skel, level=1)
-    with limited("64M"), pytest.raises(LimitError, match=r"per-thread tables of its 8000-column node"):
+    with limited("64M"), pytest.raises(LimitError, match=r"working tables in 8000 dimensions"):
         eof.Transformer(fs)

@@ -92,6 +92,8 @@ def _translate(e: BaseException):
         from ..atomic import stdout_failed
 
         _fail(stdout_failed(e).cli_message, 1)
+    if isinstance(e, MemoryError):  # numpy's _ArrayMemoryError too: an allocation the budget did not foresee
+        _fail(_out_of_memory(e), 1)
     if isinstance(e, click.UsageError):
         where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         _fail(one_line(e.format_message()) + where, 2)
@@ -117,6 +119,25 @@ def _click_wrote_stdout(e: BaseException) -> bool:
         return frame.f_locals.get("file").fileno() == sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _out_of_memory(e: MemoryError) -> str:
+    """The one line for a :class:`MemoryError` that escaped a command: the command, what
+    failed to allocate (numpy's message, when it has one) and the options that make the
+    run smaller.  The output's temporary file is removed on the way out (atomic_path)."""
+    from ..errors import one_line
+
+    ctx = click.get_current_context(silent=True)
+    command = "rfsgen" if ctx is None or ctx.command is None or ctx.parent is None else f"rfsgen {ctx.info_name}"
+    options = set() if ctx is None or ctx.command is None else {p.name for p in ctx.command.params}
+    detail = " ".join(str(e).split())[:200]
+    fixes = ["a smaller --max-memory (the budget that rfsgen sizes its work to and checks its estimates against)"]
+    if "chunk_rows" in options:
+        fixes.append("a smaller --chunk-rows")
+    if "rows" in options:
+        fixes.append("fewer rows (--rows START:STOP)")
+    return one_line(f"{command}: ran out of memory{f' ({detail})' if detail else ''}; "
+                    f"give {', or '.join(fixes)}, or run it where more memory is free")
 
 
 class _Progress:
