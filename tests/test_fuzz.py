@@ -38,11 +38,9 @@ HANG = "120"
 BUDGET = ["--cases", "60", "--seed", "2026", "--kinds", "skeletons,rows,features,shards", "--time-limit", HANG]
 
 #: The bounded budget of issue 37's surfaces (expressions, labels, domains, EOF, --obsm, the
-#: memory budget, exact counts): two cases a kind on average, every kind at least once (seed 2034).  It fails on today's code (the issue's
-#: fixes are in flight): a strict xfail, so the first run where it passes fails until the mark goes.
+#: memory budget, exact counts): two cases a kind on average, every kind at least once (seed 2034).
 BUDGET_37 = ["--cases", "14", "--seed", "2034", "--kinds", "expressions,labels,domains,eof,obsm,budget,exact",
-             "--time-limit", "15"]
-ISSUE_37_OPEN = "issue 37: the new surfaces still fail (cases kept in tests/fuzz/pending/)"
+             "--time-limit", HANG]
 
 #: Regression cases that fail against today's code, by the issue item whose fix makes them pass
 #: (strict xfails: when a fix lands the case XPASSes, which fails the run until its line is
@@ -116,7 +114,6 @@ def budget_37(tmp_path_factory, cache):
     return _run(BUDGET_37, tmp_path_factory.mktemp("fuzz-budget-37"), cache)
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE_37_OPEN)
 def test_bounded_budget_issue_37(budget_37):
     _no_failures(budget_37, BUDGET_37)
 

@@ -223,8 +223,10 @@ def _dataset_op(p: Path, op: dict) -> None:
             shape = tuple(op["shape"])
             attrs = dict(old.attrs)
             del f[name]
+            # a string dataset (the skeleton since feature-file format 4) takes the empty string's fill
+            fill = None if h5py.check_string_dtype(dt) is not None else op.get("fill", 0)
             ds = f.create_dataset(name, shape=shape, dtype=dt, chunks=True, compression="gzip", fletcher32=True,
-                                  fillvalue=op.get("fill", 0))
+                                  fillvalue=fill)
             for k, v in attrs.items():
                 ds.attrs[k] = v
         elif how == "external":  # raw storage in another file of the machine
