@@ -39,6 +39,7 @@ reproduce: $(STAMP)
 	$(BIN)/python tests/reproduce/figure4.py --out reproduce-output
 	$(BIN)/python tests/reproduce/table1.py --out reproduce-output
 	$(BIN)/python tests/reproduce/eof.py --out reproduce-output
+	$(BIN)/python tests/reproduce/eof_counts.py
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
