@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import InputError, UsageError, count
 from .features import FeatureSet
+from .kinds import of as kind_of
 from .skeleton import Skeleton
 
 #: The environment variable that sends ``rfsgen transform`` to a Dask cluster (as
@@ -221,7 +222,7 @@ class ClusterTransformer:
         self.fs_future = self._guard(lambda: client.scatter(fs, broadcast=True, hash=False), "sending the feature set")
         # EOF: the values clipped to the box, summed over the chunks as they arrive (the
         # writer records them as the output's clipped_values)
-        self.clipped = 0 if fs.eof is not None else None
+        self.clipped = 0 if kind_of(fs).counts_clipped else None
 
     def _guard(self, fn, what):
         from distributed.scheduler import KilledWorker

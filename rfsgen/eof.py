@@ -44,6 +44,7 @@ import numba
 import numpy as np
 
 from .errors import DataError, FeatureFileError, LimitError, UsageError, article, count
+from .featureset import ColumnKind
 
 KERNELS = ("brownian", "laplace")
 #: Deepest 1-D level: cells 2^-l and cell numbers stay exact in float64 and int64.
@@ -351,7 +352,7 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
     feature order).  ``domain``: (lo, hi) per column (from :func:`measure_domain`), else
     the node's stated ``domain:`` (laplace needs one of the two)."""
     from . import budget
-    from .features import FeatureSet
+    from .featureset import FeatureSet
 
     spec = spec_of(skel)
     d = spec.d
@@ -417,6 +418,8 @@ class Columns:
     meta: dict
     level: np.ndarray
     index: np.ndarray
+    #: The root attribute that holds ``meta`` (and the name ``FeatureSet.eof`` answers to).
+    attribute = "eof"
 
     @property
     def lo(self) -> np.ndarray:
@@ -486,7 +489,7 @@ def scale_exponent(kernel_name: str, s) -> int:
 def write(f, cols: Columns) -> None:
     """Write the EOF datasets ``(D, d)`` into the open feature file ``f`` (narrowest unsigned
     dtype, shuffled, gzip-compressed, fletcher32-checksummed, no timestamps)."""
-    from .features import CHUNK, GZIP_LEVEL, _narrow
+    from .featureset import CHUNK, GZIP_LEVEL, _narrow
 
     for name, a in (("eof_level", cols.level), ("eof_index", cols.index)):
         a = np.ascontiguousarray(_narrow(a))
@@ -500,10 +503,10 @@ DATASETS = ("eof_level", "eof_index")
 
 def read(p: str, f, columns: int) -> dict:
     """The EOF datasets of an open feature file of ``columns`` columns, checked as every
-    dataset of a feature file is (:func:`rfsgen.features._check_dataset`), their declared
+    dataset of a feature file is (:func:`rfsgen.featureset._check_dataset`), their declared
     sizes against the memory budget before they are read."""
     from . import budget
-    from .features import _bad, _check_dataset, _read_data
+    from .featureset import _bad, _check_dataset, _read_data
 
     shapes = {k: _check_dataset(p, f, k, matrix=True) for k in DATASETS}
     for k, shape in shapes.items():
@@ -517,7 +520,7 @@ def read(p: str, f, columns: int) -> dict:
 
 def from_file(p: str, fs, attr, data: dict) -> Columns:
     """Validate the EOF part of a loaded feature set (untrusted file) and return it."""
-    from .features import _bad
+    from .featureset import _bad
 
     try:
         meta = json.loads(attr)
@@ -640,8 +643,8 @@ def _rows(u, kernel, s, mult, top, act_ptr, act_j, act_l, act_stride, off, table
 
 
 class Transformer:
-    """Evaluates an EOF feature set on chunks of rows (the interface of
-    :class:`rfsgen.transform.Transformer`: ``columns``, ``dtype``, ``chunk``, ``chunks``).
+    """Evaluates an EOF feature set on chunks of rows (the interface of every kind's transformer,
+    :meth:`rfsgen.featureset.ColumnKind.transformer`: ``columns``, ``dtype``, ``chunk``, ``chunks``).
     ``clipped`` counts the values mapped outside the box and clipped to it."""
 
     def __init__(self, fs, dtype=np.float32):
@@ -770,7 +773,7 @@ class Transformer:
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """As :meth:`rfsgen.transform.Transformer.chunks`."""
-        from .transform import buffered_chunks
+        from .featureset import buffered_chunks
 
         return buffered_chunks(self, src, chunk_rows, start, stop, buffers)
 
@@ -874,3 +877,79 @@ def kernel(skel, x, y=None, *, lo, hi, x_source: str = "<array>", y_source: str 
 def limit_name(kernel_name: str) -> str:
     return ("the laplace kernel pinned on the box's faces" if kernel_name == "laplace"
             else "the brownian kernel on the box")
+
+
+# ---------------------------------------------------------------------- the column kind
+def inspect_rows(info: dict) -> list:
+    """The lines of ``rfsgen inspect`` for an EOF set (its grid instead of terms)."""
+    e = info["eof"]
+    return [
+        ("eof", f"{e['kernel']} node '{e['node']}', level {e['level']}: {e['level_vectors']} level vectors, "
+                f"{e['grid_features']} features in the grid, {info['columns']} kept"),
+        ("non-zeros", f"at most {e['max_nonzeros_per_row']} per row (one per level vector used), "
+                      f"{e['expected_nonzeros_per_row']:.1f} expected for rows spread over the box"),
+        ("domain", f"{e['domain_source']}" + (f", widened by {e['margin']:g} of each column's range on each side"
+                                              if e["margin"] is not None else "")),
+    ]
+
+
+class EOFKind(ColumnKind):
+    """EOF grid cells as a column kind (:class:`rfsgen.featureset.ColumnKind`): files of scheme
+    ``eof``, format version 5 (3 still read), the root attribute ``eof`` and the datasets
+    ``eof_level`` and ``eof_index``; the set's :class:`Columns` is ``fs.extra``."""
+
+    name = "EOF"
+    schemes = ("eof",)
+    format_version = FORMAT_VERSION
+    versions = (3, FORMAT_VERSION)
+    attribute = Columns.attribute
+    weights_add_up = False  # a column's weight multiplies its own (unit) feature
+    counts_clipped = True  # rows are clipped to the box, and counted
+
+    def attrs(self, fs) -> dict:
+        return {self.attribute: json.dumps(fs.extra.meta, sort_keys=True)}
+
+    def write(self, f, fs) -> None:
+        write(f, fs.extra)
+
+    def read(self, p, f, fs, attrs) -> None:
+        from .featureset import _attr
+
+        fs.extra = from_file(p, fs, _attr(p, attrs, self.attribute), read(p, f, fs.columns))
+
+    def summary(self, fs) -> dict:
+        return summary(fs)
+
+    def inspect_rows(self, info: dict) -> list:
+        return inspect_rows(info)
+
+    def expected_density(self, fs):
+        D = fs.columns
+        density = min(1.0, describe(fs)["expected_nonzeros_per_row"] / D) if D else 1.0
+        return density, int(round(density * D))
+
+    def density_text(self, dens: dict) -> str:
+        return f"{dens['density']:.3f} expected (the expected non-zeros of a row over the columns)"
+
+    def transformer(self, fs, dtype=np.float32):
+        return Transformer(fs, dtype)
+
+    def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,
+               progress=None):
+        options = options or {}
+        _, lo, hi, _, _ = box(skel, options.get("domain_from"), options.get("margin"))
+        return kernel(skel, x, y, lo=lo, hi=hi, x_source=x_source, y_source=y_source, copies=copies)
+
+    def unit_weight(self, fs):
+        return None  # its features as they are, without any weights of their own
+
+    def subset(self, fs, keep):
+        return Columns(fs.extra.meta, fs.extra.level[keep], fs.extra.index[keep])
+
+    def digest(self, fs, h) -> None:
+        h.update(np.ascontiguousarray(fs.extra.level, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(fs.extra.index, dtype=np.int64).tobytes())
+
+
+#: The kind (rfsgen.kinds.KINDS).
+EOF = EOFKind()

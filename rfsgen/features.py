@@ -39,108 +39,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 from .errors import FeatureFileError, LimitError, RfsgenError
-from .schemes import SCHEMES, WALK_AS_WRITTEN
-from .skeleton import InputNode, Skeleton, parse_skeleton
-
-FORMAT = "rfsgen-features"
-#: 2: a checksummed rfsgen header in the user block, root attributes sealed; 4: the skeleton an
-#: HDF5 string, not uint8 bytes (1 and 2 still read; EOF files: 3 and 5, rfsgen.eof.FORMAT_VERSION).
-FORMAT_VERSION = 4
-#: Versions whose /skeleton is an HDF5 string (the others: a uint8 array of its UTF-8 bytes).
-STRING_SKELETON_VERSIONS = (4, 5)
-#: Versions of files holding EOF columns.
-EOF_VERSIONS = (3, 5)
-
-
-@dataclass(eq=False)
-class FeatureSet:
-    """D sampled columns for a skeleton (see module docstring for the fields)."""
-
-    skeleton: Skeleton
-    scheme: str
-    seed: int
-    draws: int
-    count: np.ndarray
-    kind: np.ndarray
-    ptr: np.ndarray
-    node: np.ndarray
-    code: np.ndarray
-    power: np.ndarray
-    omega: np.ndarray
-    stats: dict = field(default_factory=dict)
-    command: str = ""
-    tool_version: str = ""
-    eof: object = None  # rfsgen.eof.Columns for scheme 'eof' (level and index vectors), else None
-    #: Optional float64 (D,): each column's weight, replacing count / draws (float column
-    #: weights: finite, >= 0, summing to at most MAX_WEIGHT_SUM; None for sampled files).
-    column_weight: np.ndarray | None = None
-
-    @property
-    def columns(self) -> int:
-        return int(self.count.size)
-
-    def __repr__(self) -> str:
-        """One line with the essentials: columns D, scheme, seed, draws, the skeleton."""
-        return (f"FeatureSet(D={self.columns}, scheme={self.scheme!r}, seed={self.seed}, draws={self.draws}, "
-                f"skeleton=Skeleton({self.skeleton._summary(short=True)}))")
-
-    @property
-    def weight(self) -> np.ndarray:
-        """float64 (D,): ``column_weight`` when set, else count / draws (which sums to 1)."""
-        if self.column_weight is not None:
-            return np.asarray(self.column_weight, dtype=np.float64)
-        return self.count / float(self.draws)
-
-    @property
-    def scale(self) -> np.ndarray:
-        """float64 (D,): the factor each column's cos/product is multiplied by."""
-        return np.sqrt(self.weight) * np.where(self.kind == 0, 1.0, math.sqrt(2.0))
-
-    @cached_property
-    def walk_skeleton(self) -> Skeleton:
-        """The skeleton whose input nodes the terms refer to (rewritten by baseline schemes)."""
-        if self.scheme in WALK_AS_WRITTEN or self.scheme == "eof":
-            return self.skeleton
-        from .schemes import apply_scheme
-
-        return apply_scheme(self.skeleton, self.scheme)
-
-    def terms_of(self, j: int):
-        """``[(node, code, power), ...]`` of column ``j`` (for inspection and tests)."""
-        a, b = self.ptr[j], self.ptr[j + 1]
-        return list(zip(self.node[a:b].tolist(), self.code[a:b].tolist(), self.power[a:b].tolist()))
-
-    def omega_of(self, term_index: int) -> np.ndarray:
-        node = self.walk_skeleton.nodes[int(self.node[term_index])]
-        off = int(self.code[term_index])
-        return self.omega[off: off + node.base.width]
+# The feature set and the dataset helpers every column kind shares live below the kinds
+# (rfsgen.featureset); they are still importable from here.
+from .featureset import (ALLOWED_FILTERS, CHUNK, FORMAT, FORMAT_VERSION, GZIP_LEVEL,  # noqa: F401
+                         STRING_SKELETON_VERSIONS, FeatureSet, _attr, _bad, _check_dataset, _is_int, _narrow, _plain,
+                         _read_data)
+from .kinds import ATTRIBUTES as KIND_ATTRIBUTES, KINDS, VERSIONS, of as kind_of, owner_of_version
+from .skeleton import InputNode, parse_skeleton
 
 
 # ----------------------------------------------------------------------------- writing
-def _narrow(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a)
-    if a.size == 0:
-        return a.astype(np.uint8)
-    lo, hi = int(a.min()), int(a.max())
-    for dt in (np.uint8, np.uint16, np.uint32, np.uint64) if lo >= 0 else (np.int8, np.int16, np.int32, np.int64):
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return a.astype(dt)
-    raise ValueError("value out of int64 range")
-
-
-#: gzip level 4: measured at 10^6 columns, 0.23 s against 7.8 s for level 9, for a file
-#: 4.8% larger (2.5% at 10^4); lzf was faster still but 50% larger.
-GZIP_LEVEL = 4
-#: Values per chunk of every dataset.
-CHUNK = 1 << 18
-
 
 def _put(f, name, data, compress=True, pool=None):
     """Write ``data`` (1-d) as dataset ``name``, chunked, fletcher32-checksummed and, if
@@ -203,7 +115,7 @@ def save(fs: FeatureSet, path, overwrite: bool = False, *, inputs=(), progress=N
         with deferred():  # HDF5 writes through SafeFile: a full disk surfaces in sink.check()
             with h5py.File(sink, "w", libver="earliest", track_order=False, userblock_size=USERBLOCK) as f:
                 _write(f, fs, progress, sink)
-            _write_header(sink, FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION)
+            _write_header(sink, kind_of(fs).format_version)
         sink.check()
 
 
@@ -255,10 +167,11 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
     from ._compiled import threads
     from ._signals import checkpoint
 
+    kind = kind_of(fs)
     src = fs.skeleton.source.encode("utf-8")
     attrs = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION if fs.eof is None else _eof().FORMAT_VERSION,
+        "format_version": kind.format_version,
         "tool_version": fs.tool_version,
         "seed": int(fs.seed),
         "columns": fs.columns,
@@ -274,10 +187,9 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
         attrs["input_width"] = int(fs.skeleton.width)
     if fs.skeleton.params:  # the values of the skeleton's parameters, re-applied on load
         attrs["params"] = json.dumps(dict(fs.skeleton.params))
-    if fs.eof is not None:
-        attrs["eof"] = json.dumps(fs.eof.meta, sort_keys=True)
+    attrs.update(kind.attrs(fs))  # (EOF: its grid and domain, JSON)
     if fs.column_weight is not None:
-        problem = weight_problem(fs.column_weight, fs.columns, fs.eof is not None)
+        problem = weight_problem(fs.column_weight, fs.columns, not kind.weights_add_up)
         if problem:
             raise ValueError(f"FeatureSet.column_weight: {problem}")
         attrs["column_weights"] = "float"
@@ -311,8 +223,7 @@ def _write(f, fs: FeatureSet, progress=None, sink=None):
                 new = (done + data.nbytes) * fs.columns // total
                 progress(new - done * fs.columns // total)
             done += data.nbytes
-    if fs.eof is not None:
-        _eof().write(f, fs.eof)
+    kind.write(f, fs)  # the kind's own datasets (EOF: level and index vectors)
     _seal(f)
 
 
@@ -346,9 +257,10 @@ ATTRS = ("format", "format_version", "tool_version", "seed", "columns", "draws",
          "skeleton_sha256", "nodes", "command", "stats")
 #: Written only for a 'width: auto' skeleton: the width it was bound to when sampled.
 #: params: JSON ``{name: value}`` in the file's order, written only when the skeleton declares parameters.
-OPTIONAL_ATTRS = ("input_width", "eof", "params", "column_weights")  # eof: JSON of an EOF file's grid and domain
-# (rfsgen.eof); column_weights: "float" when the file has the /column_weight dataset (so the seal covers
-# whether a file is weighted, and the dataset cannot be removed or added unnoticed)
+OPTIONAL_ATTRS = ("input_width",) + KIND_ATTRIBUTES + ("params", "column_weights")  # the column kinds' own
+# attributes (rfsgen.kinds; EOF's 'eof': JSON of its grid and domain); column_weights: "float" when the file has
+# the /column_weight dataset (so the seal covers whether a file is weighted, and the dataset cannot be removed or
+# added unnoticed)
 
 
 def _attrs_digest(attrs: dict, encoding: str) -> str:
@@ -361,15 +273,6 @@ def _attrs_digest(attrs: dict, encoding: str) -> str:
         items.append([k, v if isinstance(v, (int, str)) else repr(v)])
     items.append(["term_node.encoding", encoding])
     return hashlib.sha256(json.dumps(items, sort_keys=False).encode()).hexdigest()
-
-
-def _plain(v):
-    """An attribute value as a plain Python value (str, int, float, list) for hashing and messages."""
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    return v.item() if hasattr(v, "item") else v
 
 
 def _seal(f):
@@ -421,9 +324,6 @@ MAX_WEIGHT_SUM = 2.0**20
 MAX_HISTOGRAM = 1 << 16
 #: Largest stored size of one root attribute (a command line is at most a few MB).
 MAX_ATTRIBUTE_BYTES = 16 << 20
-#: Dataset filters a feature file may use: anything else (szip, lzf, scale-offset, n-bit,
-#: a user-defined plugin) is refused before HDF5 would run it.
-ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
 #: Bytes of memory per column and per term while loading (the datasets as stored, their
 #: int64 copies and the pointer/decoding temporaries), for the budget check before reading.
 BYTES_PER_COLUMN = 64
@@ -434,8 +334,9 @@ BYTES_PER_OMEGA = 24
 def weight_problem(w, columns: int, eof: bool = False) -> str | None:
     """What is wrong with ``w`` as float column weights of ``columns`` columns (None if nothing):
     float64 of shape (columns,), finite, >= 0, summing to at most :data:`MAX_WEIGHT_SUM`
-    (``eof``: each at most :data:`MAX_WEIGHT_SUM`; an EOF column's weight multiplies its
-    feature's square, 1 without weights, so they do not sum to 1).  Either bound keeps a
+    (``eof``, for a kind whose weights do not add up, :attr:`ColumnKind.weights_add_up`: each
+    at most :data:`MAX_WEIGHT_SUM`; an EOF column's weight multiplies its feature's square, 1
+    without weights, so they do not sum to 1).  Either bound keeps a
     column's scale sqrt(weight) at most 2^10."""
     w = np.asarray(w)
     if w.dtype != np.float64:
@@ -537,10 +438,6 @@ def load(path) -> FeatureSet:
         ) from None
 
 
-def _bad(p, what) -> FeatureFileError:
-    return FeatureFileError(f"{p}: invalid feature file ({what}); re-create it with 'rfsgen sample'")
-
-
 def _get_attr(p, obj, key, where="attribute"):
     """The value of attribute ``key`` of ``obj`` (None if absent), after checking, without
     reading it, that it is a single value of a plain type and of bounded size."""
@@ -557,69 +454,6 @@ def _get_attr(p, obj, key, where="attribute"):
     if aid.get_storage_size() > MAX_ATTRIBUTE_BYTES:
         raise _bad(p, f"{where} '{key}' is {aid.get_storage_size()} bytes, over {MAX_ATTRIBUTE_BYTES}")
     return obj.attrs[key]
-
-
-def _check_dataset(p, f, name, matrix=False, text=False):
-    """The dataset ``name`` of ``f``, checked without reading its data: a hard link to a
-    1-D integer (omega: float) dataset, stored in this file (no external storage, no
-    virtual layout), with no filter but gzip/shuffle/fletcher32 and chunks no larger than
-    the data (HDF5 decompresses whole chunks).  Returns its declared length; with
-    ``matrix``, a 2-D unsigned dataset (EOF's vectors), and its declared shape; with
-    ``text``, one fixed-length string (the skeleton of format 4), and its length in bytes."""
-    import h5py
-    from h5py import h5d, h5t
-
-    link = f.get(name, getlink=True)
-    if link is None:
-        raise FeatureFileError(f"{p}: incomplete feature file (missing dataset '{name}'); re-create it with "
-                               "'rfsgen sample'")
-    if not isinstance(link, h5py.HardLink):
-        what = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
-        raise _bad(p, f"'{name}' is a link ({what}), not a dataset")
-    ds = f[name]
-    if not isinstance(ds, h5py.Dataset):
-        raise _bad(p, f"'{name}' is not a dataset")
-    float_ = name in ("omega", "column_weight")
-    dcpl = ds.id.get_create_plist()
-    layout = dcpl.get_layout()
-    if layout == h5d.VIRTUAL:
-        raise _bad(p, f"dataset '{name}' is a virtual dataset (its data would come from other files)")
-    if dcpl.get_external_count():
-        raise _bad(p, f"dataset '{name}' has external storage (its data would be read from "
-                      f"{_plain(dcpl.get_external(0)[0])!r}, outside the file)")
-    for i in range(dcpl.get_nfilters()):
-        code = dcpl.get_filter(i)[0]
-        if code not in ALLOWED_FILTERS:
-            raise _bad(p, f"dataset '{name}' uses HDF5 filter {code}; only gzip, shuffle and fletcher32 are allowed")
-    cls = ds.id.get_type().get_class()
-    shape = ds.id.shape
-    want = h5t.FLOAT if float_ else h5t.INTEGER
-    if text:
-        if shape != (1,) or cls != h5t.STRING or ds.id.get_type().is_variable_str() or ds.dtype.kind != "S":
-            raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected one fixed-length string")
-        return int(ds.dtype.itemsize)
-    if matrix:
-        if len(shape) != 2 or cls != h5t.INTEGER or ds.dtype.itemsize > 8 or ds.dtype.kind != "u":
-            raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 2-D unsigned array")
-    elif len(shape) != 1 or cls != want or ds.dtype.itemsize > 8 or ds.dtype.kind not in ("f" if float_ else "iu"):
-        raise _bad(p, f"dataset '{name}' has shape {shape} and dtype {ds.dtype}; expected a 1-D "
-                      + ("float" if float_ else "integer") + " array")
-    if layout == h5d.CHUNKED and math.prod(dcpl.get_chunk()) > max(math.prod(shape), CHUNK):
-        raise _bad(p, f"dataset '{name}' has chunks of {math.prod(dcpl.get_chunk())} values for "
-                      f"{math.prod(shape)} values")
-    return tuple(int(n) for n in shape) if matrix else int(shape[0])
-
-
-def _read_data(p, f, name, n):
-    """Dataset ``name`` (declared length ``n``, already checked) as an array."""
-    try:
-        data = f[name][()]
-    except OSError:
-        raise FeatureFileError(f"{p}: checksum mismatch while reading '{name}': the file is corrupted; "
-                               "re-create it with 'rfsgen sample'") from None
-    if data.shape != (n if isinstance(n, tuple) else (n,)):
-        raise _bad(p, f"dataset '{name}' read {data.shape} values for a declared {n}")
-    return data
 
 
 def _params_attr(p, attrs) -> dict | None:
@@ -651,7 +485,7 @@ def _load(p, f) -> FeatureSet:
         raise FeatureFileError(f"{p}: not an rfsgen feature file (format attribute is {shown!r}); "
                                "pass a file made by 'rfsgen sample'")
     version = _get_attr(p, f, "format_version")
-    readable = (1, 2, 3, FORMAT_VERSION, _eof().FORMAT_VERSION)
+    readable = VERSIONS
     if not _is_int(version) or int(version) not in readable:
         raise FeatureFileError(
             f"{p}: feature file format version {_plain(version)!r} is not supported (this rfsgen reads versions "
@@ -691,8 +525,11 @@ def _load(p, f) -> FeatureSet:
         sizes["column_weight"] = _check_dataset(p, f, "column_weight")
         if _attr(p, attrs, "column_weights") != "float":
             raise _bad(p, f"attribute 'column_weights' is {_plain(attrs['column_weights'])!r}; expected 'float'")
-    if ("eof" in attrs) != (int(version) in EOF_VERSIONS):
-        raise _bad(p, f"format version {int(version)} with{'' if 'eof' in attrs else 'out'} an 'eof' attribute")
+    owner = owner_of_version(int(version))  # the column kind whose files have this version
+    for other in KINDS.values():
+        a = other.attribute
+        if a is not None and (a in attrs) != (other is owner):
+            raise _bad(p, f"format version {int(version)} with{'' if a in attrs else 'out'} an '{a}' attribute")
 
     # The header's counts, then every declared size against them and the budget, before
     # a byte of data is read: a gzip "bomb" (kilobytes declaring gigabytes) stops here.
@@ -706,10 +543,10 @@ def _load(p, f) -> FeatureSet:
         raise _bad(p, f"attribute 'columns' is {columns}; a feature file has at least one column")
     if not 1 <= draws <= MAX_DRAWS:
         raise _bad(p, f"attribute 'draws' is {draws}, outside 1..2^62")
-    if scheme not in SCHEMES and scheme != "eof":
-        raise _bad(p, f"unknown scheme {scheme!r} in attribute 'scheme' (one of {', '.join(SCHEMES)}, eof)")
-    if (scheme == "eof") != ("eof" in attrs):
-        raise _bad(p, "scheme 'eof' without EOF columns, or EOF columns under another scheme")
+    if scheme not in KINDS:
+        raise _bad(p, f"unknown scheme {scheme!r} in attribute 'scheme' (one of {', '.join(KINDS)})")
+    if KINDS[scheme] is not owner:
+        raise _bad(p, f"scheme {scheme!r} in a file of {owner.name} columns (format version {int(version)})")
     stats = _stats(p, _attr(p, attrs, "stats"))
     command, tool_version = _attr(p, attrs, "command"), _attr(p, attrs, "tool_version")
     skeleton_path, skeleton_sha = _attr(p, attrs, "skeleton_path"), _attr(p, attrs, "skeleton_sha256")
@@ -797,21 +634,14 @@ def _load(p, f) -> FeatureSet:
     omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64)
     _check_omega(p, fs, walk, omega)
     fs.omega = omega
-    if "eof" in attrs:
-        fs.eof = _eof().from_file(p, fs, _attr(p, attrs, "eof"), _eof().read(p, f, columns))
+    owner.read(p, f, fs, attrs)  # the kind's own attribute and datasets (EOF: its grid)
     if weighted:
         w = _read_data(p, f, "column_weight", columns)
-        problem = weight_problem(w, columns, fs.eof is not None)
+        problem = weight_problem(w, columns, not owner.weights_add_up)
         if problem:
             raise _bad(p, f"dataset 'column_weight': {problem}")
         fs.column_weight = w
     return fs
-
-
-def _eof():
-    from . import eof
-
-    return eof
 
 
 def _budget(p, columns, terms, omegas):
@@ -844,27 +674,6 @@ def _stats(p, text):
         raise _bad(p, f"the 'stats' attribute's 'output_degree_histogram' is {shown}; expected at most "
                       f"{MAX_HISTOGRAM} counts in 0..2^62")
     return stats
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _attr(p, attrs, key, kind=str):
-    v = attrs[key]
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if kind is int:
-        if not _is_int(v):
-            raise _bad(p, f"attribute '{key}' must be an integer, not {type(v).__name__}")
-        return int(v)
-    if not isinstance(v, str):
-        raise _bad(p, f"attribute '{key}' must be a string, not {type(v).__name__}")
-    try:  # h5py hands invalid UTF-8 over as lone surrogates, which no output can print
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad(p, f"attribute '{key}' is not UTF-8 text") from None
-    return str(v)
 
 
 def _unit_modulus(base) -> bool:
@@ -1038,5 +847,5 @@ def describe(fs: FeatureSet, path=None) -> dict:
         "command": fs.command,
         "skeleton": fs.skeleton.path,
         **({"params": dict(fs.skeleton.params)} if fs.skeleton.params else {}),  # the skeleton's parameter values
-        **(_eof().summary(fs) if fs.eof is not None else {}),  # EOF: its grid, and no terms to count
+        **kind_of(fs).summary(fs),  # the kind's own (EOF: its grid, and no terms to count)
     }

@@ -21,6 +21,7 @@ import numpy as np
 from .checksums import NamesChecksum, canonical_json  # below obs and merge; still importable from here
 from .errors import UsageError
 from .h5ad import check_obsm_target, feature_names, mark_csr, mark_dense, mark_root, write_index, write_uns_dict
+from .kinds import of as kind_of
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 LAYOUTS = ("csr", "dense")
@@ -68,56 +69,27 @@ def csr_block(values: int | None) -> int:
 
 #: What ``--layout`` takes: a layout, or ``auto`` (:func:`auto_layout`).
 LAYOUT_CHOICES = ("auto",) + LAYOUTS
-def can_vanish(base) -> bool:
-    """True for a base whose factors are exactly zero on a positive share of the inputs
-    it takes: a sphere ``coordinate`` factor (one coordinate of the unit vector: zero
-    wherever the input's value is, as in sparse rows) and a ``brownian`` one (sin(m pi u):
-    zero at the lower edge of its domain, where clipped or count data sit).  A sphere
-    ``pair`` factor is zero only where two neighbouring values are both zero, and every
-    other base's factors have modulus 1 (circle, categorical, gaussian, laplace, binary):
-    they are taken as never zero."""
-    if base.name == "sphere":
-        return base.param("scheme") == "coordinate"
-    return base.name == "brownian"
-
-
 def expected_density(fs) -> dict:
     """How dense the features of ``fs`` are expected to be, from the feature file alone.
 
     A column is ``scale * Re(e^{ib} * prod_k z_k^{p_k})``.  When none of its factors
-    can vanish (:func:`can_vanish`), it is ``scale`` times the moduli of its factors
+    can vanish (:func:`rfsgen.paths.can_vanish`), it is ``scale`` times the moduli of its factors
     times the cosine of a sum of angles: non-zero for almost every input.  A column
     with a factor that can vanish is zero wherever that factor is (sparse inputs to a
     sphere ``coordinate`` node, for example); a column of scale 0, or a sine column
     without factors, is always zero.  ``density`` is the fraction of almost surely
     non-zero columns: the output's density for inputs that zero every factor that
     can vanish, and about the least it has (sphere ``pair`` factors of two
-    neighbouring zeros aside).  EOF feature sets (:mod:`rfsgen.eof`): their expected
-    non-zeros per row over the columns.
+    neighbouring zeros aside).  Each column kind computes its own (:mod:`rfsgen.kinds`;
+    compositional paths: :func:`rfsgen.paths.density`; EOF feature sets: their expected
+    non-zeros per row over the columns).
 
     Returns ``{"density": float in [0, 1], "nonzero_columns": int, "columns": int,
     "layout": "dense" or "csr"}`` where ``layout`` is what ``--layout auto`` writes
     (:func:`auto_layout`).
     """
     D = fs.columns
-    if getattr(fs, "eof", None) is not None:
-        from .eof import describe
-
-        density = min(1.0, describe(fs)["expected_nonzeros_per_row"] / D) if D else 1.0
-        sure = int(round(density * D))
-    else:
-        from .skeleton import InputNode
-
-        nodes = fs.walk_skeleton.nodes
-        vanishing = np.array([isinstance(n, InputNode) and can_vanish(n.base) for n in nodes], dtype=bool)
-        lengths = np.diff(fs.ptr.astype(np.int64))
-        zero = np.zeros(D, dtype=bool)
-        if fs.node.size:
-            np.logical_or.at(zero, np.repeat(np.arange(D), lengths), vanishing[fs.node.astype(np.int64)])
-        zero |= fs.scale == 0
-        zero |= (fs.kind == 2) & (lengths == 0)  # cos(pi/2): the constant 0
-        sure = int(D - zero.sum())
-        density = sure / D if D else 1.0
+    density, sure = kind_of(fs).expected_density(fs)
     return {"density": float(density), "nonzero_columns": sure, "columns": int(D),
             "layout": "dense" if density >= 0.5 else "csr"}
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from .errors import DataError, FeatureFileError, InputError, UsageError, count
 from .features import FeatureSet
+from .kinds import of as kind_of
 
 METHODS = ("eerf", "lkrf", "corr", "eerf-norm")
 TASKS = ("auto", "classification", "regression")
@@ -309,11 +310,10 @@ def encode_labels(labels: np.ndarray, task: str = "auto", *, where: str = "label
 
 # ----------------------------------------------------------------------------- statistics
 def _unit(fs: FeatureSet) -> FeatureSet:
-    """The pool with every column at weight 1: its transform gives z_m (EOF: its features
-    as they are, without any weights of its own)."""
-    if fs.eof is not None:
-        return dataclasses.replace(fs, column_weight=None)
-    return dataclasses.replace(fs, column_weight=np.ones(fs.columns))
+    """The pool with every column at weight 1: its transform gives z_m (the column kind's
+    :meth:`~rfsgen.featureset.ColumnKind.unit_weight`; EOF: its features as they are,
+    without any weights of their own)."""
+    return dataclasses.replace(fs, column_weight=kind_of(fs).unit_weight(fs))
 
 
 def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classes: int, *, chunk_rows=None,
@@ -509,10 +509,7 @@ def subset(fs: FeatureSet, keep: np.ndarray, *, column_weight: np.ndarray | None
     cnt = fs.count[keep].astype(np.int64)
     out = dataclasses.replace(fs, draws=int(cnt.sum()), count=cnt, kind=fs.kind[keep], ptr=ptr, node=node, code=code,
                               power=power, omega=omega, column_weight=column_weight, stats=dict(fs.stats))
-    if fs.eof is not None:
-        from .eof import Columns
-
-        out.eof = Columns(fs.eof.meta, fs.eof.level[keep], fs.eof.index[keep])
+    out.extra = kind_of(fs).subset(fs, keep)  # the kind's own data of the kept columns (EOF: their grid cells)
     return out
 
 
@@ -527,9 +524,7 @@ def pool_digest(fs: FeatureSet) -> str:
     h.update(np.ascontiguousarray(fs.omega, dtype=np.float64).tobytes())
     if fs.column_weight is not None:
         h.update(np.ascontiguousarray(fs.column_weight, dtype=np.float64).tobytes())
-    if fs.eof is not None:
-        h.update(np.ascontiguousarray(fs.eof.level, dtype=np.int64).tobytes())
-        h.update(np.ascontiguousarray(fs.eof.index, dtype=np.int64).tobytes())
+    kind_of(fs).digest(fs, h)  # the kind's own data (EOF: level and index vectors)
     return h.hexdigest()
 
 
@@ -677,7 +672,7 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         keep = np.sort(_top(q, n_features))
         kept = q[keep]
         weight = kept / kept.sum() if kept.sum() > 0 else np.full(keep.size, 1.0 / keep.size)
-        if fs.eof is not None:  # an EOF column's weight multiplies its (unit) feature: mean 1, as unweighted
+        if not kind_of(fs).weights_add_up:  # an EOF column's weight multiplies its (unit) feature: mean 1, as unweighted
             weight = weight * keep.size
         record.update(rho=r, divergence=chi2_divergence(q, p), kept_mass=float(kept.sum()))
     else:

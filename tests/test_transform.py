@@ -321,7 +321,7 @@ def test_dense_without_fallocate_writes_the_same_bytes(files, tmp_path, monkeypa
 
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 def test_interrupt_mid_transform_leaves_nothing(files, tmp_path, monkeypatch, layout):
-    from rfsgen.transform import Transformer
+    from rfsgen.paths import Transformer  # the compositional paths' transformer (rfsgen.transform.Transformer makes it)
 
     real = Transformer.chunk
     calls = []

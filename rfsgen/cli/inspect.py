@@ -28,6 +28,7 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
       rfsgen inspect feats.h5 --plot-cooccurrence cooc.png
     """
     from ..features import describe, load
+    from ..kinds import of as kind_of
 
     fs = load(features)
     if plot_path:
@@ -52,42 +53,9 @@ def inspect_cmd(features, as_json, plot_path, overwrite):
         ("sampler", f"scheme {info['scheme']}, seed {info['seed']}, rfsgen {info['tool_version']}"),
         ("columns", f"{info['columns']} ({info['kinds']['real']} real, {info['kinds']['cos']} cos, {info['kinds']['sin']} sin)"),
     ]
-    if "eof" in info:  # EOF columns have no terms: the grid instead
-        e = info["eof"]
-        rows += [
-            ("eof", f"{e['kernel']} node '{e['node']}', level {e['level']}: {e['level_vectors']} level vectors, "
-                    f"{e['grid_features']} features in the grid, {info['columns']} kept"),
-            ("non-zeros", f"at most {e['max_nonzeros_per_row']} per row (one per level vector used), "
-                          f"{e['expected_nonzeros_per_row']:.1f} expected for rows spread over the box"),
-            ("domain", f"{e['domain_source']}" + (f", widened by {e['margin']:g} of each column's range on each side"
-                                                  if e["margin"] is not None else "")),
-        ]
-    else:
-        rows += [
-            ("features", f"{info['features']} distinct term sets"),
-            ("draws", f"{info['draws']} (dedup ratio q/D = {info['dedup_ratio']:.3f})"),
-            ("constant", f"weight {info['constant_weight']:.6f}"),
-            ("weights", "count / draws per column" if info["column_weights"] == "counts"
-             else "float column weights (/column_weight)"),
-            ("terms", f"mean {info['mean_terms']:.3f} per column, max {info['max_terms']}"),
-            # A feature set made in code and saved may carry no sampler statistics.
-            ("factors", (f"mean {info['mean_factors_per_draw']:.4f} per draw before combining"
-                         if info["mean_factors_per_draw"] is not None else "not recorded")
-             + f"; C(S) = {info['complexity']:.4g}"),
-            ("out degree", " ".join(f"{i}:{c}" for i, c in enumerate(info["output_degree_histogram"] or []) if c)
-             if info["output_degree_histogram"] is not None else "not recorded"),
-            ("input nodes", f"{info['input_nodes_used']} of {info['input_nodes']} used; most used: "
-             + ", ".join(f"{t['node']} ({t['terms']})" for t in info["top_input_nodes"])),
-        ]
-    if "eof" in info:
-        text = f"{dens['density']:.3f} expected (the expected non-zeros of a row over the columns)"
-    else:
-        sure, D = dens["nonzero_columns"], dens["columns"]
-        d = dens["density"]
-        shown = f"{d:.3f}" if d >= 0.001 or d == 0 else f"{d:.2g}"
-        text = (f"at least {shown} expected ({sure} of {D} columns almost surely non-zero"
-                + ("; the others vanish where their sphere 'coordinate' or brownian inputs are zero" if sure < D else "")
-                + ")")
+    kind = kind_of(fs)  # its own lines (EOF columns have no terms: the grid instead)
+    rows += kind.inspect_rows(info)
+    text = kind.density_text(dens)
     rows.append(("density", f"{text}; --layout auto writes {dens['layout']}"))
     rows.append(("command", info["command"]))
     for k, v in rows:
