@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 
+import os
+
 import numpy as np
 
 from .checksums import NamesChecksum, canonical_json  # below obs and merge; still importable from here
@@ -538,6 +540,35 @@ def file_sha256(path) -> str:
     return sha.hexdigest()
 
 
+
+def check_space(output, n_rows, columns: int, layout: str, itemsize: int, compression: str, extra: int = 0) -> None:
+    """Refuse, before anything is written, an output that cannot fit on its filesystem.
+
+    The bound is what the file must hold whatever the values: an uncompressed dense
+    ``(n_rows, columns)`` matrix, or for CSR (or a compressed matrix) its row pointers
+    (8 bytes a row), plus ``extra`` bytes (a copied AnnData file).  A hostile input can
+    declare 10^9 rows in a few bytes; without this the run would fill the disk before
+    failing.  ``n_rows`` None (a stream of unknown length) checks nothing."""
+    import shutil
+    from pathlib import Path
+
+    from .budget import fmt
+    from .errors import OutputError
+
+    if n_rows is None:
+        return
+    per_row = columns * itemsize if layout == "dense" and compression == "none" else 8
+    need = int(n_rows) * per_row + int(extra)
+    parent = Path(output).parent if str(Path(output).parent) else Path(".")
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:
+        return  # no figure to check against: the writer still reports a full disk
+    if need > free:
+        raise OutputError(f"{output}: needs at least {fmt(need)} ({n_rows:,} rows x {columns:,} {layout} columns) "
+                          f"but its filesystem has {fmt(free)} free; free space, write it elsewhere, or transform "
+                          "fewer rows (--rows START:STOP)")
+
 def write_output(output, tr, src, start, stop, *, layout, dtype, compression, chunk_rows, overwrite, inputs, progress,
                  provenance: dict, phase: str = "transform") -> dict:
     """Write rows ``start:stop`` of ``src`` through ``tr`` (anything with ``columns``
@@ -556,6 +587,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
+    check_space(output, None if stop is None else stop - start, D, layout, np_dtype.itemsize, compression)
     if progress is not None and hasattr(progress, "phase"):
         progress.phase(phase, None if stop is None else stop - start)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
@@ -949,6 +981,7 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
     _check_obsm_key(adata_path, key, n)
     chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
+    check_space(output, n, D, layout, np_dtype.itemsize, compression, extra=os.path.getsize(adata_path))
     if progress is not None and hasattr(progress, "phase"):
         progress.phase("transform", n)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:
