@@ -778,6 +778,9 @@ def sample(
         raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
                            f"most {count(int(space), 'distinct column')} (the product over its input nodes of the values their "
                            f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
+    from .skeleton import warn_variance
+
+    warn_variance(skeleton)  # here, where features are made from the skeleton: not on loading it or a file
     fp = footprint(skeleton_for_walk, t)
     check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone
     sizes = block_sizes(skeleton_for_walk, columns)
