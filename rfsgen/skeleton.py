@@ -585,8 +585,8 @@ def _variance_message(path, line, node, first, series) -> str:
     return (f"{where}: node '{node.label}' ({act}) sits above input node '{first.label}' ({first.base.label}, "
             f"C = {first.base.norm_bound:.3g} > 1): {why}; the features are unbiased, but rare columns (a high degree "
             "times many factors above 1) are huge, so single kernel entries can be far off (on cifar-deep at "
-            "D = 2048 about one seed in 50-100 has an entry off by more than 0.05); more features make that rarer "
-            "without removing it, and --scheme strat or exact do not remove it either; for finite variance use "
+            "D = 2048 about one seed in 100-200 has an entry off by more than 0.05); more features make that "
+            "rarer without removing it, and --scheme strat or exact do not remove it either; for finite variance use "
             "inputs with C = 1 below it (circle, gaussian, laplace, categorical, or sphere over 2 values) or an "
             "activation with an entire or fast-converging series (exp, polynomial, tanh, erf, sigmoid, sin; "
             "bounded is not enough: step is bounded) (docs/skeletons.md, 'Infinite variance over inputs with C > 1')")
