@@ -531,7 +531,8 @@ def variance_series(activation) -> str | None:
         return "infinite"
     if activation.name in ("identity", "exp", "polynomial", "coefficients"):
         return None
-    if activation.tail is None and activation.coefficients.size > _act.MAX_QUADRATURE_DEGREE:
+    cut = activation.truncation > 0 and activation.coefficients.size > _act.MAX_QUADRATURE_DEGREE
+    if activation.tail is None and cut:
         return "cut"
     return None
 
