@@ -114,12 +114,13 @@ CIFAR_DEEP_VARIANCE = ("rfsgen: warning: ", "cifar-deep", "node 'conv2[0, 0]' (r
                        "'pixels[0, 0]'", "infinite variance")
 
 
-def without_variance_warning(lines, expected: bool = True):
+def without_variance_warning(lines, expected: bool | None = True):
     """``lines`` (stderr, split) less the cifar-deep VarianceWarning line, which must be there
-    exactly once when ``expected`` (and absent otherwise): tests that count stderr lines filter
-    this known warning explicitly instead of ignoring stderr."""
+    exactly once when ``expected`` is True, absent when False, at most once when None (a run
+    interrupted before or after sampling): tests that count stderr lines filter this known
+    warning explicitly instead of ignoring stderr."""
     lines = list(lines)
     ours = [i for i, line in enumerate(lines) if line.startswith(CIFAR_DEEP_VARIANCE[0])
             and all(part in line for part in CIFAR_DEEP_VARIANCE[1:])]
-    assert len(ours) == (1 if expected else 0), lines
+    assert len(ours) <= 1 if expected is None else len(ours) == (1 if expected else 0), lines
     return [line for i, line in enumerate(lines) if i not in ours]
