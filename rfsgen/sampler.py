@@ -997,6 +997,9 @@ def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs",
     sets = "".join(f" --set {k}={v}" for k, v in (params or {}).items())  # as typed, for the file's command
     if scheme == "eof" or eof:
         return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets, **eof)
+    from .atomic import check_output
+
+    check_output(output, overwrite, [skeleton_path])  # before the work and its warnings, not after them
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
     fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (
