@@ -65,18 +65,11 @@ def _same_file(a, b) -> bool:
         return False
 
 
-@contextmanager
-def atomic_path(path, overwrite: bool = False, inputs=()):
-    """Yield a temporary path beside ``path``; move it to ``path`` on success.
-
-    On any exception (including KeyboardInterrupt and SIGTERM) the temporary file
-    is removed, so a failed run never leaves a file that looks complete.  Without
-    ``overwrite`` the move is a hard link, which fails if ``path`` appeared in the
-    meantime (another run finished first): no-clobber is atomic.  ``inputs`` are
-    the files the run reads; ``path`` may not be one of them, even with
-    ``overwrite``.  Stale temporary files of killed runs in the same directory are
-    removed first (see :func:`remove_stale_temporaries`).
-    """
+def check_output(path, overwrite: bool = False, inputs=()) -> Path:
+    """Refuse, before any work, an output :func:`atomic_path` would refuse (``-``, one of
+    ``inputs``, a directory, an existing file without ``overwrite``, a missing directory);
+    return its directory.  A command that computes before writing (``rfsgen sample``) calls
+    it first, so a bad ``-o`` costs nothing and comes alone on stderr."""
     path = Path(path)
     if str(path) == "-":
         raise UsageError("-o -: this output is HDF5, which cannot be written to standard output; give a file name")
@@ -91,6 +84,23 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise OutputError(f"{path}: directory {parent} does not exist; create it first")
+    return parent
+
+
+@contextmanager
+def atomic_path(path, overwrite: bool = False, inputs=()):
+    """Yield a temporary path beside ``path``; move it to ``path`` on success.
+
+    On any exception (including KeyboardInterrupt and SIGTERM) the temporary file
+    is removed, so a failed run never leaves a file that looks complete.  Without
+    ``overwrite`` the move is a hard link, which fails if ``path`` appeared in the
+    meantime (another run finished first): no-clobber is atomic.  ``inputs`` are
+    the files the run reads; ``path`` may not be one of them, even with
+    ``overwrite``.  Stale temporary files of killed runs in the same directory are
+    removed first (see :func:`remove_stale_temporaries`).
+    """
+    path = Path(path)
+    parent = check_output(path, overwrite, inputs)
     remove_stale_temporaries(parent)
     tmp = None
     try:

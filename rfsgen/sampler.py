@@ -778,6 +778,9 @@ def sample(
         raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
                            f"most {count(int(space), 'distinct column')} (the product over its input nodes of the values their "
                            f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
+    from .skeleton import warn_variance
+
+    warn_variance(skeleton)  # here, where features are made from the skeleton: not on loading it or a file
     fp = footprint(skeleton_for_walk, t)
     check_block(skeleton_for_walk, fp, 0, columns)  # the columns alone
     sizes = block_sizes(skeleton_for_walk, columns)
@@ -994,6 +997,9 @@ def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs",
     sets = "".join(f" --set {k}={v}" for k, v in (params or {}).items())  # as typed, for the file's command
     if scheme == "eof" or eof:
         return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets, **eof)
+    from .atomic import check_output
+
+    check_output(output, overwrite, [skeleton_path])  # before the work and its warnings, not after them
     fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
     fs.tool_version = __version__
     fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (

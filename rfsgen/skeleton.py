@@ -237,6 +237,8 @@ class Skeleton:
             "unused_input_nodes": len(self.unused_inputs),
             **extra,
             "layers": layers,
+            # The node whose features have infinite variance (variance_risk), or None.
+            "infinite_variance": variance_risk(self),
         }
 
 
@@ -441,12 +443,12 @@ def _shipped_hint(path: str) -> str:
 
 
 def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = None,
-                   activations=None, params=None, warn: bool = True) -> Skeleton:
+                   activations=None, params=None, warn: bool = False) -> Skeleton:
     """Parse skeleton YAML ``text``; ``path`` is used in error messages.
 
-    ``warn=False`` skips the :class:`~rfsgen.errors.VarianceWarning` check (a feature
-    file's skeleton was checked when it was sampled; the check builds activations'
-    series, which a transform never needs).
+    Parsing does not warn about the features' variance: sampling does
+    (:func:`warn_variance`, where the features are made, not on every load of the
+    skeleton or of a feature file made from it).  ``warn=True`` warns here as well.
 
     ``activations`` maps names to activations made in Python by
     ``rfsgen.make_activation(fn, name=...)``; nodes use them as ``activation: NAME``.
@@ -498,7 +500,7 @@ def parse_skeleton(text: str, path: str = "<skeleton>", *, width: int | None = N
     if width is not None and skel.width != width:
         return skel.bind(width)  # a fixed-width file: same skeleton or an InputError
     if warn:
-        _warn_variance(skel)
+        warn_variance(skel, stacklevel=2)
     return skel
 
 
@@ -516,55 +518,93 @@ def _count_expressions(builder, entries) -> None:
                                   "expressions or use named activations")
 
 
-def _warns(activation) -> bool:
-    """The activations warned about: for now those whose degrees also have an infinite mean
-    (step, arccos 0).  relu, leaky_relu and arccos 1 have infinite variance over C > 1 too
-    (``_act.heavy_tailed``; docs/skeletons.md), but warning for them puts a line on the stderr
-    of every command on the shipped cifar-deep, which tests across the suite assert clean:
-    extending the warning to them is left to a change that updates those tests."""
-    return _act.heavy_tailed(activation) and activation.derivative_at_one == float("inf")
+def variance_series(activation) -> str | None:
+    """How ``activation``'s degree series makes the variance of features above an input with
+    C > 1 blow up (docs/skeletons.md, "Infinite variance over inputs with C > 1"): ``"infinite"``
+    for a series with radius 1 and an infinite tail, sampled exactly (``_act.heavy_tailed``:
+    relu, step, leaky_relu, arccos 0 and 1: sum_i a_i m^i = inf for every m > 1); ``"cut"`` for
+    a projected series that had not converged by degree MAX_QUADRATURE_DEGREE (a kink or a jump:
+    elu, abs, arccos 2, kinked expressions), whose sum at m > 1 is finite only through the cut
+    and astronomically large (over 1e11 at m = 1.05); None for an entire series (exp,
+    polynomial, coefficients) or a fast-converging one (tanh, erf, sigmoid, ...)."""
+    if _act.heavy_tailed(activation):
+        return "infinite"
+    if activation.name in ("identity", "exp", "polynomial", "coefficients"):
+        return None
+    cut = activation.truncation > 0 and activation.coefficients.size > _act.MAX_QUADRATURE_DEGREE
+    if activation.tail is None and cut:
+        return "cut"
+    return None
 
 
-def _warn_variance(skel: Skeleton) -> None:
-    """Warn (:class:`~rfsgen.errors.VarianceWarning`) when a node whose degree series is
-    infinite with radius 1 (relu, step, leaky_relu, arccos 0 and 1: ``heavy_tailed``) sits
-    above an input base with C = sup |psi| > 1 (sphere nodes of width > 2).
+def variance_risk(skel: Skeleton) -> dict | None:
+    """The first node (children first) whose activation's series blows up (:func:`variance_series`)
+    above an input node with C = sup |psi| > 1, or None when the features have finite variance.
 
-    The variance of one draw's estimate of k(x, x') is at most its fourth moment, which
-    obeys m_input <= C^4 and m_v = sigma_hat_v(mean of m over v's children): the dual's
-    series evaluated at a point m >= 1, with m > 1 as soon as some input below has C > 1
-    (E|psi|^4 > (E|psi|^2)^2 = 1 unless |psi| is constant).  An entire series (exp,
-    polynomial) or a truncated one (tanh, elu, expressions) is finite there; a series with
-    radius 1 and an infinite tail (a_i ~ i^-2.5 for relu, i^-1.5 for step) is not.  So the
-    estimate has infinite variance exactly when such a node has an input with C > 1 below it:
-    most seeds give estimates a little low and rare ones far off."""
+    The variance of one draw's estimate of k(x, x') is at most its fourth moment, which obeys
+    m_input <= C^4 and m_v = sigma_hat_v(mean of m over v's children): the dual's series
+    evaluated at a point m >= 1, with m > 1 as soon as some input below has C > 1 (E|psi|^4 >
+    (E|psi|^2)^2 = 1 unless |psi| is constant), through any activation.  An entire or
+    fast-converging series is moderate there; one with radius 1 and an infinite tail is
+    infinite.  Returns ``{"node", "activation", "series", "input", "base", "norm_bound",
+    "line", "message"}``; ``message`` is the one-line warning text."""
     if not skel.bound:
-        return
-    # Cheap tests first: most skeletons have only C = 1 bases, or no such activation.
-    if not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups) \
-            or not any(_warns(n.activation) for n in skel.internal_nodes):
-        return
+        return None
+    # Cheap tests first: most skeletons have only C = 1 bases.
+    if not any(base.norm_bound > 1.0 + 1e-12 for base, _, _ in skel.input_groups):
+        return None
     big = np.zeros(len(skel.nodes), dtype=bool)  # reaches an input node with C > 1
+    kinds: dict[int, str | None] = {}  # per activation object: the series is built once
     for n in skel.nodes:  # children first
         if isinstance(n, InputNode):
             big[n.id] = n.base.norm_bound > 1.0 + 1e-12
-        else:
-            big[n.id] = bool(big[list(n.children)].any())
-            if big[n.id] and _warns(n.activation):
-                first = next(c for c in skel.input_nodes if big[c.id])
-                import warnings
+            continue
+        big[n.id] = bool(big[list(n.children)].any())
+        if not big[n.id]:
+            continue
+        key = id(n.activation)
+        if key not in kinds:
+            kinds[key] = variance_series(n.activation)
+        if kinds[key] is None:
+            continue
+        first = next(c for c in skel.input_nodes if big[c.id])
+        layer = next((la for la in skel.layers if n.id in la.ids), None)
+        line = layer.line if layer is not None else None
+        return {"node": n.label, "activation": n.activation.label, "series": kinds[key], "input": first.label,
+                "base": first.base.label, "norm_bound": float(first.base.norm_bound), "line": line,
+                "message": _variance_message(skel.path, line, n, first, kinds[key])}
+    return None
 
-                from .errors import VarianceWarning
 
-                layer = next((la for la in skel.layers if n.id in la.ids), None)
-                line = f":{layer.line}" if layer is not None else ""
-                warnings.warn(VarianceWarning(
-                    f"{skel.path}{line}: node '{n.label}' ({n.activation.label}) sits above input node '{first.label}' "
-                    f"({first.base.label}, C = {first.base.norm_bound:.3g} > 1): its degree series has an infinite "
-                    "tail, so its random features estimate the kernel with infinite variance (rare seeds are far "
-                    "off); use bases with C = 1 under it (circle, gaussian, laplace, or sphere over 2 columns), or an "
-                    "activation with an entire or truncated series (exp, polynomial, erf, tanh)"), stacklevel=3)
-                return
+def _variance_message(path, line, node, first, series) -> str:
+    act = node.activation.label
+    where = f"{path}:{line}" if line is not None else str(path)
+    why = ("its degree series has an infinite tail, so its random features have infinite variance"
+           if series == "infinite" else
+           "its degree series is cut at degree 1024 without converging (a kink or a jump), so its random "
+           "features have a finite but astronomically large variance")
+    return (f"{where}: node '{node.label}' ({act}) sits above input node '{first.label}' ({first.base.label}, "
+            f"C = {first.base.norm_bound:.3g} > 1): {why}; the features are unbiased, but rare columns (a high degree "
+            "times many factors above 1) are huge, so single kernel entries can be far off (on cifar-deep at "
+            "D = 2048 about one seed in 100-200 has an entry off by more than 0.05); more features make that "
+            "rarer without removing it, and --scheme strat or exact do not remove it either; for finite variance use "
+            "inputs with C = 1 below it (circle, gaussian, laplace, categorical, or sphere over 2 values) or an "
+            "activation with an entire or fast-converging series (exp, polynomial, tanh, erf, sigmoid, sin; "
+            "bounded is not enough: step is bounded) (docs/skeletons.md, 'Infinite variance over inputs with C > 1')")
+
+
+def warn_variance(skel: Skeleton, stacklevel: int = 2) -> None:
+    """Warn (:class:`~rfsgen.errors.VarianceWarning`, one line) when ``skel``'s random features
+    have infinite variance (:func:`variance_risk`).  Said where features are made from a
+    skeleton (``sample``, ``SkeletonFeatures.fit``, ``rfsgen sample``), not where a skeleton or a
+    feature file is loaded; ``rfsgen skeleton`` shows the same as a line of its report."""
+    risk = variance_risk(skel)
+    if risk is not None:
+        import warnings
+
+        from .errors import VarianceWarning
+
+        warnings.warn(VarianceWarning(risk["message"]), stacklevel=stacklevel + 1)
 
 
 def _check_yaml_graph(root, path, anchor_of=None):

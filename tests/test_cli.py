@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import skeleton_path
+from conftest import skeleton_path, without_variance_warning
 from rfsgen.cli import main
 
 
@@ -306,7 +306,8 @@ def test_ctrl_c_during_start_up_is_one_line(inputs, delay):
     err = proc.communicate(timeout=HANG_S)[1].decode()
     if proc.returncode == 0:  # finished first: nothing to check
         return
-    assert "Traceback" not in err and err.count("\n") <= 1, err
+    # the cifar-deep VarianceWarning line comes if the signal arrives after sampling began
+    assert "Traceback" not in err and len(without_variance_warning(err.splitlines(), None)) <= 1, err
     assert proc.returncode in (130, -signal.SIGINT), err
     assert not any(p.name.endswith(".part") for p in inputs.iterdir())
     if (inputs / "s.h5").exists():  # the signal came after the finished file was renamed into place
@@ -405,7 +406,8 @@ def test_ctrl_c_during_the_feature_file_write(runner, tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(rfsgen.features, "_put", put)
     res = run(runner, ["sample", skeleton_path("cifar-deep"), "-n", 2000, "-o", tmp_path / "f.h5"])
-    assert res.exit_code == 130 and "interrupted" in res.stderr and res.stderr.count("\n") == 1
+    lines = without_variance_warning(res.stderr.splitlines())  # sampled, then interrupted while saving
+    assert res.exit_code == 130 and len(lines) == 1 and "interrupted" in lines[0], res.stderr
     assert list(tmp_path.iterdir()) == []
     assert "Exception ignored" not in capfd.readouterr().err
 

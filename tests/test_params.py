@@ -270,7 +270,7 @@ def test_sklearn_params_on_a_parsed_skeleton():
     assert dict(est.skeleton_.params)["gamma"] == 0.3
 
 
-# ----------------------------------------------------------------------------- step warning
+# ----------------------------------------------------------------------------- variance warning
 STEP = "rfsgen: 1\ninput: {width: W}\nnodes:\n  - {name: x, base: sphere, SCHEME}\n" \
        "  - {name: out, activation: ACT, inputs: [x]}\n"
 
@@ -280,24 +280,29 @@ STEP = "rfsgen: 1\ninput: {width: W}\nnodes:\n  - {name: x, base: sphere, SCHEME
     (3, "scheme: coordinate", "step", True),
     (3, "scheme: pair", "{name: arccos, degree: 0}", True),  # step by another name
     (2, "scheme: pair", "step", False),  # the circle: C = 1
-    (8, "scheme: pair", "relu", False),  # infinite variance too, not yet warned (see skeleton._warns)
+    (8, "scheme: pair", "relu", True),  # infinite variance too (issue 42.12)
     (2, "scheme: pair", "relu", False),  # C = 1: every factor has modulus 1
     (8, "scheme: pair", "{name: exp, beta: 0.5}", False),  # entire: finite at every m
-    (8, "scheme: pair", "tanh", False),  # truncated series: finite
+    (8, "scheme: pair", "tanh", False),  # converges fast: moderate
     (8, "scheme: pair", "{name: polynomial, degree: 3}", False),
-    (8, "scheme: pair", "{name: function, expr: 'maximum(x, 0)'}", False),  # cut at degree 1024
+    (8, "scheme: pair", "{name: function, expr: 'maximum(x, 0)'}", True),  # cut at degree 1024: astronomical
 ])
 def test_step_above_an_input_with_c_above_1_warns(width, scheme, act, warns):
+    """Said when sampling, not when parsing (tests/test_variance.py covers the registry)."""
     text = STEP.replace("W", str(width)).replace("SCHEME", scheme).replace("ACT", act)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        parse_skeleton(text, "s.yaml")
+        skel = parse_skeleton(text, "s.yaml")
+    assert not [w for w in got if issubclass(w.category, VarianceWarning)]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        sample(skel, 4, seed=1)
     ours = [w for w in got if issubclass(w.category, VarianceWarning)]
     assert bool(ours) == warns
     if warns:
         msg = str(ours[0].message)
-        assert "\n" not in msg and msg.startswith("s.yaml:5: node 'out'") and "infinite variance" in msg
-        assert "use bases with C = 1" in msg
+        assert "\n" not in msg and msg.startswith("s.yaml:5: node 'out'") and "variance" in msg
+        assert "use inputs with C = 1" in msg
 
 
 def test_step_warning_deep_and_on_the_command_line(runner, tmp_path):  # noqa: F811

@@ -48,6 +48,13 @@ def skeleton_cmd(skeleton, as_json, width, params):
     echo(f"output     {info['output']}")
     echo(f"C(S)       {info['complexity']:.6g} expected factors per feature")
     _params_line(info)
+    risk = info["infinite_variance"]
+    if risk is not None:  # said here, in the report the user asked for, not as a warning on stderr
+        kind = "infinite" if risk["series"] == "infinite" else "astronomically large (series cut at degree 1024)"
+        echo(f"variance   {kind}: node '{risk['node']}' ({risk['activation']}) is above input node "
+             f"'{risk['input']}' (C = {risk['norm_bound']:.3g} > 1)")
+        echo("           rare seeds give single kernel entries far off, whatever -n and --scheme: see")
+        echo("           docs/skeletons.md, 'Infinite variance over inputs with C > 1'")
     if info["unused_input_nodes"]:
         echo(f"unused     {info['unused_input_nodes']} input nodes feed nothing and were pruned")
     echo("")
