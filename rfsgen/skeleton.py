@@ -273,6 +273,13 @@ class _Loader(yaml.SafeLoader):
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
+    # YAML 1.1 reads a number with an exponent but no dot (1e-06, 2E5: what Python's repr
+    # and most tools write) as a string; YAML 1.2, and a reader of a skeleton, reads a number.
+    for _first in "-+.0123456789":
+        yaml_implicit_resolvers.setdefault(_first, []).append(
+            (_TAG + "float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")))
+    del _first
+
     def __init__(self, text, name):
         super().__init__(text)
         self.name = name

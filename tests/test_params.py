@@ -375,3 +375,13 @@ def test_heavy_tailed_activations_are_those_with_infinite_variance_over_c_above_
             assert act.tail is not None and float(np.sum(a * 1.01 ** np.arange(a.size))) > 1e10
         elif name not in ("exp", "polynomial"):
             assert act.tail is None
+
+
+@pytest.mark.parametrize("text, value", [("1e-06", 1e-06), ("2E0", 2.0), ("1.5e0", 1.5), (".5e1", 5.0),
+                                         ("+3e-1", 0.3), ("1.5", 1.5)])
+def test_numbers_with_an_exponent_are_numbers(text, value):
+    """YAML 1.1 reads 1e-06 (Python's repr of 0.000001) as a string: a skeleton reads it as
+    the number, as YAML 1.2 does (the generated-values test met beta = 1e-06)."""
+    t = parse_skeleton(literal(0.5, 1.0, 2).replace("beta: 1.0", f"beta: {text}"), "l.yaml")
+    ref = parse_skeleton(literal(0.5, value, 2), "r.yaml")
+    assert [n.activation for n in t.internal_nodes] == [n.activation for n in ref.internal_nodes]
