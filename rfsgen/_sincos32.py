@@ -40,7 +40,7 @@ import numpy as np
 from llvmlite import ir
 
 from ._signals import deferred
-from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, slow_sincos
+from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, _quadrant, redo_slow
 
 with deferred():
     import numba
@@ -177,23 +177,11 @@ def sincos_into(theta, n, re, im):  # pragma: no cover - compiled
         r, fn = _reduce(x)
         q = np.int32(fn)
         s, c = _kernels(r)
-        ss = s
-        cc = c
-        if (q & 1) != 0:
-            ss = c
-            cc = -s
-        if (q & 2) != 0:
-            ss = -ss
-            cc = -cc
+        ss, cc = _quadrant(q, s, c)
         re[i] = cc
         im[i] = ss
     if slow:
-        for i in range(n):
-            x = np.float64(theta[i])
-            if not (abs(x) <= FAST_LIMIT):
-                s, c = slow_sincos(x)
-                re[i] = c
-                im[i] = s
+        redo_slow(theta, n, re, im)
 
 
 @numba.njit(cache=True, nogil=True)

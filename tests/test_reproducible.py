@@ -207,3 +207,27 @@ def test_same_bytes_on_imitated_cpus(tmp_path):
     for key in host:  # --chunk-rows 7 gives the same file as the default
         if key.endswith("/None"):
             assert host[key] == host[key[:-4] + "7"], key
+
+
+def test_same_bytes_without_hardware_fma(tmp_path):
+    """Output definition 3's angles are float32 fused multiply-adds.  Compiled for this
+    CPU they use its FMA instructions; compiled for ``NUMBA_CPU_NAME=generic`` (x86-64
+    without FMA) LLVM calls the C library's correctly rounded ``fmaf`` instead.  Each
+    subprocess starts from an empty numba cache, and the test checks that the two code
+    generations really differ (hardware FMA in one, calls to fmaf in the other) and
+    that the bytes of the angles, cos/sin and a whole transform are the same."""
+    script = ROOT / "tests" / "tools" / "fma_bytes.py"
+    runs = {}
+    for name, cpu in (("host", None), ("generic", "generic")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CPU", "NUMBA_CACHE_DIR"))}
+        env["NUMBA_CACHE_DIR"] = str(tmp_path / f"cache-{name}")  # empty: everything compiled anew
+        if cpu:
+            env["NUMBA_CPU_NAME"] = cpu
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+        runs[name] = json.loads(r.stdout)
+    host, generic = runs["host"], runs["generic"]
+    assert not generic["vfmadd"] and generic["calls fmaf"], generic
+    if _has("fma"):
+        assert host["vfmadd"] and not host["calls fmaf"], host
+    assert host["hashes"] == generic["hashes"]
