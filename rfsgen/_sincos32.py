@@ -20,12 +20,13 @@ reduced there, ``t = n pi/2 + r``, by Cody-Waite with the 33-bit pieces P1, P2, 
 ``|n| < 2^20``): because ``t`` has 24 significant bits, the nearest a float32 comes to
 a multiple of pi/2 in that range is far above the reduction's error (checked over every
 float32, ``tests/tools/fit_sincos32.py``), so no double-double tail is needed.  Then
-polynomials of degree 9 (sin) and 8 (cos) fitted for float32 accuracy
-(``tests/tools/fit_sincos32.py``: relative error 2^-37.5 and 2^-33.8 on [0, pi/4]),
-evaluated in float64.  Beyond ``FAST_LIMIT`` (about 8.2e5), and for inf and NaN, the
+polynomials of degree 11 (sin) and 10 (cos) (``tests/tools/fit_sincos32.py``:
+relative error 2^-47.4 and 2^-43.6 on [0, pi/4]; one term fewer each would do for the
+float32 rounding alone, but the values go into float64 products, where |cos|^2 + |sin|^2
+should stay 1 to about 1e-13), evaluated in float64.  Beyond ``FAST_LIMIT`` (about 8.2e5), and for inf and NaN, the
 float64 Payne-Hanek routine of :mod:`rfsgen._sincos` (under 1 ulp of float64) is used
 one value at a time.  The values are float64 (not rounded to float32: the product
-loop multiplies them in float64) within about 2^-33 of the true ones, so their float32
+loop multiplies them in float64) within about 2^-43 of the true ones, so their float32
 rounding is within 1 ulp of the correctly rounded float32 result (tests/test_sincos32.py).
 Why float64 inside: the float32 angle itself is exact in float64, and a float64
 reduction and polynomial cost about what float32 ones with extra-precise pieces would,
@@ -49,10 +50,12 @@ with deferred():
     from numba.extending import intrinsic
 
 #: Polynomial coefficients (tests/tools/fit_sincos32.py, a weighted Lawson minimax fit
-#: on [0, pi/4 + 1e-3]): sin r = r + r^3 (S1 + z S2 + z^2 S3 + z^3 S4), cos r = 1 +
-#: z (C1 + z C2 + z^2 C3 + z^3 C4), z = r^2.
-S1, S2, S3, S4 = -0.16666666640530756, 0.008333329273843958, -0.0001983930226038416, 2.7180258736729755e-06
-C1, C2, C3, C4 = -0.4999999969126701, 0.04166661999472099, -0.0013886670199203433, 2.4382490023453e-05
+#: on [0, pi/4 + 1e-3]): sin r = r + r^3 (S1 + z S2 + ... + z^4 S5), cos r = 1 +
+#: z (C1 + z C2 + ... + z^4 C5), z = r^2; relative errors 2^-47.4 and 2^-43.6.
+S1, S2, S3, S4, S5 = (-0.1666666666662993, 0.00833333332499818, -0.00019841263684465828, 2.7555330133928292e-06,
+                      -2.4759754698868524e-08)
+C1, C2, C3, C4, C5 = (-0.49999999999482764, 0.0416666665522539, -0.0013888880595787224, 2.4798947257634943e-05,
+                      -2.717381383767921e-07)
 _ROUND = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
 
 ROWS = 6  # rows of one register tile
@@ -147,8 +150,8 @@ def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
 @numba.njit(cache=True, nogil=True, inline="always")
 def _kernels(r):  # pragma: no cover - compiled
     z = r * r
-    s = r + (r * z) * (S1 + z * (S2 + z * (S3 + z * S4)))
-    c = 1.0 + z * (C1 + z * (C2 + z * (C3 + z * C4)))
+    s = r + (r * z) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * S5))))
+    c = 1.0 + z * (C1 + z * (C2 + z * (C3 + z * (C4 + z * C5))))
     return s, c
 
 

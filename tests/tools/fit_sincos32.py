@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 R = np.pi / 4 + 1e-3
+NS, NC = 5, 5  # coefficients of p and q
 
 
 def _lawson(basis, target, weight, iters=200):
@@ -36,9 +37,9 @@ def fit():
     x = np.cos(np.linspace(0, np.pi, 4001)) * 0.5 * R + 0.5 * R
     x = x[x > 1e-4].astype(np.longdouble)
     s, c = np.sin(x), np.cos(x)
-    bs = np.stack([x ** 3 * (x * x) ** j for j in range(4)], 1).astype(np.float64)
+    bs = np.stack([x ** 3 * (x * x) ** j for j in range(NS)], 1).astype(np.float64)
     cs, es = _lawson(bs, (s - x).astype(np.float64), (1 / s).astype(np.float64))
-    bc = np.stack([(x * x) ** (j + 1) for j in range(4)], 1).astype(np.float64)
+    bc = np.stack([(x * x) ** (j + 1) for j in range(NC)], 1).astype(np.float64)
     cc, ec = _lawson(bc, (c - 1).astype(np.float64), (1 / c).astype(np.float64))
     print("S1..S4 =", ", ".join(repr(float(v)) for v in cs), f"  relative error 2^{np.log2(es):.1f}")
     print("C1..C4 =", ", ".join(repr(float(v)) for v in cc), f"  relative error 2^{np.log2(ec):.1f}")
@@ -73,7 +74,7 @@ def every_float32():
         _sincos.sincos_into(th.astype(np.float64), th.size, rr, ri)
         a, b = worst(th, re, im, rr, ri)
         e, d = max(e, a), max(d, b)
-    print(f"every float32 in (0, {float(np.float32(_sincos.FAST_LIMIT))}]: largest error {e:.4f} float32 ulp, "
+    print(f"every float32 in (0, {float(np.float32(_sincos.FAST_LIMIT))}]: largest error {e:.2g} float32 ulp, "
           f"float32 roundings differ from the reference's by at most {d} ulp")
 
 
