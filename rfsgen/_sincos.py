@@ -1,4 +1,5 @@
-"""rfsgen's own cos and sin of float64 angles (output definition 2), compiled with numba.
+"""rfsgen's own cos and sin of float64 angles (from output definition 2; under definition 3 the
+circle, categorical, brownian and log-domain values, and rfsgen._sincos32's slow path), compiled with numba.
 
 Why not the C library: its results differ between libraries and versions, and
 glibc picks FMA-compiled variants of sin/cos at run time on CPUs that have FMA, so
