@@ -1,4 +1,5 @@
-"""rfsgen's own cos and sin of float64 angles (output definition 2), compiled with numba.
+"""rfsgen's own cos and sin of float64 angles (from output definition 2; under definition 3 the
+circle, categorical, brownian and log-domain values, and rfsgen._sincos32's slow path), compiled with numba.
 
 Why not the C library: its results differ between libraries and versions, and
 glibc picks FMA-compiled variants of sin/cos at run time on CPUs that have FMA, so
@@ -165,12 +166,19 @@ def sincos_into(theta, n, re, im):  # pragma: no cover - compiled
         re[i] = cc
         im[i] = ss
     if slow:
-        for i in range(n):
-            x = theta[i]
-            if not (abs(x) <= FAST_LIMIT):
-                s, c = slow_sincos(x)
-                re[i] = c
-                im[i] = s
+        redo_slow(theta, n, re, im)
+
+
+@numba.njit(cache=True, nogil=True)
+def redo_slow(theta, n, re, im):  # pragma: no cover - compiled
+    """Redo ``re[i], im[i]`` (cos, sin) by :func:`slow_sincos` where ``|theta[i]|`` is
+    beyond FAST_LIMIT, inf or NaN (``theta`` float64 or float32, widened exactly)."""
+    for i in range(n):
+        x = np.float64(theta[i])
+        if not (abs(x) <= FAST_LIMIT):
+            s, c = slow_sincos(x)
+            re[i] = c
+            im[i] = s
 
 
 @numba.njit(cache=True, nogil=True)

@@ -178,68 +178,6 @@ def transpose_out(typingctx, tile, pos, j, out, r0):
     return sig, codegen
 
 
-#: Rows of one angle tile: 6 rows x 8 atoms keep 12 AVX2 (or 6 AVX-512) accumulator
-#: registers busy, plus two for the frequencies and one for the broadcast row value.
-ANGLE_ROWS = 6
-
-
-@intrinsic
-def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
-    """``dst[i, t] (+)= sum_c x[r0 + min(i, nr - 1), col0 + c] * omt[c0 + c, k0 + t]`` for
-    i < ANGLE_ROWS, t < 8, c < w: one register tile of angles (rows x atoms).
-
-    Each sum starts from 0.0 (``init``) or from the partial sum in ``dst`` and adds
-    ``x * omt`` for c = 0, 1, ..., w - 1 in that order with a separate IEEE multiply
-    and add (no fast-math flags, so LLVM never contracts them into a fused
-    multiply-add), whatever the target: every value is the fixed-order scalar sum,
-    bit for bit, and a sum split over several calls (stored and reloaded between
-    them, exactly) is the same sum.  Rows past ``nr`` repeat the last row (computed,
-    and the caller ignores them); ``omt`` needs 8 readable columns from ``k0``.  ``x``,
-    ``omt`` (a row of frequencies per term, a column per atom), ``dst`` float64
-    C-ordered 2-D arrays.
-    """
-    if not (_is_matrix(x, types.float64) and _is_matrix(omt, types.float64) and _is_matrix(dst, types.float64)):
-        return None
-    sig = types.void(x, r0, nr, col0, w, omt, c0, k0, dst, init)
-
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        intp = types.intp
-        r0v = _index(context, builder, args[1], t[1])
-        last = builder.sub(_index(context, builder, args[2], t[2]), context.get_constant(intp, 1))
-        c0 = _index(context, builder, args[3], t[3])
-        wv = _index(context, builder, args[4], t[4])
-        c0v = _index(context, builder, args[6], t[6])
-        k0v = _index(context, builder, args[7], t[7])
-        zero = context.get_constant(intp, 0)
-        one = context.get_constant(intp, 1)
-        om_arr = context.make_array(t[5])(context, builder, args[5])
-        om_stride = cgutils.unpack_tuple(builder, om_arr.strides, 2)[0]
-        om_base = builder.bitcast(_item_ptr(context, builder, t[5], args[5], c0v, k0v), ir.IntType(8).as_pointer())
-        xrows = []
-        for i in range(ANGLE_ROWS):
-            ci = context.get_constant(intp, i)
-            off = builder.select(builder.icmp_signed("<", ci, last), ci, last)
-            xrows.append(_item_ptr(context, builder, t[0], args[0], builder.add(r0v, off), c0))
-        zv = ir.Constant(_V64, [0.0] * LANES)
-        first = context.cast(builder, args[9], t[9], types.boolean)
-        accs = []
-        for i in range(ANGLE_ROWS):
-            old = _load_row(context, builder, t[8], args[8], context.get_constant(intp, i))
-            accs.append(cgutils.alloca_once_value(builder, builder.select(first, zv, old)))
-        with cgutils.for_range_slice(builder, zero, wv, one, inc=True) as (c, _):
-            optr = builder.gep(om_base, [builder.mul(c, om_stride)])
-            ov = builder.load(builder.bitcast(optr, _V64.as_pointer()), align=8)
-            for i in range(ANGLE_ROWS):
-                xv = builder.load(builder.gep(xrows[i], [c]), align=8)
-                builder.store(builder.fadd(builder.load(accs[i]), builder.fmul(_splat(builder, xv), ov)), accs[i])
-        for i in range(ANGLE_ROWS):
-            _store_row(context, builder, t[8], args[8], context.get_constant(intp, i), builder.load(accs[i]))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 #: Lane rows (8 rows each) of one block of the log-domain loop: 4 x 2 accumulators.
 LOG_BLOCKS = 4
 

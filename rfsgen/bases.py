@@ -517,14 +517,17 @@ def _values_linear(base, xp, gi, codes):
     return cr * flat[:, ir], (ci * flat[:, ii] if (ii >= 0).any() else None)
 
 
-#: Below this bound on |theta| no partial sum of an angle can overflow (w terms, each
-#: rounding by at most 2^-53, stay far under the largest float, 1.8e308).
-SAFE_ANGLE = 1e300
+#: Below this bound on |theta| (and with every prepared value within float32) no
+#: partial float32 sum of an angle can overflow: w terms, each fma rounding by at most
+#: 2^-24, stay under the largest float32, F32_MAX (about 3.4e38).
+SAFE_ANGLE = 1e37
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _values_continuous(base, xp, gi, omega, out=None, where=None):
-    # A fixed-order compiled sum, not a BLAS product: BLAS rounds differently with the
-    # number of rows and with the CPU's kernel, and the bytes must not.
+    # A fixed-order compiled sum of float32 fused multiply-adds (output definition 3,
+    # rfsgen._sincos32), not a BLAS product: BLAS rounds differently with the number of
+    # rows and with the CPU's kernel, and the bytes must not.
     xp = np.ascontiguousarray(xp, dtype=np.float64)
     omega = np.ascontiguousarray(omega, dtype=np.float64)
     scale = base.param("scale")
@@ -532,13 +535,13 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None):
     re, im = phases_of(xp, gi, None, out=out, plan=plan)
     if xp.shape[0] and gi.size:
         # |theta| <= max|x| * max_k |om_k|_1 bounds every partial sum: when that is
-        # small (always, for ordinary rows) no angle overflowed.  Otherwise the rows
-        # over the bound whose values came out NaN (an angle that overflowed: cos of a
-        # finite angle is never NaN) are recomputed with scaling; the other values keep
-        # their bits.
+        # small and every value fits float32 (always, for ordinary rows) no angle
+        # overflowed.  Otherwise the rows over the bound whose values came out NaN (an
+        # angle that overflowed float32: cos of a finite angle is never NaN) are
+        # recomputed in float64 with scaling; the other values keep their bits.
         with np.errstate(over="ignore", invalid="ignore"):
             row_max = np.abs(xp).max(axis=(1, 2))
-            over = np.flatnonzero(~(row_max * plan.l1 < SAFE_ANGLE))
+            over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
         if over.size:
             _careful_angles(xp, gi, omega, scale, re, im, over, where)
     return re, im
@@ -552,9 +555,9 @@ class _PhasePlan:
     starts: np.ndarray  # int64: blocks of atoms (of one node each), in sorted order
     ends: np.ndarray
     nodes: np.ndarray
-    tile0: np.ndarray  # tiles and scaled frequencies (rfsgen._compiled.pack_panels)
+    tile0: np.ndarray  # tiles and float32 scaled frequencies (rfsgen._sincos32.pack_panels)
     pan: np.ndarray
-    l1: float  # the largest L1 norm of a scaled frequency row (inf when it overflows)
+    l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
 
 
 _PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)
@@ -583,11 +586,11 @@ def _phase_plan(gi, omega, scale=None):
 
 def _build_plan(gi, omega, scale):
     from . import budget
-    from ._compiled import atom_block, pack_panels
+    from ._sincos32 import ATOMS, atom_block, pack_panels
 
     a, w = omega.shape
-    # the scaled copy, a column per atom (and 8 more), next to the frequencies
-    budget.check(8.0 * w * (a + 8),
+    # the float32 scaled copy, a column per atom (and ATOMS more), next to the frequencies
+    budget.check(4.0 * w * (a + ATOMS),
                  f"the packed frequencies of {a} atoms of width {w}",
                  "sample fewer features (-n) or split the columns into several feature files")
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
@@ -638,12 +641,13 @@ def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
 
 
 def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
-    """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` in a fixed order
-    (see :func:`rfsgen._compiled.phases`): float64 ``(m, a)`` each, written into ``out``
+    """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` as float32 fused
+    multiply-adds in a fixed order, ``xp`` and ``om`` rounded once to float32 (see
+    :mod:`rfsgen._sincos32`): float64 ``(m, a)`` each, written into ``out``
     (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given.  ``plan``
     (from :func:`_phase_plan`) replaces ``om``; ``sparse`` forces the sums over nonzero
     values only (True) or over every value (False), the same bits either way."""
-    from ._compiled import phases
+    from ._sincos32 import phases
 
     if plan is None:
         plan = _build_plan(np.asarray(gi, dtype=np.int64), np.ascontiguousarray(om, dtype=np.float64), None)
@@ -653,7 +657,9 @@ def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
     # result; otherwise into node-ordered temporaries, scattered back below.
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        phases(np.ascontiguousarray(xp, dtype=np.float64), plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
+        with np.errstate(over="ignore"):  # a value beyond float32 gives inf: such rows are redone (above)
+            x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
+        phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
                re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s

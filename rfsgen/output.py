@@ -263,9 +263,12 @@ RECORD_VERSION = 2
 #: The definition of the values in a transform output, written as the root attribute
 #: ``output_definition`` (merge refuses to combine shards of different definitions;
 #: a file without the attribute is definition 1).  1: cos/sin of atom angles from the
-#: C library (rfsgen before issue 26); 2: rfsgen's own cos/sin (rfsgen._sincos), the
-#: same bits on every CPU.  Feature files do not change with it.
-OUTPUT_DEFINITION = 2
+#: C library (rfsgen before issue 26); 2: rfsgen's own cos/sin (rfsgen._sincos) of
+#: float64 angles summed without fused multiply-add, the same bits on every CPU;
+#: 3 (issue 39): gaussian and laplace angles as float32 fused multiply-adds in one
+#: fixed order and a float32-accurate cos/sin of them (rfsgen._sincos32), the same
+#: bits on every CPU, with or without hardware FMA.  Feature files do not change with it.
+OUTPUT_DEFINITION = 3
 #: The data checksum of record version 2 (docs/integrity.md): for each of X's datasets,
 #: two sums mod 2^32 over every stored value of a keyed mix of (dataset, global row,
 #: position in the row, value), written as 16 hex digits (see :class:`DataChecksum`).

@@ -413,15 +413,16 @@ def test_rows_start_text_is_a_one_line_error(kit, tmp_path):
     assert "attribute 'rows_start' is 'abc', not an integer" in res.output
 
 
-@pytest.mark.parametrize("definition", [None, 1, 3])
+@pytest.mark.parametrize("definition", [None, 1, 2, 4])
 def test_shards_of_different_output_definitions_are_refused(kit, tmp_path, definition):
-    """A shard written before rfsgen's own cos/sin (no attribute: definition 1) or by a
-    later definition does not merge with today's: the values differ in their last bits."""
+    """A shard written before rfsgen's own cos/sin (no attribute: definition 1), before
+    float32 fused multiply-add angles (definition 2) or by a later definition does not
+    merge with today's (3): the values differ in their last bits."""
     import h5py
 
     names = kit()
     with h5py.File(names[1], "r+") as f:
-        assert f.attrs["output_definition"] == 2
+        assert f.attrs["output_definition"] == 3
         if definition is None:  # as written before the attribute (and uns['rfsgen']) existed
             del f.attrs["output_definition"]
             del f["uns/rfsgen"]
@@ -439,7 +440,7 @@ def test_a_merge_keeps_the_output_definition(kit, tmp_path):
     names = kit()
     assert _merge(tmp_path, names).exit_code == 0
     with h5py.File(tmp_path / "m.h5", "r") as f:
-        assert f.attrs["output_definition"] == 2
+        assert f.attrs["output_definition"] == 3
 
 
 def test_mismatched_columns_are_refused(kit, tmp_path):

@@ -475,7 +475,7 @@ def test_every_output_carries_a_sealed_record_that_describes_it(files, layout, c
                   "layout"):
             v = f.attrs[k]
             assert rec[k] == (v.item() if isinstance(v, np.generic) else v)
-        assert f.attrs["output_definition"] == OUTPUT_DEFINITION == 2
+        assert f.attrs["output_definition"] == OUTPUT_DEFINITION == 3
         assert rec["features_sha256"] == hashlib.sha256((files / "f.h5").read_bytes()).hexdigest()
         assert (rec["rows_start"], rec["rows_stop"], rec["shape"]) == (5, 44, [39, 150])
         assert (rec["dtype"], rec["compression"], rec["checksum"]) == (dtype, compression, CHECKSUM)

@@ -4,10 +4,11 @@ thread count, chunk size or sharding.
 Two kinds of check, neither of which passes merely because it ran on one CPU:
 
 * the compiled loops are compared bit for bit with a fixed-order reference written
-  one IEEE operation at a time (numpy elementwise operations, and rfsgen's own
-  cos/sin, :mod:`rfsgen._sincos`, itself checked against a high-precision
-  reference in tests/test_sincos.py), which defines the result independently of
-  any machine;
+  one IEEE operation at a time (numpy elementwise operations, a float32 fused
+  multiply-add built from exact float64 steps, and rfsgen's own cos/sin,
+  :mod:`rfsgen._sincos` and :mod:`rfsgen._sincos32`, themselves checked against
+  high-precision references in tests/test_sincos.py and tests/test_sincos32.py),
+  which defines the result independently of any machine;
 * whole jobs (every scheme and base kind, float32/float64, csr/dense) are run in
   subprocesses that imitate other CPUs: numba compiling for another target
   (``NUMBA_CPU_NAME``), OpenBLAS using another kernel (``OPENBLAS_CORETYPE``) and
@@ -40,19 +41,23 @@ HASHES = ROOT / "tests" / "tools" / "repro_hashes.py"
 def test_phases_follow_the_fixed_order_reference(m, a, w):
     """Row tiles, atom blocks, runs of terms (w > 256 is summed in parts, continued
     exactly) and several nodes (unsorted) change nothing: every angle is the
-    left-to-right sum from 0.0, then rfsgen's own cos and sin (tests/test_sincos.py
-    checks those against a high-precision reference)."""
-    from rfsgen._sincos import sincos
+    left-to-right float32 fused multiply-add sum from 0.0 of the values and frequencies
+    rounded to float32 (output definition 3), then rfsgen's own float32-accurate cos
+    and sin (tests/test_sincos32.py checks the fma reference against exact rationals
+    and cos/sin against a high-precision reference)."""
+    from rfsgen._sincos32 import sincos
     from rfsgen.bases import phases_of
+    from test_sincos32 import fma_reference
 
     rng = np.random.default_rng(m)
     xp = rng.standard_normal((m, 3, w)) * 3
     node = rng.integers(0, 3, a)
     om = rng.standard_normal((a, w))
     re, im = phases_of(xp, node, om)
-    acc = np.zeros((m, a))
-    for c in range(w):  # left to right from 0.0, one multiply and one add per step
-        acc = acc + xp[:, node, c] * om[:, c]
+    acc = np.zeros((m, a), np.float32)
+    x32, om32 = xp.astype(np.float32), om.astype(np.float32)
+    for c in range(w):  # left to right from 0.0, one fused multiply-add per step
+        acc = fma_reference(x32[:, node, c], om32[:, c], acc)
     assert re.tobytes() == np.array([[sincos(v)[1] for v in row] for row in acc]).tobytes()
     assert im.tobytes() == np.array([[sincos(v)[0] for v in row] for row in acc]).tobytes()
 
@@ -202,3 +207,27 @@ def test_same_bytes_on_imitated_cpus(tmp_path):
     for key in host:  # --chunk-rows 7 gives the same file as the default
         if key.endswith("/None"):
             assert host[key] == host[key[:-4] + "7"], key
+
+
+def test_same_bytes_without_hardware_fma(tmp_path):
+    """Output definition 3's angles are float32 fused multiply-adds.  Compiled for this
+    CPU they use its FMA instructions; compiled for ``NUMBA_CPU_NAME=generic`` (x86-64
+    without FMA) LLVM calls the C library's correctly rounded ``fmaf`` instead.  Each
+    subprocess starts from an empty numba cache, and the test checks that the two code
+    generations really differ (hardware FMA in one, calls to fmaf in the other) and
+    that the bytes of the angles, cos/sin and a whole transform are the same."""
+    script = ROOT / "tests" / "tools" / "fma_bytes.py"
+    runs = {}
+    for name, cpu in (("host", None), ("generic", "generic")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CPU", "NUMBA_CACHE_DIR"))}
+        env["NUMBA_CACHE_DIR"] = str(tmp_path / f"cache-{name}")  # empty: everything compiled anew
+        if cpu:
+            env["NUMBA_CPU_NAME"] = cpu
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+        runs[name] = json.loads(r.stdout)
+    host, generic = runs["host"], runs["generic"]
+    assert not generic["vfmadd"] and generic["calls fmaf"], generic
+    if _has("fma"):
+        assert host["vfmadd"] and not host["calls fmaf"], host
+    assert host["hashes"] == generic["hashes"]

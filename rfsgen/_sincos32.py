@@ -1,0 +1,326 @@
+"""Output definition 3: gaussian and laplace angles as float32 fused multiply-adds in
+one fixed order, and a float32-accurate cos and sin of them, compiled with numba.
+
+**Angles.** ``theta[r, k] = fma(x[r, c], w[c, k], ...)`` for c = 0, 1, ..., d - 1 in
+that order from +0.0, one rounding per term (``llvm.fma.f32``), with ``x`` the prepared
+row rounded once to float32 and ``w`` the scaled frequency (``omega * scale`` in
+float64) rounded once to float32.  Hardware FMA where the CPU has it; on a CPU
+without it LLVM calls the C library's ``fmaf``, which is correctly rounded (glibc), so
+the bits are the same, only slower (a test compiles for ``NUMBA_CPU_NAME=generic`` and
+compares).  Never fast-math: the loops only choose which independent sums run
+together (register tiles of :data:`ROWS` rows x :data:`ATOMS` atoms, runs of
+:data:`SUM_BLOCK` terms continued exactly from the stored float32 partial sum, cache
+blocks of rows and atoms), whatever the threads, chunks or CPU.  The sum's sign of
+zero is dropped (``+ 0.0``): a term ``0 * w`` adds nothing else, so sparse rows can
+skip their zeros and give the same bits.
+
+**cos and sin** of a float32 angle ``t``: ``t`` is widened to float64 exactly and
+reduced there, ``t = n pi/2 + r``, by Cody-Waite with the 33-bit pieces P1, P2, P3 of
+:mod:`rfsgen._sincos` (``t - n P1`` exact by Sterbenz, ``n P1, n P2, n P3`` exact for
+``|n| < 2^20``): because ``t`` has 24 significant bits, the nearest a float32 comes to
+a multiple of pi/2 in that range is far above the reduction's error (checked over every
+float32, ``tests/tools/fit_sincos32.py``), so no double-double tail is needed.  Then
+polynomials of degree 11 (sin) and 10 (cos) (``tests/tools/fit_sincos32.py``:
+relative error 2^-47.4 and 2^-43.6 on [0, pi/4]; one term fewer each would do for the
+float32 rounding alone, but the values go into float64 products, where |cos|^2 + |sin|^2
+should stay 1 to about 1e-13), evaluated in float64.  Beyond ``FAST_LIMIT`` (about 8.2e5), and for inf and NaN, the
+float64 Payne-Hanek routine of :mod:`rfsgen._sincos` (under 1 ulp of float64) is used
+one value at a time.  The values are float64 (not rounded to float32: the product
+loop multiplies them in float64) within about 2^-43 of the true ones, so their float32
+rounding is within 1 ulp of the correctly rounded float32 result (tests/test_sincos32.py).
+Why float64 inside: the float32 angle itself is exact in float64, and a float64
+reduction and polynomial cost about what float32 ones with extra-precise pieces would,
+without float32's error analysis; the measured cost is in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+
+from ._signals import deferred
+from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, _quadrant, redo_slow
+
+with deferred():
+    import numba
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+#: Polynomial coefficients (tests/tools/fit_sincos32.py, a weighted Lawson minimax fit
+#: on [0, pi/4 + 1e-3]): sin r = r + r^3 (S1 + z S2 + ... + z^4 S5), cos r = 1 +
+#: z (C1 + z C2 + ... + z^4 C5), z = r^2; relative errors 2^-47.4 and 2^-43.6.
+S1, S2, S3, S4, S5 = (-0.1666666666662993, 0.00833333332499818, -0.00019841263684465828, 2.7555330133928292e-06,
+                      -2.4759754698868524e-08)
+C1, C2, C3, C4, C5 = (-0.49999999999482764, 0.0416666665522539, -0.0013888880595787224, 2.4798947257634943e-05,
+                      -2.717381383767921e-07)
+_ROUND = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
+
+ROWS = 6  # rows of one register tile
+ATOMS = 16  # atoms of one register tile (one <16 x float> per row: 2 AVX2 or 1 AVX-512 register)
+ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
+OMEGA_BLOCK = 49152  # float32 frequency values per cache block (192 KiB: L2)
+SUM_BLOCK = 256  # terms of a sum per pass
+SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
+
+
+def _fma_fn(builder, ty):
+    suffix = "f32" if not isinstance(ty, ir.VectorType) else f"v{ty.count}f32"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.{suffix}")
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """``a * b + c`` with one rounding, float32 (``llvm.fma.f32``)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.call(_fma_fn(builder, ir.FloatType()), list(args))
+
+    return sig, codegen
+
+
+def _matrix(t, dtype):
+    return isinstance(t, types.Array) and t.ndim == 2 and t.layout == "C" and t.dtype == dtype
+
+
+def _ptr(context, builder, aryty, ary, *indices):
+    arr = context.make_array(aryty)(context, builder, ary)
+    return cgutils.get_item_pointer(context, builder, aryty, arr, list(indices), wraparound=False)
+
+
+@intrinsic
+def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
+    """``dst[i, t] = fma-sum over c < w of x[r0 + min(i, nr - 1), col0 + c] * omt[c0 + c, k0 + t]``
+    for i < ROWS, t < ATOMS, continued from ``dst`` (or from +0.0 when ``init``), in
+    the order c = 0, 1, ...: one register tile.  ``x``, ``omt``, ``dst`` float32
+    C-ordered; ``omt`` needs ATOMS readable columns from ``k0``; rows past ``nr``
+    repeat the last row (computed, ignored by the caller)."""
+    f32 = types.float32
+    if not (_matrix(x, f32) and _matrix(omt, f32) and _matrix(dst, f32)):
+        return None
+    sig = types.void(x, r0, nr, col0, w, omt, c0, k0, dst, init)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        intp = types.intp
+
+        def ix(i):
+            return context.cast(builder, args[i], t[i], intp)
+
+        vt = ir.VectorType(ir.FloatType(), ATOMS)
+        fma = _fma_fn(builder, vt)
+        i32 = ir.IntType(32)
+        last = builder.sub(ix(2), context.get_constant(intp, 1))
+        om_arr = context.make_array(t[5])(context, builder, args[5])
+        om_stride = cgutils.unpack_tuple(builder, om_arr.strides, 2)[0]
+        om_base = builder.bitcast(_ptr(context, builder, t[5], args[5], ix(6), ix(7)), ir.IntType(8).as_pointer())
+        xrows = []
+        for i in range(ROWS):
+            ci = context.get_constant(intp, i)
+            off = builder.select(builder.icmp_signed("<", ci, last), ci, last)
+            xrows.append(_ptr(context, builder, t[0], args[0], builder.add(ix(1), off), ix(3)))
+        first = context.cast(builder, args[9], t[9], types.boolean)
+        zero = ir.Constant(vt, [0.0] * ATOMS)
+        zi = context.get_constant(intp, 0)
+        drows = [builder.bitcast(_ptr(context, builder, t[8], args[8], context.get_constant(intp, i), zi),
+                                 vt.as_pointer()) for i in range(ROWS)]
+        accs = [cgutils.alloca_once_value(builder, builder.select(first, zero, builder.load(p, align=4)))
+                for p in drows]
+        undef = ir.Constant(vt, ir.Undefined)
+        mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
+        with cgutils.for_range_slice(builder, context.get_constant(intp, 0), ix(4), context.get_constant(intp, 1),
+                                     inc=True) as (c, _):
+            ov = builder.load(builder.bitcast(builder.gep(om_base, [builder.mul(c, om_stride)]), vt.as_pointer()),
+                              align=4)
+            for i in range(ROWS):
+                xv = builder.load(builder.gep(xrows[i], [c]), align=4)
+                xs = builder.shuffle_vector(builder.insert_element(undef, xv, ir.Constant(i32, 0)), undef, mask)
+                builder.store(builder.call(fma, [xs, ov, builder.load(accs[i])]), accs[i])
+        for i in range(ROWS):
+            builder.store(builder.load(accs[i]), drows[i], align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ----------------------------------------------------------------------------- cos and sin
+@numba.njit(cache=True, nogil=True, inline="always")
+def _kernels(r):  # pragma: no cover - compiled
+    z = r * r
+    s = r + (r * z) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * S5))))
+    c = 1.0 + z * (C1 + z * (C2 + z * (C3 + z * (C4 + z * C5))))
+    return s, c
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _reduce(x):  # pragma: no cover - compiled
+    """(r, n) with x = n pi/2 + r, |r| <= pi/4 (+ a little), for float64 x holding a
+    float32 value, |x| <= FAST_LIMIT."""
+    fn = (x * INV_PIO2 + _ROUND) - _ROUND
+    r = ((x - fn * P1) - fn * P2) - fn * P3
+    return r, fn
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def sincos_into(theta, n, re, im):  # pragma: no cover - compiled
+    """``re[i] = cos(theta[i])``, ``im[i] = sin(theta[i])`` for i < n: ``theta`` float32,
+    ``re, im`` float64 1-D arrays.  The sign of a zero angle is dropped (+0.0).
+    Branch-free over the fast range (vectorised); angles beyond it, inf and NaN are
+    then redone one by one by :func:`rfsgen._sincos.slow_sincos`."""
+    slow = 0
+    for i in range(n):
+        x = np.float64(theta[i]) + 0.0
+        big = not (abs(x) <= FAST_LIMIT)
+        slow += big
+        if big:
+            x = 0.0
+        r, fn = _reduce(x)
+        q = np.int32(fn)
+        s, c = _kernels(r)
+        ss, cc = _quadrant(q, s, c)
+        re[i] = cc
+        im[i] = ss
+    if slow:
+        redo_slow(theta, n, re, im)
+
+
+@numba.njit(cache=True, nogil=True)
+def sincos(t):  # pragma: no cover - compiled
+    """(sin t, cos t) of one float32 angle: the bits of :func:`sincos_into`."""
+    th = np.empty(1, np.float32)
+    th[0] = t
+    re = np.empty(1)
+    im = np.empty(1)
+    sincos_into(th, 1, re, im)
+    return im[0], re[0]
+
+
+# ----------------------------------------------------------------------------- angles
+def atom_block(w: int) -> int:
+    """Atoms per block (a multiple of ATOMS): their frequencies, min(w, SUM_BLOCK)
+    values each, fill about one cache block of OMEGA_BLOCK float32 values."""
+    return max(ATOMS, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // ATOMS * ATOMS)
+
+
+def pack_panels(omega, order, scale, blk_start, blk_end):
+    """The float32 scaled frequencies: ``omt[c, k] = float32(omega[order[k], c] * scale)``
+    (one float64 multiply, one rounding), shape ``(w, a + ATOMS)`` (zero columns at the
+    end), the tiles ``tile0`` (block b owns tiles ``tile0[b]:tile0[b + 1]``, ATOMS sorted
+    atoms each from ``blk_start[b]``) and the largest L1 norm of a float32 row (inf if
+    a value is)."""
+    n_tiles = -(-(blk_end - blk_start) // ATOMS)
+    tile0 = np.zeros(blk_start.size + 1, np.int64)
+    np.cumsum(n_tiles, out=tile0[1:])
+    omt = np.zeros((omega.shape[1], omega.shape[0] + ATOMS), np.float32)
+    l1 = _pack(omega, order, float(scale), omt)
+    return tile0, omt, l1
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _pack(omega, order, scale, omt):  # pragma: no cover - compiled
+    w = omega.shape[1]
+    l1 = 0.0
+    for k in range(order.size):
+        row = omega[order[k]]
+        s = 0.0
+        for c in range(w):
+            v = np.float32(row[c] * scale)
+            omt[c, k] = v
+            s += abs(np.float64(v))
+        l1 = max(l1, s) if s == s else math.inf
+    return l1
+
+
+def phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, sparse=None) -> None:
+    """cos and sin of the float32 angles ``theta[r, k] = fma-sum over c of x2[r, node(k) w + c]
+    * pan[c, k]`` into float64 ``re, im`` ``(m, a)`` (atoms sorted by node in blocks
+    ``blk_start[b]:blk_end[b]`` of node ``blk_node[b]``; ``tile0, pan`` from
+    :func:`pack_panels`).  ``x2`` float32 ``(m, G w)`` C order.
+
+    One node (G = 1) over rows with fewer than 1 in SPARSE_RATIO values nonzero, when
+    ``finite`` (no infinite frequency), sums over the nonzero values only: a zero term
+    changes only the sign of a zero sum, which is dropped, so the bits are the same.
+    ``sparse`` forces either way (tests)."""
+    from ._compiled import _rows_for, on_rows
+
+    m = x2.shape[0]
+    g = x2.shape[1] // max(w, 1)
+    if sparse is None:
+        sparse = g == 1 and finite and m * w > 0 and np.count_nonzero(x2) * SPARSE_RATIO < m * w
+    if sparse:
+        rows, cols = np.nonzero(x2)
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
+        vals = x2[rows, cols]
+        on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, pan, re, im,
+                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[1]))
+        return
+    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROWS, min_rows=ROWS)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_sparse(ptr, cols, vals, pan, re, im, start, stop):  # pragma: no cover - compiled
+    a = re.shape[1]
+    acc = np.empty(a, np.float32)
+    for r in range(start, stop):
+        for k in range(a):
+            acc[k] = np.float32(0.0)
+        for q in range(ptr[r], ptr[r + 1]):
+            o = pan[cols[q]]
+            v = vals[q]
+            for k in range(a):
+                acc[k] = fma32(v, o[k], acc[k])
+        sincos_into(acc, a, re[r], im[r])
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop):  # pragma: no cover - compiled
+    nb = blk_start.size
+    kc = min(w, SUM_BLOCK)
+    per_block = max(ATOMS, OMEGA_BLOCK // max(kc, 1))
+    most = 1
+    b0 = 0
+    while b0 < nb:
+        b1 = b0 + 1
+        while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+            b1 += 1
+        most = max(most, tile0[b1] - tile0[b0])
+        b0 = b1
+    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, ATOMS), np.float32)
+    cb = np.empty(ROWS * ATOMS)
+    sb = np.empty(ROWS * ATOMS)
+    for q0 in range(start, stop, ROW_BLOCK):
+        q1 = min(stop, q0 + ROW_BLOCK)
+        b0 = 0
+        while b0 < nb:
+            b1 = b0 + 1
+            while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+                b1 += 1
+            for c0 in range(0, w, kc):  # the sums in runs of kc terms, continued exactly
+                nc = min(kc, w - c0)
+                for r0 in range(q0, q1, ROWS):
+                    nr = min(ROWS, q1 - r0)
+                    ri = (r0 - q0) // ROWS
+                    for b in range(b0, b1):
+                        col0 = blk_node[b] * w + c0
+                        for i_t in range(tile0[b], tile0[b + 1]):
+                            k = blk_start[b] + ATOMS * (i_t - tile0[b])
+                            angle_tile(x2, r0, nr, col0, nc, pan, c0, k, part[ri, i_t - tile0[b0]], c0 == 0)
+            for r0 in range(q0, q1, ROWS):
+                nr = min(ROWS, q1 - r0)
+                ri = (r0 - q0) // ROWS
+                for b in range(b0, b1):
+                    k0 = blk_start[b]
+                    k1 = blk_end[b]
+                    for i_t in range(tile0[b], tile0[b + 1]):
+                        k = k0 + ATOMS * (i_t - tile0[b])
+                        sincos_into(part[ri, i_t - tile0[b0]].reshape(ROWS * ATOMS), nr * ATOMS, cb, sb)
+                        kn = min(ATOMS, k1 - k)
+                        for i in range(nr):
+                            for t in range(kn):
+                                re[r0 + i, k + t] = cb[i * ATOMS + t]
+                                im[r0 + i, k + t] = sb[i * ATOMS + t]
+            b0 = b1
