@@ -105,6 +105,11 @@ def write_rows(p: dict, path) -> None:
         x = x.reshape(len(x), -1)  # text and sparse matrices are 2-D
     if fmt in ("sparse-csr", "sparse-coo", "h5ad-csr") and x.dtype == np.float16:
         x = x.astype(np.float32)  # scipy.sparse has no float16
+    # scipy.sparse holds native byte order only: a big-endian matrix is made native and its
+    # values stored in the asked byte order member by member (as another program may write them)
+    stored = x.dtype if fmt in ("sparse-csr", "sparse-coo", "h5ad-csr") and not x.dtype.isnative else None
+    if stored is not None:
+        x = x.astype(stored.newbyteorder("="))
     if fmt == "npy" or fmt == "stdin-npy":
         with open(path, "wb") as fh:
             np.save(fh, x)
@@ -128,8 +133,13 @@ def write_rows(p: dict, path) -> None:
         import scipy.sparse as sp
 
         m = sp.csr_matrix(np.atleast_2d(x)) if fmt == "sparse-csr" else sp.coo_matrix(np.atleast_2d(x))
-        with open(path, "wb") as fh:
-            sp.save_npz(fh, m)
+        if stored is None:
+            with open(path, "wb") as fh:
+                sp.save_npz(fh, m)
+        else:  # scipy.sparse.save_npz's members, the values in their own byte order
+            parts = {"indices": m.indices, "indptr": m.indptr} if fmt == "sparse-csr" else {"row": m.row, "col": m.col}
+            _write_npz(path, dict(parts, format=np.array(m.format.encode()), shape=np.array(m.shape),
+                                  data=m.data.astype(stored)))
     elif fmt in ("h5ad-dense", "h5ad-csr"):
         import h5py
         import scipy.sparse as sp
@@ -145,7 +155,8 @@ def write_rows(p: dict, path) -> None:
                 g.attrs["encoding-type"] = "csr_matrix"
                 g.attrs["encoding-version"] = "0.1.0"
                 g.attrs["shape"] = np.array(m.shape, dtype=np.int64)
-                g["data"], g["indices"], g["indptr"] = m.data, m.indices, m.indptr.astype(np.int64)
+                g["data"] = m.data if stored is None else m.data.astype(stored)
+                g["indices"], g["indptr"] = m.indices, m.indptr.astype(np.int64)
             obs = f.create_group("obs")
             obs.attrs["encoding-type"] = "dataframe"
             obs.attrs["encoding-version"] = "0.2.0"
