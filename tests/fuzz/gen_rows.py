@@ -207,9 +207,15 @@ def _crafted(kind, p, path) -> None:
         with open(path, "wb") as fh:
             fh.write(_npy_header((rows, width), p.get("descr", "<f8")) + b"\0" * 64)
     elif kind == "npz-coo":  # scipy's COO npz declaring shape (rows, width) with 3 entries
-        arrays = {"row": np.array([0, 1, 2], dtype=np.int64), "col": np.array([0, 1, 2], dtype=np.int64) % width,
-                  "data": np.ones(3), "shape": np.array([rows, width], dtype=np.int64),
-                  "format": np.array(b"coo")}
+        # three of the rows' values (their NaN/inf first) stored in the last rows declared:
+        # a reader that streams the empty rows before them never reaches them
+        flat = make_array(p).ravel()
+        pick = np.concatenate([np.flatnonzero(~np.isfinite(flat)), np.arange(flat.size)])
+        pick = pick[np.sort(np.unique(pick, return_index=True)[1])][:3]
+        n = max(1, int(p.get("n", 1)))
+        arrays = {"row": (rows - n + pick // width).astype(np.int64) if pick.size else np.zeros(0, np.int64),
+                  "col": (pick % width).astype(np.int64), "data": flat[pick] if pick.size else np.zeros(0),
+                  "shape": np.array([rows, width], dtype=np.int64), "format": np.array(b"coo")}
         _write_npz(path, arrays)
     elif kind == "npz-csr":  # CSR npz whose indptr claims rows it does not have
         arrays = {"indptr": np.zeros(4, dtype=np.int64), "indices": np.zeros(0, dtype=np.int32),
