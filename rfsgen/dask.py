@@ -139,6 +139,7 @@ def _read_rows(spec, a: int, b: int) -> np.ndarray:
 def from_path(spec, chunk_rows: int | None = None):
     """A file of rows (any format :func:`rfsgen.open_input` reads, except streams) as a
     lazy ``dask.array``: each block opens the file and reads its rows."""
+    from . import budget
     from .inputs import open_input
 
     spec = os.fspath(spec)
@@ -148,6 +149,9 @@ def from_path(spec, chunk_rows: int | None = None):
             raise UsageError(f"{spec}: a stream has no known length; Dask needs a file")
         head = next(src.chunks(1), (0, np.zeros((0, width))))[1]
     chunk_rows = chunk_rows or max(1, min(n, (64 << 20) // max(1, 8 * width)))
+    n_blocks = -(-n // chunk_rows)  # each a task of the graph, made here: a crafted file may declare 2^62 rows
+    budget.check(4096.0 * n_blocks, f"{spec}: a graph of {n_blocks} blocks of {chunk_rows} rows",
+                 "read fewer rows, or larger blocks (chunk_rows)")
     blocks = [da.from_delayed(dask.delayed(_read_rows, pure=True)(spec, a, min(n, a + chunk_rows)),
                               shape=(min(n, a + chunk_rows) - a, width), dtype=head.dtype)
               for a in range(0, n, chunk_rows)]
@@ -608,7 +612,7 @@ def transform_sharded(client, address: str, features, input, output, *, shard_di
     from .atomic import atomic_path
     from .features import load
     from .inputs import _split_spec, check_width, open_input, parse_rows, resolve_rows, shard_rows
-    from .output import _check_options, file_sha256, resolve_layout
+    from .output import DTYPES, _check_options, check_space, file_sha256, resolve_layout
     from .transform import _bound_by, _swapped
 
     _check_options(layout, dtype, compression)
@@ -633,6 +637,8 @@ def transform_sharded(client, address: str, features, input, output, *, shard_di
             return None  # a stream: its rows can only travel through this process
         start, stop = shard_rows(shard, src.n_rows, src.name) if shard is not None else \
             resolve_rows(rows, src.n_rows, src.name)
+        # the merged output must fit where it goes: checked before a range is handed out
+        check_space(output, stop - start, fs.columns, layout, np.dtype(DTYPES[dtype]).itemsize, compression)
         provenance = {"rfsgen_version": __version__, "features_file": str(features),
                       "features_sha256": file_sha256(features), "input": src.name}
     chosen = shard_dir is not None

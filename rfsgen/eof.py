@@ -292,14 +292,17 @@ def measure_domain(spec: Spec, rows, margin: float = DEFAULT_MARGIN):
     hi = np.full(cols.size, -np.inf)
     with open_input(rows) as src:
         name = src.name
-        for _, block in src.chunks(1 << 14):
-            if block.shape[1] <= cols.max():
-                raise UsageError(f"{name}: rows have {count(block.shape[1], 'value')} but node '{spec.node}' reads column "
-                                 f"{int(cols.max())}; pass the training rows the skeleton was written for")
+        if src.width <= cols.max():
+            raise UsageError(f"{name}: rows have {count(src.width, 'value')} but node '{spec.node}' reads column "
+                             f"{int(cols.max())}; pass the training rows the skeleton was written for")
+        known = src.column_extremes(cols)  # a COO matrix: from its stored values, no row streamed
+        if known is not None:
+            lo, hi = known
+        for row0, block in src.chunks(1 << 14) if known is None else ():
             x = np.asarray(block[:, cols], dtype=np.float64)
             if not np.isfinite(x).all():
                 r, c = np.argwhere(~np.isfinite(x))[0]
-                raise DataError(f"{name}: row {int(r)}, column {int(cols[c])}: value {x[r, c]} is not finite; "
+                raise DataError(f"{name}: row {row0 + int(r)}, column {int(cols[c])}: value {x[r, c]} is not finite; "
                                 "clean the training rows before measuring a domain from them")
             lo = np.minimum(lo, x.min(axis=0, initial=np.inf))
             hi = np.maximum(hi, x.max(axis=0, initial=-np.inf))

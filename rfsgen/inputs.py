@@ -73,6 +73,12 @@ class InputSource:
         ``obs`` index of an ``.h5ad``), else None."""
         return None if self._row_names is None else self._row_names(start, stop)
 
+    def column_extremes(self, cols):
+        """Per-column ``(lo, hi)`` over every row of columns ``cols``, when the source can
+        give them without streaming its rows (a COO matrix: from its stored values), else
+        None (then the caller streams the rows)."""
+        return None
+
     def close(self):
         pass
 
@@ -411,10 +417,17 @@ class SparseSource(InputSource):
             coo = matrix.tocoo(copy=False)
             row = np.asarray(coo.row, dtype=np.int64)
             order = np.argsort(row, kind="stable")  # within a row, the stored order (as scipy's tocsr)
-            self._coo = (row[order], np.asarray(coo.col)[order], np.asarray(coo.data)[order])
+            self._coo = (row[order], np.asarray(coo.col, dtype=np.int64)[order], np.asarray(coo.data)[order])
         self.matrix = matrix
         self.name = name
         self.n_rows, self.width = (int(v) for v in matrix.shape)
+        if self._coo is not None:
+            row, col, _ = self._coo
+            bad = (row < 0) | (row >= self.n_rows) | (col < 0) | (col >= self.width)
+            if bad.any():  # (scipy checks this when a matrix is made, not after its arrays change)
+                i = int(np.flatnonzero(bad)[0])
+                raise InputError(f"{name}: a stored value at row {int(row[i])}, column {int(col[i])} lies outside the "
+                                 f"declared shape ({self.n_rows}, {self.width}); the file is damaged")
         self._csr = CsrRowsSource(name, matrix.shape, matrix.indptr, matrix.data, matrix.indices) \
             if matrix.format == "csr" else None
 
@@ -439,6 +452,7 @@ class SparseSource(InputSource):
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
         check_chunk(self, chunk_rows, start, stop)
         row, col, val = self._coo
+        self._check_stored(start, stop)  # before the first chunk: a bad value is not 10^18 empty rows away
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
             lo, hi = (int(i) for i in np.searchsorted(row, [a, b]))
@@ -446,6 +460,57 @@ class SparseSource(InputSource):
             piece = CsrRowsSource(self.name, part.shape, part.indptr, part.data, part.indices)
             for _, block in piece.chunks(b - a):
                 yield a, block
+
+    def _check_stored(self, start, stop):
+        """Every stored value of rows ``start:stop`` finite (:class:`DataError` naming the
+        first bad row and column, as :func:`check_finite` would once its chunk came)."""
+        row, col, val = self._coo
+        lo, hi = (int(i) for i in np.searchsorted(row, [start, stop]))
+        _first_nonfinite(self.name, row[lo:hi], col[lo:hi], val[lo:hi])
+
+    def column_extremes(self, cols):
+        """``(lo, hi)`` of each column of ``cols`` over all rows, from the stored values
+        (duplicates added up in their stored order, as the chunks add them) and 0 for a
+        column some row stores nothing in: no row is streamed, so a few bytes declaring
+        2^62 rows are measured at once."""
+        if self._coo is None:
+            return None
+        row, col, val = self._coo
+        cols = np.asarray(cols, dtype=np.int64)
+        pos = np.full(self.width, -1, dtype=np.int64)
+        pos[cols] = np.arange(cols.size)
+        keep = pos[col] >= 0  # (a value in another column is not measured, as when rows stream)
+        _first_nonfinite(self.name, row[keep], col[keep], val[keep])
+        r, c, v = row[keep], pos[col[keep]], np.asarray(val[keep], dtype=np.float64)
+        order = np.lexsort((r, c))  # by column, then row; stable: duplicates in stored order
+        r, c, v = r[order], c[order], v[order]
+        new = np.ones(r.size, dtype=bool)
+        new[1:] = (r[1:] != r[:-1]) | (c[1:] != c[:-1])
+        group = np.cumsum(new) - 1
+        sums = np.zeros(int(new.sum()))
+        np.add.at(sums, group, v)  # one at a time, in order
+        r, c = r[new], c[new]
+        _first_nonfinite(self.name, r, cols[c], sums)  # duplicates that add up past the floats
+        lo, hi = np.full(cols.size, np.inf), np.full(cols.size, -np.inf)
+        np.minimum.at(lo, c, sums)
+        np.maximum.at(hi, c, sums)
+        rows_with = np.bincount(c, minlength=cols.size)  # distinct rows storing each column
+        if self.n_rows:
+            zero = rows_with < self.n_rows
+            lo[zero], hi[zero] = np.minimum(lo[zero], 0.0), np.maximum(hi[zero], 0.0)
+        return lo, hi
+
+
+def _first_nonfinite(name, row, col, val) -> None:
+    """:class:`DataError` for the first (by row, then column) of the stored values ``val``
+    at ``(row, col)`` that is NaN or infinite; nothing when all are finite."""
+    if val.dtype.kind != "f":
+        return
+    bad = np.flatnonzero(~np.isfinite(val))
+    if bad.size:
+        i = bad[np.lexsort((col[bad], row[bad]))[0]]
+        raise DataError(f"{name}: row {int(row[i])}, column {int(col[i])}: value is {val[i]}; "
+                        "remove or impute non-finite values before using rfsgen")
 
 
 def is_anndata(obj) -> bool:

@@ -590,7 +590,9 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
     chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
-    check_space(output, None if stop is None else stop - start, D, layout, np_dtype.itemsize, compression)
+    # (a stream's header is not checked: it may promise rows it never sends, the stream's end decides)
+    known = None if stop is None or getattr(src, "declared_only", False) else stop - start
+    check_space(output, known, D, layout, np_dtype.itemsize, compression)
     if progress is not None and hasattr(progress, "phase"):
         progress.phase(phase, None if stop is None else stop - start)
     with atomic_path(output, overwrite, inputs=inputs) as tmp, SafeFile(tmp) as sink:

@@ -306,6 +306,27 @@ def test_domain_from_rows_measures_widens_and_refuses_constant_columns(tmp_path)
         eof.measure_domain(spec, str(tmp_path / "c.npy"))
     with pytest.raises(UsageError, match="--margin must be"):
         eof.measure_domain(spec, str(tmp_path / "x.npy"), -1.0)
+    x[1, 1] = np.nan  # the row named is the file's, not the chunk's
+    np.save(tmp_path / "n.npy", np.vstack([np.zeros((20000, 3)), x]))
+    with pytest.raises(DataError, match=r"row 20001, column 1: value nan is not finite"):
+        eof.measure_domain(spec, str(tmp_path / "n.npy"))
+
+
+def test_domain_from_a_coo_matrix_declaring_2_62_rows_is_measured_from_its_stored_values(tmp_path):
+    """No row is streamed (2^62 / 16384 chunks would never end): the box is the stored
+    values' range, with 0 for the rows that store nothing; a NaN among them is named."""
+    import scipy.sparse as sp
+
+    spec = eof.spec_of(skeleton("laplace", 2))
+    m = sp.coo_matrix(([7.0, 4.0, -2.0, 5.0, 1.0], ([2**62 - 1, 3, 3, 9, 9], [0, 1, 2, 2, 2])), shape=(2**62, 3))
+    sp.save_npz(tmp_path / "m.npz", m)
+    lo, hi = eof.measure_domain(spec, str(tmp_path / "m.npz"), 0.0)
+    np.testing.assert_array_equal(lo, [0.0, -2.0])  # column 2 at row 9: 5 + 1 (duplicates add up)
+    np.testing.assert_array_equal(hi, [4.0, 6.0])
+    m.data[3] = np.inf
+    sp.save_npz(tmp_path / "m.npz", m)
+    with pytest.raises(DataError, match=r"m.npz: row 9, column 2: value is inf; "):
+        eof.measure_domain(spec, str(tmp_path / "m.npz"))
 
 
 # ---------------------------------------------------------------------- CLI

@@ -428,3 +428,93 @@ def test_issue_articles_and_singulars_in_messages():
         open_input(AnnData())
     with pytest.raises(InputError, match=r"1-D array of 1 value is ambiguous"):
         open_input(np.arange(1.0))
+
+
+def _coo_case(seed, rows, width=6, nnz=12, bad=0, dup=True):
+    """A generated COO matrix declaring ``rows`` rows (up to 2^62) with ``nnz`` stored
+    values at random rows (some repeated coordinates with ``dup``), ``bad`` of them NaN/inf."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    r = rng.integers(0, rows, nnz, dtype=np.int64)
+    if rows > 4:
+        r[:2] = [rows - 1, rows - 3]  # far from row 0
+    c = rng.integers(0, width, nnz)
+    if dup:
+        r[-2:], c[-2:] = r[0], c[0]
+    v = rng.normal(size=nnz) * 10.0 ** rng.integers(-3, 4, nnz)
+    v[rng.choice(nnz, bad, replace=False)] = rng.choice([np.nan, np.inf, -np.inf], bad)
+    return sp.coo_matrix((v, (r, c)), shape=(rows, width)), r, c, v
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_coo_stored_values_are_checked_before_the_first_chunk(tmp_path, seed):
+    """A NaN or inf 2^62 rows away is named (its row and column, the first by row then
+    column) when streaming starts, not after 2^62 / chunk empty chunks; a range of rows
+    without it still reads."""
+    import scipy.sparse as sp
+
+    rows = [2**62, 10**18, 10**9, 40][seed % 4]
+    m, r, c, v = _coo_case(seed, rows, bad=1 + seed % 3)
+    bad = ~np.isfinite(v)
+    i = np.lexsort((c[bad], r[bad]))[0]
+    first = (int(r[bad][i]), int(c[bad][i]))
+    sp.save_npz(tmp_path / "m.npz", m)
+    for spec in (m, tmp_path / "m.npz"):
+        with open_input(spec) as src:
+            it = src.chunks(1024)
+            with pytest.raises(DataError, match=rf": row {first[0]}, column {first[1]}: value is -?(nan|inf); ") as e:
+                next(it)  # the first chunk: before it, not 10^15 chunks later
+            assert "\n" not in str(e.value)
+            clean = int(r[bad].min())  # rows before the first bad one hold only finite values
+            a = max(0, clean - 5)
+            got = np.concatenate([b for _, b in src.chunks(4, a, clean)] or [np.zeros((0, 6))])
+            sel = (r >= a) & (r < clean)
+            want = sp.coo_matrix((v[sel], (r[sel] - a, c[sel])), shape=(clean - a, 6)).toarray()
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_coo_column_extremes_match_the_rows_without_streaming_them(seed):
+    """``column_extremes`` of a COO matrix (sample --domain-from) equals the min/max over
+    its dense rows: duplicates added up, 0 where some row stores nothing.  With 2^62
+    declared rows the reference is the stored rows plus one row of zeros."""
+    import scipy.sparse as sp
+
+    from rfsgen.inputs import SparseSource
+
+    rows = [7, 30, 2**62, 10**12][seed % 4]
+    m, r, c, v = _coo_case(seed, rows, nnz=[4, 12, 40][seed % 3])
+    cols = np.sort(np.random.default_rng(seed).choice(6, 1 + seed % 6, replace=False))
+    if rows < 100:
+        dense = m.toarray()
+    else:  # the distinct stored rows, renumbered, and an all-zero row for the others
+        u, inv = np.unique(r, return_inverse=True)
+        dense = np.vstack([sp.coo_matrix((v, (inv, c)), shape=(u.size, 6)).toarray(), np.zeros((1, 6))])
+    lo, hi = SparseSource(m, "m").column_extremes(cols)
+    np.testing.assert_array_equal(lo, dense[:, cols].min(axis=0))
+    np.testing.assert_array_equal(hi, dense[:, cols].max(axis=0))
+    assert SparseSource(sp.csr_matrix(dense), "m").column_extremes(cols) is None  # CSR: its rows are streamed
+
+
+def test_coo_column_extremes_refuse_non_finite_values_and_sums():
+    import scipy.sparse as sp
+
+    from rfsgen.inputs import SparseSource
+
+    m = sp.coo_matrix(([1.0, np.nan, 2.0], ([2**62 - 1, 5, 0], [1, 3, 0])), shape=(2**62, 6))
+    assert SparseSource(m, "m").column_extremes([0, 1])[1].tolist() == [2.0, 1.0]  # column 3 is not measured
+    with pytest.raises(DataError, match=r"^m: row 5, column 3: value is nan; "):
+        SparseSource(m, "m").column_extremes([3])
+    over = sp.coo_matrix(([1e308, 1e308], ([7, 7], [2, 2])), shape=(2**40, 6))  # two halves of an overflow
+    with pytest.raises(DataError, match=r"^m: row 7, column 2: value is inf; "):
+        SparseSource(over, "m").column_extremes([2])
+
+
+def test_coo_coordinates_outside_the_shape_are_an_input_error():
+    import scipy.sparse as sp
+
+    m = sp.coo_matrix(([1.0, 2.0], ([0, 3], [1, 2])), shape=(10, 4))
+    m.row[1] = 10  # scipy checks the coordinates when the matrix is made, not after
+    with pytest.raises(InputError, match=r"row 10, column 2 lies outside the declared shape \(10, 4\)"):
+        open_input(m)

@@ -105,6 +105,11 @@ def write_rows(p: dict, path) -> None:
         x = x.reshape(len(x), -1)  # text and sparse matrices are 2-D
     if fmt in ("sparse-csr", "sparse-coo", "h5ad-csr") and x.dtype == np.float16:
         x = x.astype(np.float32)  # scipy.sparse has no float16
+    # scipy.sparse holds native byte order only: a big-endian matrix is made native and its
+    # values stored in the asked byte order member by member (as another program may write them)
+    stored = x.dtype if fmt in ("sparse-csr", "sparse-coo", "h5ad-csr") and not x.dtype.isnative else None
+    if stored is not None:
+        x = x.astype(stored.newbyteorder("="))
     if fmt == "npy" or fmt == "stdin-npy":
         with open(path, "wb") as fh:
             np.save(fh, x)
@@ -128,8 +133,13 @@ def write_rows(p: dict, path) -> None:
         import scipy.sparse as sp
 
         m = sp.csr_matrix(np.atleast_2d(x)) if fmt == "sparse-csr" else sp.coo_matrix(np.atleast_2d(x))
-        with open(path, "wb") as fh:
-            sp.save_npz(fh, m)
+        if stored is None:
+            with open(path, "wb") as fh:
+                sp.save_npz(fh, m)
+        else:  # scipy.sparse.save_npz's members, the values in their own byte order
+            parts = {"indices": m.indices, "indptr": m.indptr} if fmt == "sparse-csr" else {"row": m.row, "col": m.col}
+            _write_npz(path, dict(parts, format=np.array(m.format.encode()), shape=np.array(m.shape),
+                                  data=m.data.astype(stored)))
     elif fmt in ("h5ad-dense", "h5ad-csr"):
         import h5py
         import scipy.sparse as sp
@@ -145,7 +155,8 @@ def write_rows(p: dict, path) -> None:
                 g.attrs["encoding-type"] = "csr_matrix"
                 g.attrs["encoding-version"] = "0.1.0"
                 g.attrs["shape"] = np.array(m.shape, dtype=np.int64)
-                g["data"], g["indices"], g["indptr"] = m.data, m.indices, m.indptr.astype(np.int64)
+                g["data"] = m.data if stored is None else m.data.astype(stored)
+                g["indices"], g["indptr"] = m.indices, m.indptr.astype(np.int64)
             obs = f.create_group("obs")
             obs.attrs["encoding-type"] = "dataframe"
             obs.attrs["encoding-version"] = "0.2.0"
@@ -196,9 +207,15 @@ def _crafted(kind, p, path) -> None:
         with open(path, "wb") as fh:
             fh.write(_npy_header((rows, width), p.get("descr", "<f8")) + b"\0" * 64)
     elif kind == "npz-coo":  # scipy's COO npz declaring shape (rows, width) with 3 entries
-        arrays = {"row": np.array([0, 1, 2], dtype=np.int64), "col": np.array([0, 1, 2], dtype=np.int64) % width,
-                  "data": np.ones(3), "shape": np.array([rows, width], dtype=np.int64),
-                  "format": np.array(b"coo")}
+        # three of the rows' values (their NaN/inf first) stored in the last rows declared:
+        # a reader that streams the empty rows before them never reaches them
+        flat = make_array(p).ravel()
+        pick = np.concatenate([np.flatnonzero(~np.isfinite(flat)), np.arange(flat.size)])
+        pick = pick[np.sort(np.unique(pick, return_index=True)[1])][:3]
+        n = max(1, int(p.get("n", 1)))
+        arrays = {"row": (rows - n + pick // width).astype(np.int64) if pick.size else np.zeros(0, np.int64),
+                  "col": (pick % width).astype(np.int64), "data": flat[pick] if pick.size else np.zeros(0),
+                  "shape": np.array([rows, width], dtype=np.int64), "format": np.array(b"coo")}
         _write_npz(path, arrays)
     elif kind == "npz-csr":  # CSR npz whose indptr claims rows it does not have
         arrays = {"indptr": np.zeros(4, dtype=np.int64), "indices": np.zeros(0, dtype=np.int32),
