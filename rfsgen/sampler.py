@@ -286,7 +286,8 @@ def _within_total(skel: Skeleton, t: _Tables, costs: list, big: float) -> float:
             most[v.id] = 1.0
         elif per[v.id] > 0:
             kids = t.children[t.child_ptr[v.id]:t.child_ptr[v.id + 1]]
-            most[v.id] = per[v.id] * float(most[kids].max())  # 0 below a constant: no factor
+            below = float(most[kids].max())
+            most[v.id] = per[v.id] * below if below > 0 else 0.0  # 0 above constants only: no factor
     cap = float(most[skel.output])
     if not cap <= _MAX_COST or any(c is None for c, _ in costs):
         return math.inf
