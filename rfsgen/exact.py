@@ -30,7 +30,13 @@ enumerated for the largest ``k <= 1`` whose columns take at most half of D; with
 left out its features are sampled as ``strat`` samples them (stratified codes), and with
 degree 0 left out too (D = 1) the scheme is ``strat``.  Where no draw has degree 2 or
 more, the listed columns are every feature and may take all of D (none is kept for a
-sampled part of no mass); fewer features than D is refused with their number.  Nodes are listed only while their
+sampled part of no mass); fewer features than D is refused with their number.  A PPS
+subset's sampled part draws only degree 2 and up, which may hold fewer new features than
+the rest of D (three binary inputs under a degree-2 activation: 7 features, a reach of 6
+at D = 7): a sample that falls short then starts again with every feature in reach
+(``plan(..., reach_all=True)``): every degree-0 and 1 column listed where they are fewer
+than D, else the constant and the ``D/2 - 1`` heaviest, with the sampled part drawing every
+other draw, the unlisted single factors included.  Nodes are listed only while their
 columns fit in :data:`MAX_LISTED`; the rest are sampled like gaussian nodes.  The file's ``stats`` record the
 degrees enumerated (``exact_degrees``: -1, 0 or 1), their columns and their total weight.
 """

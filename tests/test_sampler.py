@@ -436,11 +436,11 @@ def test_asking_for_more_columns_than_exist_stops_early():
     s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: binary, per: column}\n"
                        "  - {name: out, activation: identity, inputs: [b]}\n", "tiny")
     t = time.time()
-    with pytest.raises(SamplerError, match=r"can give at most 4 distinct columns"):
+    with pytest.raises(SamplerError, match=r"can give at most 3 distinct columns"):
         sample(s, 10**7, seed=0)
     assert time.time() - t < 5
     with pytest.raises(SamplerError, match=r"only 2 distinct columns in (\d+) draws") as e:
-        sample(s, 3, seed=0)  # within the bound (2 x 2 values), beyond what identity reaches
+        sample(s, 3, seed=0)  # within the bound (1 + 2 values of one factor), beyond what identity reaches
     draws = int(e.value.args[0].split(" draws")[0].split()[-1])
     assert draws <= 2 * STALL_DRAWS + (1 << 18)
     assert time.time() - t < 60
