@@ -30,7 +30,13 @@ enumerated for the largest ``k <= 1`` whose columns take at most half of D; with
 left out its features are sampled as ``strat`` samples them (stratified codes), and with
 degree 0 left out too (D = 1) the scheme is ``strat``.  Where no draw has degree 2 or
 more, the listed columns are every feature and may take all of D (none is kept for a
-sampled part of no mass); fewer features than D is refused with their number.  Nodes are listed only while their
+sampled part of no mass); fewer features than D is refused with their number.  A PPS
+subset's sampled part draws only degree 2 and up, which may hold fewer new features than
+the rest of D (three binary inputs under a degree-2 activation: 7 features, a reach of 6
+at D = 7): a sample that falls short then starts again with every feature in reach
+(``plan(..., reach_all=True)``): every degree-0 and 1 column listed where they are fewer
+than D, else the constant and the ``D/2 - 1`` heaviest, with the sampled part drawing every
+other draw, the unlisted single factors included.  Nodes are listed only while their
 columns fit in :data:`MAX_LISTED`; the rest are sampled like gaussian nodes.  The file's ``stats`` record the
 degrees enumerated (``exact_degrees``: -1, 0 or 1), their columns and their total weight.
 """
@@ -54,6 +60,8 @@ MAX_LISTED = 1 << 18
 #: Below this, the probability that a draw is not enumerated counts as zero: the
 #: enumerated columns are then every feature the skeleton has.
 NO_MASS = 1e-14
+#: A 128-bit column key (two int64) as one comparable item.
+_KEY = np.dtype((np.void, 16))
 
 
 def _dual_derivative(act, m: float) -> float:
@@ -148,10 +156,27 @@ class Plan:
     enumerable: np.ndarray  # bool (N,): input nodes whose single factors are enumerated
     min_out_degree: int  # output degrees below this are never sampled (all enumerated)
     enumerable_columns: int = 0  # columns of degrees 0 .. degrees (more than ``columns`` when a subset is taken)
+    #: The listed columns are a subset of degrees 0 and 1 with their exact weights, and the
+    #: sampled part draws every other column, the unlisted single-factor ones included
+    #: (rejecting a single-factor draw whose key is listed): ``listed_keys`` (the listed
+    #: columns' 128-bit keys, void16) is then set.  None: the rejection is by node alone.
+    listed_keys: np.ndarray | None = None
 
     @property
     def columns(self) -> int:
         return int(self.weight.size)
+
+    @property
+    def restricted(self) -> bool:
+        """Whether some features are out of the sampled part's reach: a PPS subset of the
+        single-factor columns is listed and the others are never drawn (their mass is in
+        the chosen ones' Horvitz-Thompson weights).  A sample that then falls short of D
+        is retried with ``plan(..., reach_all=True)``."""
+        return self.degrees >= 1 and self.listed_keys is None and self.columns < self.enumerable_columns
+
+    def listed(self, keys: np.ndarray) -> np.ndarray:
+        """bool (n,): which of ``keys`` (int64 (n, 2), :func:`rfsgen.draws._keys`) are listed."""
+        return np.isin(np.ascontiguousarray(keys, dtype=np.int64).view(_KEY).ravel(), self.listed_keys)
 
     def accept(self, factors: np.ndarray, single: np.ndarray) -> np.ndarray:
         """bool (n,): the draws (with ``factors`` base factors each, float64, and ``single``
@@ -159,15 +184,19 @@ class Plan:
         if self.degrees < 0:
             return np.ones(factors.size, dtype=bool)
         keep = factors >= 1
-        if self.degrees >= 1:
+        if self.degrees >= 1 and self.listed_keys is None:
             keep &= (factors >= 2) | ~self.enumerable[np.maximum(single, 0)]
         return keep
 
 
-def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
+def plan(skel: Skeleton, t, columns: int, seed: int = 0, reach_all: bool = False) -> Plan:
     """The enumerated columns of ``skel`` (the skeleton the sampler walks) under the
     wide-input rule for a budget of ``columns``; ``seed`` chooses the subset of degree-1
-    columns of wide inputs (its own generator, apart from the blocks')."""
+    columns of wide inputs (its own generator, apart from the blocks').  ``reach_all``:
+    where the rule would take a PPS subset (whose sampled part cannot draw the unlisted
+    degree-1 columns), list every degree-0 and 1 column when they are fewer than D, and
+    otherwise the constant and the ``D/2 - 1`` heaviest, with the sampled part drawing
+    all the rest (:attr:`Plan.listed_keys`): every feature is then within reach."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0, 1))))
     from .draws import _Batch, _canonicalise, _keys, _unique_keys
 
@@ -221,6 +250,20 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
         # fill, with a false count): all are taken, a PPS subset of D when there are more,
         # and fewer than D is refused at once with their true number.
         budget = columns
+    listed_keys = None
+    if reach_all and weight.size > budget and budget >= 2 and weight[0] > 0 and batch.ptr[1] == 0:
+        # A retry after a PPS subset fell short of D (its sampled part reaches only degree
+        # 2 and up, which may be fewer features than the rest of D: three binary inputs
+        # under a degree-2 activation have 7 features, the subset's reach was 6 at D = 7).
+        if weight.size < columns:  # all listed, the rest of D is for degree 2 and up
+            budget = weight.size
+        else:  # the heaviest listed with their exact weights, the sampled part draws the rest
+            top = 1 + np.sort(np.argsort(-weight[1:], kind="stable")[:budget - 1])
+            keep = np.concatenate(([0], top))
+            batch, weight = _select(batch, keep), weight[keep]
+            p_all = float(weight.sum())
+            listed_keys = np.ascontiguousarray(_keys(batch, 0)).view(_KEY).ravel()
+            budget = weight.size
     if weight.size > budget and budget >= 2 and weight[0] > 0 and batch.ptr[1] == 0:
         # Wide inputs: the constant stays exact, and budget - 1 of the degree-1 columns are
         # chosen by systematic sampling with probabilities proportional to their weights
@@ -241,9 +284,9 @@ def plan(skel: Skeleton, t, columns: int, seed: int = 0) -> Plan:
     if degrees >= 0 and not isinstance(out, InputNode):
         min_out = 1  # output degree 0: no factor
         kids = t.children[t.child_ptr[out.id]:t.child_ptr[out.id + 1]]
-        if degrees >= 1 and enumerable[kids].all():
+        if degrees >= 1 and listed_keys is None and enumerable[kids].all():
             min_out = 2  # output degree 1: one factor at an enumerated node
-    return Plan(degrees, batch, weight, p_high if p_high > NO_MASS else 0.0, enumerable, min_out, subset)
+    return Plan(degrees, batch, weight, p_high if p_high > NO_MASS else 0.0, enumerable, min_out, subset, listed_keys)
 
 
 def _pps(w: np.ndarray, m: int, rng: np.random.Generator):

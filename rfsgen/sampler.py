@@ -228,12 +228,19 @@ def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
     binary 2, categorical n, circle 2F + 1 and sphere the multisets of at most F of its
     codes, where F bounds the factors a draw brings to the node (a product of the
     largest degrees along its paths); gaussian and laplace frequencies are continuous.
+    Where the draw's total factors are bounded too (T, the output's largest degree times
+    the largest T of its children, 1 at an input node), a value costs at least its
+    factors at its node (binary odd or categorical non-zero: 1, circle power p: |p|, a
+    sphere multiset of k codes: k) and the costs of one column add up to at most T: the
+    columns are then at most the assignments of values within that total (three binary
+    inputs under a degree-2 activation: 1 + 3 + 3 = 7, not 2^3 = 8).
     Returned as a float (it may exceed 2^63)."""
     t = t if t is not None else _tables(skel)
     most = _push_down(skel, t, _per_node(t, lambda act, f: _max_degree(act)))  # F: factors one draw can bring
     # Exact integers (float64 factor counts are exact below 2^53; above, the bound is huge anyway).
     big = 10**30
     total = 1
+    costs = []  # (values of each least cost 0, 1, .., times): for the bound on the total factors
     for base, ids, _ in t.groups:
         reached, times = np.unique(most[ids], return_counts=True)
         for f, k in zip(reached.tolist(), times.tolist()):  # k input nodes reached by at most f factors
@@ -242,20 +249,61 @@ def feature_space(skel: Skeleton, t: _Tables | None = None) -> float:
             if base.continuous or f == math.inf and base.name not in ("binary", "categorical"):
                 return math.inf
             if base.name == "binary":
-                values = 2
+                values, by_cost = 2, [1.0, 1.0]
             elif base.name == "categorical":
                 values = int(base.param("categories"))
+                by_cost = [1.0, float(values - 1)]
             elif base.uniform_codes:  # multisets of at most f of c codes: C(f + c, c)
                 c = base.uniform_codes
                 log = math.lgamma(f + c + 1) - math.lgamma(f + 1) - math.lgamma(c + 1)
                 values = math.comb(int(f) + c, c) if log < 80 else big
+                by_cost = [float(min(math.comb(j + c - 1, c - 1), big)) for j in range(int(min(f, _MAX_COST)) + 1)] \
+                    if log < 80 else None  # multisets of exactly j codes
             elif base.name == "circle":
                 values = 2 * int(f) + 1
+                by_cost = [1.0] + [2.0] * int(min(f, _MAX_COST))
             else:  # a base without a stated value count
                 return math.inf
             if values > 1:
                 total = big if k * math.log(values) > 80 else min(total * values ** k, big)
-    return float(total)
+                costs.append((by_cost, k))
+    return float(min(total, _within_total(skel, t, costs, big)))
+
+
+#: The total-factor bound (:func:`feature_space`) is used up to this many factors.
+_MAX_COST = 4096
+
+
+def _within_total(skel: Skeleton, t: _Tables, costs: list, big: float) -> float:
+    """The assignments of values to input nodes whose least costs add up to at most the
+    draw's total factors T (``costs``: per input node kind, the values of each least cost
+    and how many such nodes); ``inf`` where T is unbounded or above :data:`_MAX_COST`, or
+    the count would take more than ``_MAX_COST ** 2`` steps."""
+    per = _per_node(t, lambda act, f: _max_degree(act))
+    most = np.zeros(len(skel.nodes))
+    for v in skel.nodes:  # children first
+        if t.is_input[v.id]:
+            most[v.id] = 1.0
+        elif per[v.id] > 0:
+            kids = t.children[t.child_ptr[v.id]:t.child_ptr[v.id + 1]]
+            below = float(most[kids].max())
+            most[v.id] = per[v.id] * below if below > 0 else 0.0  # 0 above constants only: no factor
+    cap = float(most[skel.output])
+    if not cap <= _MAX_COST or any(c is None for c, _ in costs):
+        return math.inf
+    size = int(cap) + 1
+    if sum(k * min(len(c), size) for c, k in costs) * size > _MAX_COST ** 2:  # too long to count
+        return math.inf
+    poly = np.zeros(size)
+    poly[0] = 1.0
+    with np.errstate(over="ignore"):
+        for by_cost, k in costs:
+            c = np.asarray(by_cost[:size])
+            for _ in range(k):
+                poly = np.minimum(np.convolve(poly, c)[:size], big)
+                if poly[-1] >= big:
+                    return math.inf
+    return float(min(poly.sum(), big))
 
 
 def _space_text(space: float) -> str:
@@ -730,6 +778,7 @@ def sample(
     max_draws: int | None = None,
     audit: list | None = None,
     threads: int | None = None,
+    _reach_all: bool = False,
 ) -> FeatureSet:
     """Sample ``columns`` unique random-feature columns for ``skeleton``.
 
@@ -752,7 +801,10 @@ def sample(
     blocks of a fixed size, so the first D columns of a larger sample are those of a
     sample of D columns with the same seed (not for ``scheme="exact"``, whose enumerated
     columns depend on D: :mod:`rfsgen.exact`; its feature set has float
-    ``column_weight``, and the limits above count every draw walked, rejected ones included).
+    ``column_weight``, and the limits above count every draw walked, rejected ones included;
+    where its listed columns are a PPS subset of degree 1 and the sampled part falls short
+    of D, it starts again with every feature within the sampled part's reach,
+    ``_reach_all``: :func:`rfsgen.exact.plan`).
     """
     skeleton.require_bound("sampling")
     if scheme != "rfs":
@@ -774,10 +826,16 @@ def sample(
     threads = max(1, int(threads))
     t = _tables(skeleton_for_walk)
     space = feature_space(skeleton_for_walk, t)
-    if space < columns:
-        raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give at "
-                           f"most {count(int(space), 'distinct column')} (the product over its input nodes of the values their "
-                           f"factors can take); ask for at most {int(space)}, fewer if some are out of its reach")
+
+    def refuse_by_space():
+        if space < columns:
+            raise SamplerError(f"skeleton '{skeleton.path}' has too few distinct features for -n {columns}: it can give "
+                               f"at most {count(int(space), 'distinct column')} (the values its input nodes' factors can "
+                               f"take, within the factors one draw can bring); ask for at most {int(space)}, fewer if "
+                               f"some are out of its reach")
+
+    if scheme != "exact":  # exact first lists its low degrees, which may count the features exactly
+        refuse_by_space()
     from .skeleton import warn_variance
 
     warn_variance(skeleton)  # here, where features are made from the skeleton: not on loading it or a file
@@ -797,7 +855,7 @@ def sample(
     if scheme == "exact":
         from .exact import _select, plan
 
-        exact = plan(skeleton_for_walk, t, columns, seed)
+        exact = plan(skeleton_for_walk, t, columns, seed, reach_all=_reach_all)
         if exact.columns:  # the enumerated columns come first; sampled draws that hit them add to them
             keys = _keys(exact.batch, 0)
             _, first, u1, u2 = _unique_keys(keys[:, 0], keys[:, 1])
@@ -810,6 +868,7 @@ def sample(
             raise SamplerError(
                 f"skeleton '{skeleton.path}' has only {exact.columns} distinct features (its draws of degree 0 and 1, "
                 f"enumerated by --scheme exact): ask for at most {exact.columns}")
+        refuse_by_space()
 
     def walk(k: int, start: int, size: int) -> _Block:
         rng = _block_rng(seed, k)
@@ -821,6 +880,11 @@ def sample(
             b = _walk(skeleton_for_walk, t, rng, size, stratify=True, min_degree=exact.min_out_degree,
                       track_single=exact.degrees >= 1)
             raw = np.flatnonzero(exact.accept(b.factors, b.single))
+            if exact.listed_keys is not None:  # single-factor draws of a listed column are rejected
+                one = raw[b.factors[raw] == 1]
+                if one.size:
+                    hit = exact.listed(_keys(_select(b, one), 0))
+                    raw = raw[~np.isin(raw, one[hit])]
             b = _select(b, raw)
         else:
             b = _walk(skeleton_for_walk, t, rng, size, stratify=scheme == "strat")
@@ -851,6 +915,7 @@ def sample(
     if exact is not None and cols.found >= columns:  # every feature enumerated (D of them): no draw to walk
         stats = {"mean_factors_per_draw": 0.0, "var_factors_per_draw": 0.0, "output_degree_histogram": []}
         return _exact_featureset(skeleton, t, cols, counts, 0, 0, seed, stats, exact)
+    retry = False  # scheme exact: a PPS subset's sampled part fell short of D
     with _BlockWalker(walk, block_sizes(skeleton_for_walk, columns), min(threads, ahead), ahead, check) as blocks:
         while True:
             try:
@@ -902,6 +967,9 @@ def sample(
             if cols.found >= columns:
                 break
             stalled = spent - last_new > STALL_DRAWS + 100 * last_new / max(cols.found, 1)
+            if (stalled or spent >= cap_draws) and exact is not None and exact.restricted:
+                retry = True
+                break
             if stalled or spent >= cap_draws:
                 why = "it has too few distinct features" if stalled else f"the sampler stops at {cap_draws} draws"
                 raise SamplerError(
@@ -917,12 +985,22 @@ def sample(
                 k = cols.found - history_found[h]
                 rate = (k + 3 * math.sqrt(k) + 3) / max(spent - history_drawn[h], 1)
                 need = (columns - cols.found) / rate
+                if need > cap_draws - spent and exact is not None and exact.restricted:
+                    retry = True
+                    break
                 if need > cap_draws - spent:
                     raise SamplerError(
                         f"skeleton '{skeleton.path}' produced only {cols.found} distinct columns in {spent} draws "
                         f"({_space_text(space)}): at its rate of new columns, -n {columns} would need more than "
                         f"{spent + need:.3g} draws, over the sampler's limit of {cap_draws}; ask for at most {cols.found}"
                     )
+    if retry:
+        if progress:
+            progress(-int(cols.found))
+        if audit is not None:
+            del audit[:]
+        return sample(skeleton, columns, seed, scheme=scheme, progress=progress, max_draws=max_draws, audit=audit,
+                      threads=threads, _reach_all=True)
     q = max(drawn, 1)
     stats = {
         "mean_factors_per_draw": factors / q,

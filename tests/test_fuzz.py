@@ -220,6 +220,26 @@ def test_forging_never_reads_a_bomb_whole(tmp_path):
                      "dtype": "<u8", "index": "all"}, tmp_path)
 
 
+def test_forging_writes_uint64_values_past_int64(tmp_path):
+    """features-s41-182 was skipped ('OverflowError: Python int too large to convert to C
+    long'): entries went through int64 on their way to a '<u8' dataset, so 2^63 could not
+    be written.  It is written as the op's dtype says, and the old entries of a uint64
+    dataset above 2^63 stay as they were."""
+    import h5py
+    import numpy as np
+
+    from tests.fuzz import forge
+
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("eof_index", data=np.array([[1, 3], [5, 2**64 - 1], [7, 9]], dtype=np.uint64))
+    forge.apply({"op": "dataset", "file": "f.h5", "name": "eof_index", "how": "values", "values": [2**63],
+                 "dtype": "<u8", "index": [87, 50]}, tmp_path)
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        got = f["eof_index"][()]
+    assert got.dtype == np.uint64
+    assert got.tolist() == [[2**63, 2**63], [5, 2**64 - 1], [2**63, 2**63]]  # rows 87 % 3 = 0 and 50 % 3 = 2
+
+
 def test_issue_37_budget_reaches_every_new_kind():
     from collections import Counter
 

@@ -247,12 +247,13 @@ def test_heavy_tailed_step_is_sampled_exactly():
 def test_too_few_distinct_features():
     s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: binary, per: column}\n"
                        "  - {name: out, activation: identity, inputs: [b]}\n", "tiny")
-    # Within the bound of the feature space (2 x 2 values) but past what identity reaches.
-    with pytest.raises(SamplerError, match=r"\(it can give at most 4 distinct columns\); the sampler stops at 20000 "
+    # Within the bound of the feature space (2 x 2 values, of which one draw's single
+    # factor reaches 1 + 2) but past what identity reaches (no constant).
+    with pytest.raises(SamplerError, match=r"\(it can give at most 3 distinct columns\); the sampler stops at 20000 "
                                            "draws for -n 3: ask for at most 2"):
         sample(s, 3, seed=0, max_draws=20000)
     # Past the bound: at once, before any draw.
-    with pytest.raises(SamplerError, match="too few distinct features for -n 10: it can give at most 4 distinct columns"):
+    with pytest.raises(SamplerError, match="too few distinct features for -n 10: it can give at most 3 distinct columns"):
         sample(s, 10, seed=0, max_draws=1)
 
 
@@ -435,11 +436,11 @@ def test_asking_for_more_columns_than_exist_stops_early():
     s = parse_skeleton("rfsgen: 1\ninput: {width: 2}\nnodes:\n  - {name: b, base: binary, per: column}\n"
                        "  - {name: out, activation: identity, inputs: [b]}\n", "tiny")
     t = time.time()
-    with pytest.raises(SamplerError, match=r"can give at most 4 distinct columns"):
+    with pytest.raises(SamplerError, match=r"can give at most 3 distinct columns"):
         sample(s, 10**7, seed=0)
     assert time.time() - t < 5
     with pytest.raises(SamplerError, match=r"only 2 distinct columns in (\d+) draws") as e:
-        sample(s, 3, seed=0)  # within the bound (2 x 2 values), beyond what identity reaches
+        sample(s, 3, seed=0)  # within the bound (1 + 2 values of one factor), beyond what identity reaches
     draws = int(e.value.args[0].split(" draws")[0].split()[-1])
     assert draws <= 2 * STALL_DRAWS + (1 << 18)
     assert time.time() - t < 60

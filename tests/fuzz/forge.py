@@ -184,7 +184,10 @@ def _dataset_op(p: Path, op: dict) -> None:
         if how == "values":  # set entries (index list or 'all') to values, keep dtype unless told
             old = _whole(f, name)
             dt = np.dtype(op.get("dtype", old.dtype.str))
-            new = old.astype(np.float64 if dt.kind == "f" else np.int64)
+            # Integers as Python ints (object): a uint64 value of 2^63 or more fits no int64,
+            # neither as an entry written (the op's values) nor one kept (the old data's).
+            new = old.astype(np.float64) if dt.kind == "f" else \
+                (old if old.dtype.kind in "iub" else old.astype(np.int64)).astype(object)
             idx = op.get("index", "all")
             vals = np.asarray(op["values"], dtype=np.float64 if dt.kind == "f" else object)
             if dt.kind in "iu" and any(not np.iinfo(dt).min <= int(v) <= np.iinfo(dt).max for v in vals.ravel()):
