@@ -115,6 +115,10 @@ class ColumnKind:
     A kind is registered in :data:`rfsgen.kinds.KINDS` under the ``scheme`` attribute values
     its files record; the generic modules reach it with :func:`rfsgen.kinds.of` and never ask
     which kind they hold.  Instances are module-level singletons (they pickle by reference).
+    Sampling asks the kind of a *scheme* (:func:`rfsgen.kinds.for_scheme`): its columns are the
+    compositional walk's (:attr:`walked`) or its own (:meth:`fit`, :meth:`sample`,
+    :meth:`sample_file`); ``rfsgen approx`` asks it for its kernel, :meth:`unscale` and its own
+    record keys (docs/architecture.md lists the members).
     """
 
     #: The kind's name (``inspect``, messages).
