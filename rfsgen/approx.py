@@ -15,8 +15,8 @@ import numpy as np
 
 from . import budget
 from .errors import OutputError, UsageError, install_hint
-from .kernel import kernel
-from .sampler import sample
+from .kinds import ALL, for_scheme
+from .sampler import sample_scheme
 from .skeleton import Skeleton
 from .transform import transform
 
@@ -69,69 +69,46 @@ def approx(
                  f"approx of skeleton '{skeleton.path}': the {rows} x {max(budgets)} feature matrix and the {rows} x "
                  f"{rows} kernel matrices", "use a smaller --subset or smaller budgets -n")
     results = {(s, d): [] for s in schemes for d in budgets}
-    box = None
-    if "eof" in schemes:  # EOF is compared with the kernel it converges to, on its box
-        from . import eof as _eof
-
-        box = _eof.box(skeleton, rows=x)
-        full_grids = {}
+    # Each scheme's map is compared with the kernel its column kind estimates (EOF: the kernel
+    # it converges to, on the box fitted to the rows), computed once per trial and kind.
+    used = [k for k in ALL if any(for_scheme(s) is k for s in schemes)]
+    fitted = {k: k.fit(skeleton, lambda: x) for k in used}
+    caches = {k: {} for k in used}
     for t in range(trials):
         pick = np.sort(np.random.default_rng([seed, t]).choice(x.shape[0], rows, replace=False))
         xt = x[pick]
-        exact = kernel(skeleton, xt) if set(schemes) - {"eof"} else None
+        targets = {k: k.kernel(skeleton, xt, options=fitted[k]) for k in used}
         for si, scheme in enumerate(schemes):
+            kind = for_scheme(scheme)
+
+            def errors(fs, kind=kind):  # the measures of fs's map against its kind's kernel
+                psi = transform(fs, xt, layout="dense", dtype="float64")
+                scale = kind.unscale(fs)
+                if scale != 1.0:
+                    psi *= scale
+                return measures(targets[kind], psi @ psi.T)
+
             for bi, d in enumerate(budgets):
                 rng_seed = int(np.random.default_rng([seed, t, si, bi]).integers(2**62))
-                if scheme == "eof":
-                    rec = _eof_record(skeleton, xt, d, rng_seed, box, full_grids)
-                    results[scheme, d].append(rec)
-                    if progress:
-                        progress(1)
-                    continue
-                fs = sample(skeleton, d, seed=rng_seed, scheme=scheme)
-                psi = transform(fs, xt, layout="dense", dtype="float64")
-                rec = measures(exact, psi @ psi.T)
+                fs = sample_scheme(skeleton, d, rng_seed, scheme=scheme, options=fitted[kind])
+                rec = errors(fs)
                 rec["draws"] = fs.draws
+                rec.update(kind.approx_extra(skeleton, fs, fitted[kind], caches[kind], errors))
                 results[scheme, d].append(rec)
                 if progress:
                     progress(1)
     out = []
     for (scheme, d), recs in results.items():
+        kind = for_scheme(scheme)
         row = {"scheme": scheme, "features": d, "trials": trials, "rows": rows}
-        for key in MEASURES + ("draws",) + (EOF_KEYS if scheme == "eof" else ()):
+        for key in MEASURES + ("draws",) + kind.approx_keys:
             vals = np.array([r[key] for r in recs], dtype=np.float64)
             row[key] = float(vals.mean())
-            if key not in ("draws", "level"):
+            if key not in ("draws",) + kind.approx_counts:
                 row[f"{key}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
         row["dedup_ratio"] = row["draws"] / d
         out.append(row)
     return out
-
-
-#: Extra keys of the ``eof`` scheme's records: the level n of the sparse grid the D
-#: features come from, and the error of that whole grid's kernel (its own truncation).
-EOF_KEYS = ("level", "truncation_mae", "truncation_max_abs")
-
-
-def _eof_record(skeleton, xt, d, seed, box, full_grids) -> dict:
-    """One EOF map of D features against the kernel EOF converges to (``rfsgen.eof``)."""
-    from . import eof as _eof
-
-    spec, lo, hi, source, margin = box
-    limit = _eof.kernel(skeleton, xt, lo=lo, hi=hi)
-    fs = _eof.sample(skeleton, columns=d, seed=seed, domain=(lo, hi), margin=margin, domain_source=source)
-    psi = transform(fs, xt, layout="dense", dtype="float64")
-    psi *= 2.0 ** -fs.eof.scale_exponent  # the recorded scale (exact: a power of two)
-    rec = measures(limit, psi @ psi.T)
-    rec["draws"] = fs.columns
-    n = fs.eof.meta["level"]
-    if n not in full_grids:
-        full_grids[n] = _eof.sample(skeleton, level=n, domain=(lo, hi), margin=margin, domain_source=source)
-    full = transform(full_grids[n], xt, layout="dense", dtype="float64")
-    full *= 2.0 ** -full_grids[n].eof.scale_exponent
-    trunc = measures(limit, full @ full.T)
-    rec.update(level=n, truncation_mae=trunc["mae"], truncation_max_abs=trunc["max_abs"])
-    return rec
 
 
 def format_table(records: list[dict]) -> str:
@@ -141,13 +118,8 @@ def format_table(records: list[dict]) -> str:
     for r in records:
         cells = "  ".join(f"{r[k]:.5f} ± {r[k + '_std']:.5f}" for k in MEASURES)
         lines.append(f"{r['scheme']:<7}{r['features']:>8}{r['draws']:>12.0f}{r['dedup_ratio']:>8.2f}  {cells}")
-    eof = [r for r in records if r["scheme"] == "eof"]
-    if eof:
-        lines.append("eof: errors against the kernel EOF converges to (pinned laplace or brownian on the box); "
-                     "the whole sparse grid of each level (its own truncation):")
-        for r in eof:
-            lines.append(f"  D {r['features']}: level {r['level']:.0f}, grid MAE {r['truncation_mae']:.5f}, "
-                         f"max |err| {r['truncation_max_abs']:.5f}")
+    for kind in ALL:  # each kind's own lines (EOF: its grids' truncation)
+        lines += kind.approx_lines([r for r in records if for_scheme(r["scheme"]) is kind])
     return "\n".join(lines)
 
 

@@ -908,6 +908,13 @@ class EOFKind(ColumnKind):
     attribute = Columns.attribute
     weights_add_up = False  # a column's weight multiplies its own (unit) feature
     counts_clipped = True  # rows are clipped to the box, and counted
+    walked = False  # its own grid (sample)
+    options = ("level", "domain_from", "margin")
+    needs_columns = False  # -n D or --level N
+    #: approx: the level n of the sparse grid the D features come from, and the error of that
+    #: whole grid's kernel (its own truncation).
+    approx_keys = ("level", "truncation_mae", "truncation_max_abs")
+    approx_counts = ("level",)
 
     def attrs(self, fs) -> dict:
         return {self.attribute: json.dumps(fs.extra.meta, sort_keys=True)}
@@ -940,8 +947,56 @@ class EOFKind(ColumnKind):
     def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,
                progress=None):
         options = options or {}
-        _, lo, hi, _, _ = box(skel, options.get("domain_from"), options.get("margin"))
+        if "domain" in options:  # fit's
+            lo, hi = options["domain"]
+        else:
+            _, lo, hi, _, _ = box(skel, options.get("domain_from"), options.get("margin"))
         return kernel(skel, x, y, lo=lo, hi=hi, x_source=x_source, y_source=y_source, copies=copies)
+
+    def fit(self, skel, rows=None) -> dict:
+        _, lo, hi, source, margin = box(skel, rows=rows() if rows is not None else None)
+        return {"domain": (lo, hi), "margin": margin, "domain_source": source}
+
+    def sample(self, skel, columns, seed, *, scheme, level=None, domain=None, margin=None, domain_source="skeleton"):
+        return sample(skel, columns=columns, level=level, seed=seed, domain=domain, margin=margin,
+                      domain_source=domain_source)
+
+    def sample_file(self, skel, columns, seed, *, scheme, level=None, domain_from=None, margin=None):
+        if columns is None and level is None:
+            raise UsageError("--scheme eof needs -n D (columns) or --level N (the whole sparse grid of level N)")
+        if columns is not None and level is not None:
+            raise UsageError("give -n or --level, not both")
+        if margin is not None and domain_from is None:
+            raise UsageError("--margin widens a domain measured with --domain-from; give --domain-from ROWS too")
+        spec = spec_of(skel)
+        domain, source = None, "skeleton"
+        if domain_from is not None:
+            margin = DEFAULT_MARGIN if margin is None else margin
+            domain = measure_domain(spec, domain_from, margin)
+            source = f"rows of {domain_from}"
+        fs = sample(skel, columns=columns, level=level, seed=seed, domain=domain, margin=margin,
+                    domain_source=source)
+        return (fs, f"-n {columns}" if columns is not None else f"--level {level}",
+                f" --domain-from {domain_from} --margin {margin:g}" if domain_from is not None else "",
+                [domain_from] if domain_from else [])
+
+    def unscale(self, fs) -> float:
+        return 2.0 ** -fs.extra.scale_exponent  # the recorded scale (exact: a power of two)
+
+    def approx_extra(self, skel, fs, options, cache, errors) -> dict:
+        n = fs.extra.meta["level"]
+        if n not in cache:  # the whole grid of that level
+            cache[n] = sample(skel, level=n, **options)
+        trunc = errors(cache[n])
+        return {"level": n, "truncation_mae": trunc["mae"], "truncation_max_abs": trunc["max_abs"]}
+
+    def approx_lines(self, records) -> list:
+        if not records:
+            return []
+        return (["eof: errors against the kernel EOF converges to (pinned laplace or brownian on the box); "
+                 "the whole sparse grid of each level (its own truncation):"]
+                + [f"  D {r['features']}: level {r['level']:.0f}, grid MAE {r['truncation_mae']:.5f}, "
+                   f"max |err| {r['truncation_max_abs']:.5f}" for r in records])
 
     def unit_weight(self, fs):
         return None  # its features as they are, without any weights of their own

@@ -115,6 +115,10 @@ class ColumnKind:
     A kind is registered in :data:`rfsgen.kinds.KINDS` under the ``scheme`` attribute values
     its files record; the generic modules reach it with :func:`rfsgen.kinds.of` and never ask
     which kind they hold.  Instances are module-level singletons (they pickle by reference).
+    Sampling asks the kind of a *scheme* (:func:`rfsgen.kinds.for_scheme`): its columns are the
+    compositional walk's (:attr:`walked`) or its own (:meth:`fit`, :meth:`sample`,
+    :meth:`sample_file`); ``rfsgen approx`` asks it for its kernel, :meth:`unscale` and its own
+    record keys (docs/architecture.md lists the members).
     """
 
     #: The kind's name (``inspect``, messages).
@@ -129,8 +133,22 @@ class ColumnKind:
     #: Whether float column weights add up (to at most 2^20; each column's share of the
     #: kernel), or each weight multiplies its column's own feature (each at most 2^20).
     weights_add_up: bool = True
-    #: Whether its transformers count values clipped to a box (``clipped``, ``clipped_in``).
+    #: Whether its transformers clip rows to a box, and count the values clipped (``clipped``,
+    #: ``clipped_in``), instead of refusing rows outside a domain (scikit-learn's ``fit`` then
+    #: skips its domain check).
     counts_clipped: bool = False
+
+    # ---- sampling (rfsgen.sampler.sample_scheme: rfsgen sample, select's pool, scikit-learn, approx)
+    #: Its schemes in the order ``--scheme`` lists them (None: :attr:`schemes`).
+    listed: tuple | None = None
+    #: Whether its columns are the compositional walk's (:func:`rfsgen.sampler.sample` over the
+    #: skeleton its scheme rewrites; the sampler sits above the kinds), or its own :meth:`sample`'s.
+    walked: bool = True
+    #: The sampling options its schemes take beside ``-n`` (keywords of
+    #: :func:`rfsgen.sampler.sample_file`, ``rfsgen sample``'s ``--level``, ...).
+    options: tuple = ()
+    #: Whether ``rfsgen sample`` needs ``-n D`` (EOF: or ``--level N``, its own message).
+    needs_columns: bool = True
 
     # ---- the feature file
     def attrs(self, fs: FeatureSet) -> dict:
@@ -170,8 +188,44 @@ class ColumnKind:
     def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,
                progress=None) -> np.ndarray:
         """The kernel its features estimate between rows ``x`` and ``y`` of ``skel`` (float64);
-        ``options``: the kind's own (EOF: ``domain_from``, ``margin``)."""
+        ``options``: the kind's own (EOF: ``domain_from``, ``margin``; or :meth:`fit`'s)."""
         raise NotImplementedError
+
+    # ---- sampling (kinds that are not :attr:`walked`)
+    def fit(self, skel, rows=None) -> dict:
+        """Its sampling options fitted to training rows, for :meth:`sample` and :meth:`kernel`
+        (EOF: the box of the rows unless the node states a domain); ``rows``: a function
+        returning them, called only by kinds that fit (None: no rows)."""
+        return {}
+
+    def sample(self, skel, columns, seed, *, scheme, **options) -> FeatureSet:
+        """``columns`` columns of ``scheme`` for ``skel`` with ``seed``; ``options``: :meth:`fit`'s."""
+        raise NotImplementedError
+
+    def sample_file(self, skel, columns, seed, *, scheme, **options) -> tuple:
+        """``rfsgen sample``'s columns with :attr:`options` (checked here): ``(fs, size, more,
+        inputs)``, the feature set, the command's ``-n D`` (or ``--level N``), its options after
+        ``--width`` (each with a leading space), and the files read besides the skeleton."""
+        raise NotImplementedError
+
+    # ---- rfsgen approx (its kernel is :meth:`kernel` with :meth:`fit`'s options)
+    #: The keys its approx records add (means over trials; their ``_std`` unless in :attr:`approx_counts`).
+    approx_keys: tuple = ()
+    approx_counts: tuple = ()
+
+    def unscale(self, fs: FeatureSet) -> float:
+        """The factor that takes its transformed features of ``fs`` to the kernel's scale (EOF:
+        2^-e of a recorded scale exponent e)."""
+        return 1.0
+
+    def approx_extra(self, skel, fs: FeatureSet, options: dict, cache: dict, errors) -> dict:
+        """Its :attr:`approx_keys` of the record of the map ``fs``; ``errors(fs2)``: approx's
+        measures of another set ``fs2`` against the kernel, ``cache``: its own, per run."""
+        return {}
+
+    def approx_lines(self, records: list) -> list:
+        """Its lines after approx's table, for its schemes' ``records``."""
+        return []
 
     # ---- subsets and weights (rfsgen.select)
     def unit_weight(self, fs: FeatureSet):

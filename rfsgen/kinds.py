@@ -13,8 +13,12 @@ from .eof import EOF
 from .errors import FeatureFileError
 from .paths import PATHS
 
+#: Every column kind, in registry order.
+ALL = (PATHS, EOF)
 #: scheme -> column kind (module-level singletons: a dict of plain objects, so it pickles).
-KINDS = {scheme: kind for kind in (PATHS, EOF) for scheme in kind.schemes}
+KINDS = {scheme: kind for kind in ALL for scheme in kind.schemes}
+#: Every scheme, in the order ``--scheme`` lists them.
+SCHEMES = tuple(scheme for kind in ALL for scheme in (kind.listed or kind.schemes))
 #: Every format version some kind reads, ascending.
 VERSIONS = tuple(sorted({v for kind in KINDS.values() for v in kind.versions}))
 #: The root attributes of the kinds' own (sealed with the others), in registry order.
@@ -37,3 +41,14 @@ def named(scheme: str):
 def owner_of_version(version: int):
     """The column kind whose files have the format version ``version`` (one of :data:`VERSIONS`)."""
     return next(kind for kind in KINDS.values() if version in kind.versions)
+
+
+def for_scheme(scheme: str):
+    """The kind that samples ``scheme``: its owner; for a name no kind owns, compositional paths,
+    whose sampler refuses it with the list of its schemes (as ever)."""
+    return KINDS.get(scheme, PATHS)
+
+
+def taking(option: str):
+    """The kind whose schemes take the sampling option ``option`` (``level``, ...), or None."""
+    return next((kind for kind in ALL if option in kind.options), None)

@@ -311,6 +311,7 @@ class PathsKind(ColumnKind):
 
     name = "compositional paths"
     schemes = ("rfs", "rr", "orf", "strat", "exact")
+    listed = ("rfs", "strat", "exact", "rr", "orf")
     format_version = FORMAT_VERSION
     versions = (1, 2, FORMAT_VERSION)
 

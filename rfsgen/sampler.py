@@ -1059,56 +1059,57 @@ def _build_featureset(skeleton, t: _Tables, cols: _Columns, counts, q, seed, sch
     )
 
 
+def sample_scheme(skeleton: Skeleton, columns: int, seed: int = 0, *, scheme: str = "rfs", rows=None,
+                  options: dict | None = None, progress: Callable[[int], None] | None = None) -> FeatureSet:
+    """``columns`` columns of any ``scheme`` for ``skeleton``, by its column kind
+    (:func:`rfsgen.kinds.for_scheme`): the compositional walk (:func:`sample`), or the kind's
+    own sampler (EOF's grid), given ``options`` (default: the kind's fit to ``rows``, a function
+    returning the training rows, called only by kinds that fit to them: EOF's box)."""
+    from .kinds import for_scheme
+
+    kind = for_scheme(scheme)
+    if kind.walked:
+        return sample(skeleton, columns, seed, scheme=scheme, progress=progress)
+    if options is None:
+        options = kind.fit(skeleton, rows)
+    return kind.sample(skeleton, columns, seed, scheme=scheme, **options)
+
+
 def sample_file(skeleton_path, columns: int, seed: int, output, *, scheme="rfs", width=None, overwrite=False,
-                progress=None, params=None, **eof) -> FeatureSet:
+                progress=None, params=None, **options) -> FeatureSet:
     """Load a skeleton, sample, and write the feature file atomically (``rfsgen sample``).
-    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`).  Scheme
-    ``eof`` takes the keywords ``level``, ``domain_from`` and ``margin`` (see :mod:`rfsgen.eof`).
+    ``width`` binds a ``width: auto`` skeleton (see :meth:`Skeleton.bind`).  The scheme's
+    column kind's own options (:attr:`~rfsgen.featureset.ColumnKind.options`; ``eof``:
+    ``level``, ``domain_from`` and ``margin``, see :mod:`rfsgen.eof`) are keywords; given
+    without its scheme, they choose it.
     ``params``: values for the skeleton's declared parameters (names to numbers or their text)."""
     from . import __version__
     from .features import save
+    from .kinds import for_scheme, taking
     from .skeleton import load_skeleton
 
     skel = load_skeleton(skeleton_path, params=params)
     if width is not None:
         skel = skel.bind(width)
     sets = "".join(f" --set {k}={v}" for k, v in (params or {}).items())  # as typed, for the file's command
-    if scheme == "eof" or eof:
-        return _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets, **eof)
-    from .atomic import check_output
+    kind = for_scheme(scheme)
+    foreign = [k for k in options if k not in kind.options]
+    if foreign and taking(foreign[0]) is not None:
+        kind = taking(foreign[0])
+        scheme = kind.schemes[0]
+    if kind.walked:
+        from .atomic import check_output
 
-    check_output(output, overwrite, [skeleton_path])  # before the work and its warnings, not after them
-    fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
+        if options:
+            raise TypeError(f"sample_file() got an unexpected keyword argument {next(iter(options))!r}")
+
+        check_output(output, overwrite, [skeleton_path])  # before the work and its warnings, not after them
+        fs = sample(skel, columns, seed, scheme=scheme, progress=progress)
+        size, more, inputs = f"-n {columns}", "", []
+    else:
+        fs, size, more, inputs = kind.sample_file(skel, columns, seed, scheme=scheme, **options)
     fs.tool_version = __version__
-    fs.command = f"rfsgen sample {skeleton_path} -n {columns} --seed {seed} --scheme {scheme}" + (
-        f" --width {width}" if width is not None else "") + sets
-    save(fs, output, overwrite=overwrite, inputs=[skeleton_path], progress=progress)
-    return fs
-
-
-def _sample_eof_file(skel, skeleton_path, columns, seed, output, width, overwrite, progress, sets="", *, level=None,
-                     domain_from=None, margin=None):
-    """``rfsgen sample --scheme eof``: an EOF feature file (:mod:`rfsgen.eof`)."""
-    from . import __version__, eof
-    from .features import save
-
-    if columns is None and level is None:
-        raise UsageError("--scheme eof needs -n D (columns) or --level N (the whole sparse grid of level N)")
-    if columns is not None and level is not None:
-        raise UsageError("give -n or --level, not both")
-    if margin is not None and domain_from is None:
-        raise UsageError("--margin widens a domain measured with --domain-from; give --domain-from ROWS too")
-    spec = eof.spec_of(skel)
-    domain, source = None, "skeleton"
-    if domain_from is not None:
-        margin = eof.DEFAULT_MARGIN if margin is None else margin
-        domain = eof.measure_domain(spec, domain_from, margin)
-        source = f"rows of {domain_from}"
-    fs = eof.sample(skel, columns=columns, level=level, seed=seed, domain=domain, margin=margin, domain_source=source)
-    fs.tool_version = __version__
-    fs.command = (f"rfsgen sample {skeleton_path} " + (f"-n {columns}" if columns is not None else f"--level {level}")
-                  + f" --seed {seed} --scheme eof" + (f" --width {width}" if width is not None else "")
-                  + (f" --domain-from {domain_from} --margin {margin:g}" if domain_from is not None else "") + sets)
-    save(fs, output, overwrite=overwrite, inputs=[skeleton_path] + ([domain_from] if domain_from else []),
-         progress=progress)
+    fs.command = (f"rfsgen sample {skeleton_path} {size} --seed {seed} --scheme {scheme}"
+                  + (f" --width {width}" if width is not None else "") + more + sets)
+    save(fs, output, overwrite=overwrite, inputs=[skeleton_path] + inputs, progress=progress)
     return fs

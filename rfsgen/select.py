@@ -562,16 +562,11 @@ def _pool(pool, n_features: int, pool_factor: int, seed: int, scheme: str, rows,
         with open_input(rows) as src:
             width = src.width - (label_column is not None)
         skel = skel.bind(width)
-    if scheme == "eof":
-        from . import eof
+    from .sampler import sample_scheme
 
-        _, lo, hi, source, margin = eof.box(skel, rows=_rows_array(rows, label_column))
-        fs = eof.sample(skel, columns=pool_factor * n_features, seed=seed, domain=(lo, hi), margin=margin,
-                        domain_source=source)
-    else:
-        from .sampler import sample
-
-        fs = sample(skel, pool_factor * n_features, seed, scheme=scheme)
+    # (a kind that fits its sampling to the rows reads them: EOF's box)
+    fs = sample_scheme(skel, pool_factor * n_features, seed, scheme=scheme,
+                       rows=lambda: _rows_array(rows, label_column))
     return fs, {"pool": f"sampled from {skel.path}", "pool_factor": int(pool_factor), "pool_scheme": scheme}
 
 

@@ -189,7 +189,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         return self._fit(X, check_domain=False, y=y).transform(X)
 
     def _fit(self, X, check_domain: bool, y=None):
-        from .sampler import sample
+        from .kinds import for_scheme
+        from .sampler import sample_scheme
 
         self._check_params()
         X = self._normalized(validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32],
@@ -206,16 +207,11 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         if self.select is not None:
             self.features_ = self._select(skel, X, y)
             return self
-        if self.scheme == "eof":  # rows outside the box are clipped (and counted), not refused
-            from . import eof
-
-            _, lo, hi, source, margin = eof.box(skel, rows=X)
-            self.features_ = eof.sample(skel, columns=int(self.n_components), seed=_seed(self.random_state),
-                                        domain=(lo, hi), margin=margin, domain_source=source)
-            return self
-        if check_domain:  # transform checks every row anyway
+        # transform checks every row anyway; a kind that clips rows to a box (EOF) counts them instead
+        if check_domain and not for_scheme(self.scheme).counts_clipped:
             _check_domain(skel, X)
-        self.features_ = sample(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme)
+        self.features_ = sample_scheme(skel, int(self.n_components), _seed(self.random_state), scheme=self.scheme,
+                                       rows=lambda: X)
         return self
 
     def _select(self, skel, X, y):
@@ -228,16 +224,10 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         y = np.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"y has shape {y.shape}; expected ({X.shape[0]},), one label per row of X")
-        if self.scheme == "eof":
-            from . import eof
+        from .sampler import sample_scheme
 
-            _, lo, hi, source, margin = eof.box(skel, rows=X)
-            pool = eof.sample(skel, columns=int(self.pool_factor * self.n_components), seed=_seed(self.random_state),
-                              domain=(lo, hi), margin=margin, domain_source=source)
-        else:
-            from .sampler import sample
-
-            pool = sample(skel, int(self.pool_factor * self.n_components), _seed(self.random_state), scheme=self.scheme)
+        pool = sample_scheme(skel, int(self.pool_factor * self.n_components), _seed(self.random_state),
+                             scheme=self.scheme, rows=lambda: X)
         return select(pool, X, y, int(self.n_components), method=self.select)
 
     def transform(self, X):

@@ -580,3 +580,16 @@ def test_the_cli_says_overwrite_flag_where_python_says_the_keyword(runner, swapp
 def test_transform_help_names_h5ad_and_sparse_npz(runner):
     out = run(runner, ["transform", "--help"]).output
     assert ".h5ad" in out and "scipy.sparse.save_npz" in out
+
+
+def test_scheme_choices_are_the_registrys():
+    """The CLI's --scheme lists (literal: the CLI imports no column kind before a command runs)
+    are the registry's schemes (rfsgen.kinds.SCHEMES; select: all but exact)."""
+    from rfsgen.cli import main
+    from rfsgen.kinds import SCHEMES
+
+    def choices(command):
+        return [p for p in main.commands[command].params if p.name in ("scheme", "schemes")][0].type.choices
+
+    assert list(choices("sample")) == list(SCHEMES) == list(choices("approx"))
+    assert list(choices("select")) == [s for s in SCHEMES if s != "exact"]

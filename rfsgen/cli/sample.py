@@ -52,15 +52,18 @@ def sample_cmd(skeleton, columns, seed, scheme, level, domain_from, margin, outp
       rfsgen sample tabular-auto --width 64 -n 4096 --set scale=0.3 -o tab.h5
       rfsgen sample laplace.yaml --scheme eof --level 3 --domain-from train.npy -o eof.h5
     """
+    from ..kinds import for_scheme, taking
     from ..sampler import sample_file
 
-    eof = {k: v for k, v in (("level", level), ("domain_from", domain_from), ("margin", margin)) if v is not None}
-    if eof and scheme != "eof":
-        raise UsageError(f"--{next(iter(eof)).replace('_', '-')} is for --scheme eof")
-    if columns is None and scheme != "eof":
+    kind = for_scheme(scheme)
+    options = {k: v for k, v in (("level", level), ("domain_from", domain_from), ("margin", margin)) if v is not None}
+    foreign = [k for k in options if k not in kind.options]  # another kind's options
+    if foreign:
+        raise UsageError(f"--{foreign[0].replace('_', '-')} is for --scheme {taking(foreign[0]).schemes[0]}")
+    if columns is None and kind.needs_columns:
         raise UsageError("missing option -n / --columns (the number of features D)")
     with _Progress(columns, "col", quiet, "sample") as bar:
         fs = sample_file(skeleton, columns, seed, output, scheme=scheme, width=width, overwrite=overwrite,
-                         progress=bar, params=params, **eof)
+                         progress=bar, params=params, **options)
     if not quiet:
         click.echo(f"wrote {fs.columns} columns from {fs.draws} draws (dedup ratio {fs.draws / fs.columns:.2f}) to {output}", err=True)
