@@ -64,6 +64,12 @@ class Transformer:
         self.dtype = np.dtype(dtype)
         skel = fs.walk_skeleton
         self.skeleton = skel
+        # Factors of modulus below 1 (brownian, sphere) multiply into values that float32
+        # can flush to zero (a brownian node over 200 columns: about 1e-67): such rows are
+        # checked after each chunk (_check_underflow); modulus-1 bases never underflow.
+        self._may_underflow = self.dtype.itemsize < 8 and any(
+            n.base.name in ("brownian", "sphere") for n in skel.nodes if isinstance(n, InputNode))
+        self._wide = None  # the float64 transformer that decides a suspect row, made on first use
         n_nodes = len(skel.nodes)
         cont = np.array([isinstance(n, InputNode) and n.base.continuous for n in skel.nodes])
         group_of = np.full(n_nodes, -1)
@@ -247,7 +253,31 @@ class Transformer:
                         + ("use --dtype float64, or " if self.dtype == np.float32 else "use ")
                         + "a skeleton without step over sphere 'coordinate' or 'pair' nodes"
                     )
+            if self._may_underflow:
+                self._check_underflow(x, row0, source, out)
         return out
+
+    def _check_underflow(self, x, row0: int, source: str, out: np.ndarray) -> None:
+        """Refuse a row whose values all fall below the output dtype's smallest normal
+        number while they are not zero: written as they are, the row would be silently
+        zero (or a few subnormal digits).  Rows whose largest value is normal keep every
+        value to the dtype's precision relative to it.  Suspect rows (rare: zero rows of
+        sparse inputs, or tiny products) are recomputed in float64 to tell the two apart."""
+        tiny = np.finfo(self.dtype).tiny
+        peak = np.maximum(out.max(axis=1, initial=0.0), -out.min(axis=1, initial=0.0))  # no (m, D) temporary
+        suspect = np.flatnonzero(~(peak >= tiny))
+        if not suspect.size:
+            return
+        if self._wide is None:
+            self._wide = Transformer(self.fs, np.float64)
+        peak = np.abs(self._wide.chunk(np.ascontiguousarray(x[suspect]), row0, source)).max(axis=1, initial=0.0)
+        lost = np.flatnonzero(peak > 0)
+        if lost.size:
+            r = int(suspect[lost[0]])
+            raise DataError(f"{source}: row {row0 + r}: its largest feature is {peak[lost[0]]:.3g}, below "
+                            f"{self.dtype.name}'s smallest normal number {tiny:.3g}: written in {self.dtype.name} the "
+                            "row would lose its values (products of many brownian or sphere factors are tiny); use "
+                            "--dtype float64, or fewer columns under one brownian/sphere node")
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """Yield ``(row0, values)`` over an input source.  ``values`` cycles through
