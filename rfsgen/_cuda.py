@@ -81,11 +81,12 @@ def resolve(device: str) -> tuple[str, str]:
 
 
 _KERNEL = None
+cuda = None  # numba.cuda, a module global (the simulator swaps the kernels' global ``cuda``)
 
 
 def _build():
     """Compile (lazily, once) the kernel for the real target or the simulator."""
-    global _KERNEL
+    global _KERNEL, cuda
     if _KERNEL is not None:
         return _KERNEL
     from numba import cuda
@@ -177,8 +178,6 @@ def phases(x2, w, plan, re, im) -> None:
     ``x2`` (float32 ``(m, G w)``) and ``plan`` (:class:`rfsgen.bases._PhasePlan`: atoms
     sorted by node, their float32 frequencies ``plan.pan``) into float64 ``re, im`` ``(m, a)``
     (views allowed), with the CPU path's bits."""
-    from numba import cuda
-
     from ._sincos import redo_slow
 
     kernel = _build()
