@@ -1,4 +1,4 @@
-"""``--device cuda``: gaussian and laplace atoms on a GPU with the CPU's bits (issue 41, a first slice).
+"""``--device cuda``: gaussian and laplace atoms on a GPU with the CPU's bits (a first slice).
 
 What runs on the GPU: the angles of output definition 3 (:mod:`rfsgen._sincos32`) and their
 cos and sin, one thread per (row, atom): ``theta = fma(x[c], w[c], ...)`` for c = 0, 1, ...,
