@@ -116,7 +116,7 @@ class Base:
         """Codes and powers of the complex-conjugate factors (integer bases)."""
         return self.kind.conjugate(self, code, power)
 
-    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray, out=None, where=None):
+    def values(self, xp: np.ndarray, gi: np.ndarray, codes: np.ndarray, out=None, where=None, device="cpu"):
         """Complex values of factors (power 1) on prepared rows.
 
         ``xp`` is the prepared group, float64 ``(m, G, width)``; ``gi`` int64 ``(a,)``
@@ -131,9 +131,12 @@ class Base:
         :class:`DataError` raised when a continuous factor's angle
         ``scale * <omega, x>`` is beyond the floats (default: rows from 0 of
         ``<array>``, nodes by number).
+
+        ``device`` (``cpu`` or ``cuda``, resolved: :func:`rfsgen._cuda.resolve`): where the
+        continuous bases' angles and their cos and sin are computed (the same bits).
         """
         if self.kind.continuous:
-            return self.kind.values(self, xp, gi, codes, out=out, where=where)
+            return self.kind.values(self, xp, gi, codes, out=out, where=where, device=device)
         re, im = self.kind.values(self, xp, gi, codes)
         if out is None:
             return re, im
@@ -524,7 +527,7 @@ SAFE_ANGLE = 1e37
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _values_continuous(base, xp, gi, omega, out=None, where=None):
+def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     # A fixed-order compiled sum of float32 fused multiply-adds (output definition 3,
     # rfsgen._sincos32), not a BLAS product: BLAS rounds differently with the number of
     # rows and with the CPU's kernel, and the bytes must not.
@@ -532,7 +535,7 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None):
     omega = np.ascontiguousarray(omega, dtype=np.float64)
     scale = base.param("scale")
     plan = _phase_plan(gi, omega, scale)
-    re, im = phases_of(xp, gi, None, out=out, plan=plan)
+    re, im = phases_of(xp, gi, None, out=out, plan=plan, device=device)
     if xp.shape[0] and gi.size:
         # |theta| <= max|x| * max_k |om_k|_1 bounds every partial sum: when that is
         # small and every value fits float32 (always, for ordinary rows) no angle
@@ -640,13 +643,15 @@ def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
         im[r, bad] = s[0]
 
 
-def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
+def phases_of(xp, gi, om, out=None, plan=None, sparse=None, device="cpu"):
     """cos and sin of ``theta[r, k] = sum_c xp[r, gi[k], c] * om[k, c]`` as float32 fused
     multiply-adds in a fixed order, ``xp`` and ``om`` rounded once to float32 (see
     :mod:`rfsgen._sincos32`): float64 ``(m, a)`` each, written into ``out``
     (a pair of ``(m, a)`` float64 arrays, strided views allowed) if given.  ``plan``
     (from :func:`_phase_plan`) replaces ``om``; ``sparse`` forces the sums over nonzero
-    values only (True) or over every value (False), the same bits either way."""
+    values only (True) or over every value (False), the same bits either way.  ``device``
+    ``cuda``: the angles and their cos and sin on the GPU (:func:`rfsgen._cuda.phases`), the
+    same bits."""
     from ._sincos32 import phases
 
     if plan is None:
@@ -659,8 +664,13 @@ def phases_of(xp, gi, om, out=None, plan=None, sparse=None):
     if m and a:
         with np.errstate(over="ignore"):  # a value beyond float32 gives inf: such rows are redone (above)
             x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
-        phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
-               re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
+        if device == "cuda":
+            from . import _cuda
+
+            _cuda.phases(x2, xp.shape[2], plan, re_s, im_s)
+        else:
+            phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
+                   re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im

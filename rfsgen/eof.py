@@ -941,8 +941,8 @@ class EOFKind(ColumnKind):
     def density_text(self, dens: dict) -> str:
         return f"{dens['density']:.3f} expected (the expected non-zeros of a row over the columns)"
 
-    def transformer(self, fs, dtype=np.float32):
-        return Transformer(fs, dtype)
+    def transformer(self, fs, dtype=np.float32, device="cpu"):
+        return Transformer(fs, dtype)  # EOF columns run on the CPU whatever the device (rfsgen._cuda)
 
     def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,
                progress=None):

@@ -113,6 +113,10 @@ class SamplerError(RfsgenError):
     """The sampler cannot proceed (for example the skeleton's feature space is too small)."""
 
 
+class DeviceError(RfsgenError):
+    """The device asked for is not there (``--device cuda`` without a GPU): exit code 1."""
+
+
 class RfsgenWarning(UserWarning):
     """Base class of rfsgen's warnings: the run goes on, but a result may not be what the
     user expects.  One line, naming the object and the place, saying what to do; the CLI

@@ -180,9 +180,11 @@ class ColumnKind:
         return f"{dens['density']:.3f} expected"
 
     # ---- computing
-    def transformer(self, fs: FeatureSet, dtype=np.float32):
+    def transformer(self, fs: FeatureSet, dtype=np.float32, device="cpu"):
         """Its transformer of ``fs`` (``columns``, ``dtype``, ``row_bytes``, ``what``, ``chunk``,
-        ``chunks``; with :attr:`counts_clipped`, ``clipped`` and ``clipped_in``)."""
+        ``chunks``; with :attr:`counts_clipped`, ``clipped`` and ``clipped_in``).  ``device``
+        (``cpu`` or ``cuda``, resolved): where it may compute what it can on a GPU with the
+        CPU's bits (a kind without GPU code computes on the CPU)."""
         raise NotImplementedError
 
     def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,

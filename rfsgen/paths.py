@@ -59,9 +59,12 @@ class Transformer:
     a C-ordered ``(m, D)`` array of dtype ``dtype``.
     """
 
-    def __init__(self, fs: FeatureSet, dtype=np.float32):
+    def __init__(self, fs: FeatureSet, dtype=np.float32, device="cpu"):
         self.fs = fs
         self.dtype = np.dtype(dtype)
+        #: where the gaussian and laplace atoms are computed: cpu, or cuda (rfsgen._cuda; the
+        #: same bits); everything else runs on the CPU either way
+        self.device = device
         skel = fs.walk_skeleton
         self.skeleton = skel
         # Factors of modulus below 1 (brownian, sphere) multiply into values that float32
@@ -217,7 +220,7 @@ class Transformer:
                 labels = [self.skeleton.nodes[i].label for i in self.skeleton.input_groups[ga.group][1]]
                 base.values(xp[ga.group], ga.gi, ga.codes,
                             out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
-                            where=(row0, source, labels))
+                            where=(row0, source, labels), device=self.device)
         return src
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:
@@ -345,8 +348,8 @@ class PathsKind(ColumnKind):
     format_version = FORMAT_VERSION
     versions = (1, 2, FORMAT_VERSION)
 
-    def transformer(self, fs, dtype=np.float32):
-        return Transformer(fs, dtype)
+    def transformer(self, fs, dtype=np.float32, device="cpu"):
+        return Transformer(fs, dtype, device)
 
     def kernel(self, skel, x, y=None, *, options=None, x_source="<array>", y_source="<array>", copies=0,
                progress=None):

@@ -121,6 +121,9 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         linear models best).
     pool_factor : int
         With ``select``: the pool's size as a multiple of ``n_components``.
+    device : {"cpu", "cuda", "auto"}
+        Where ``transform`` computes the gaussian and laplace atoms (:func:`rfsgen.transform`'s
+        ``device``): the same values on either.
 
     Attributes
     ----------
@@ -133,7 +136,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     def __init__(self, skeleton=None, n_components=1024, random_state=None, scheme="rfs", dtype="float32",
-                 sparse_output=False, params=None, layer=None, select=None, pool_factor=10, normalize=False):
+                 sparse_output=False, params=None, layer=None, select=None, pool_factor=10, normalize=False,
+                 device="cpu"):
         self.skeleton = skeleton
         self.n_components = n_components
         self.random_state = random_state
@@ -145,6 +149,7 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         self.select = select
         self.pool_factor = pool_factor
         self.normalize = normalize
+        self.device = device
 
     def set_params(self, **kwargs):
         """As scikit-learn's, and ``params__NAME=value`` sets one skeleton parameter
@@ -237,7 +242,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         check_is_fitted(self, "features_")
         X = self._normalized(validate_data(self, self._rows(X), accept_sparse=True, dtype=[np.float64, np.float32],
                                            reset=False))
-        return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype)
+        return transform(self.features_, X, layout="csr" if self.sparse_output else "dense", dtype=self.dtype,
+                         device=self.device)
 
     def _normalized(self, X):
         """``X``, or with ``normalize=True`` its rows scaled to unit length (zero rows kept)."""

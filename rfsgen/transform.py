@@ -27,26 +27,42 @@ class Transformer:
     transformer of the set's column kind (:meth:`rfsgen.featureset.ColumnKind.transformer`;
     compositional paths: :class:`rfsgen.paths.Transformer`), with ``columns``, ``dtype``,
     ``row_bytes``, ``what``, :meth:`chunk` (float ``(m, width)`` rows to a C-ordered ``(m, D)``
-    array of ``dtype``) and :meth:`chunks`."""
+    array of ``dtype``) and :meth:`chunks`.  ``device``: ``cpu`` or ``cuda`` (resolved,
+    :func:`resolve_device`): where the kind computes what it can on a GPU, the same bits."""
 
-    def __new__(cls, fs: FeatureSet, dtype=np.float32):
-        return kind_of(fs).transformer(fs, dtype)
+    def __new__(cls, fs: FeatureSet, dtype=np.float32, device="cpu"):
+        return kind_of(fs).transformer(fs, dtype, device)
+
+
+def resolve_device(device: str) -> tuple[str, str]:
+    """``(cpu|cuda, note)`` for ``device`` ``cpu``, ``cuda`` or ``auto`` (:func:`rfsgen._cuda.resolve`;
+    numba's CUDA target is imported only for ``cuda`` and ``auto``).  ``cuda`` without a GPU:
+    :class:`rfsgen.errors.DeviceError`."""
+    if device == "cpu":
+        return "cpu", "cpu"
+    from . import _cuda
+
+    return _cuda.resolve(device)
 
 
 def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk_rows: int | None = None,
-              progress: Callable[[int], None] | None = None, layer: str | None = None):
+              progress: Callable[[int], None] | None = None, layer: str | None = None, device: str = "cpu"):
     """Transform rows in memory: ``scipy.sparse.csr_matrix`` (layout ``csr``) or ndarray (``dense``;
     ``auto``, the default: the one the ``transform`` command's ``--layout auto`` writes for ``fs``,
     :func:`rfsgen.output.auto_layout`: dense when at least half its columns are almost surely non-zero).
 
     ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
     an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).
+
+    ``device``: ``cpu`` (the default), ``cuda`` (gaussian and laplace atoms on a GPU, the same
+    bytes; :mod:`rfsgen._cuda` says what runs where) or ``auto`` (``cuda`` where numba finds a GPU).
     """
     from .inputs import check_width, open_input
 
     _check_options(layout, dtype, "none")
+    device, _ = resolve_device(device)
     layout = resolve_layout(layout, fs)
-    tr = Transformer(fs, DTYPES[dtype])
+    tr = Transformer(fs, DTYPES[dtype], device)
     chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
     with open_input(x, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape, **_bound_by(fs, "the feature set", src))
@@ -149,7 +165,7 @@ def _obsm_input(input, key, rows, shard) -> str:
 
 def transform_file(features, input, output, *, layout="auto", dtype="float32", compression="none",
                    chunk_rows=None, rows=None, shard=None, overwrite=False, progress=None, stdin=None,
-                   engine=None, obsm=None, layer=None) -> dict:
+                   engine=None, obsm=None, layer=None, device="cpu") -> dict:
     """Stream ``input`` rows through the feature file ``features`` into HDF5 ``output``.
 
     Memory is bounded by the chunk; the output is written to a temporary file and
@@ -163,6 +179,8 @@ def transform_file(features, input, output, *, layout="auto", dtype="float32", c
     ``obsm`` (an ``.h5ad`` input): the output is a copy of the input AnnData file with
     the features of every row added as ``obsm[obsm]`` (:func:`rfsgen.output.write_obsm`).
     ``layer``: with an ``.h5ad`` path, read ``layers[layer]`` instead of X.
+    ``device``: as :func:`transform`'s, resolved before anything is opened; the summary's
+    ``device`` says which was used and why (``cpu``, ``cuda``, ``cpu (--device auto: ...)``).
     """
     from . import __version__
     from .features import load
@@ -174,13 +192,17 @@ def transform_file(features, input, output, *, layout="auto", dtype="float32", c
     if rows is not None and shard is not None:
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
+    device, device_note = resolve_device(device)
+    if engine is not None and device != "cpu":
+        raise UsageError("device 'cuda' runs here only: the Dask engine computes on the CPU",
+                         cli="--device cuda (or auto on a GPU machine) cannot run on a Dask cluster yet")
     adata_path = _obsm_input(input, obsm, rows, shard) if obsm is not None else None
     try:
         fs = load(features)
     except FeatureFileError as e:
         raise _swapped(features, input) or e from None
     layout = resolve_layout(layout, fs)
-    tr = (engine or Transformer)(fs, DTYPES[dtype])
+    tr = engine(fs, DTYPES[dtype]) if engine is not None else Transformer(fs, DTYPES[dtype], device)
     with open_input(input, stdin=stdin, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
                     **_bound_by(fs, f"feature file '{features}'", src))
@@ -193,9 +215,12 @@ def transform_file(features, input, output, *, layout="auto", dtype="float32", c
         if adata_path is not None:
             from .output import write_obsm
 
-            return write_obsm(output, tr, src, adata_path, obsm, layout=layout, dtype=dtype, compression=compression,
-                              chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
-                              provenance=provenance)
-        return write_output(output, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
-                            chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input], progress=progress,
-                            provenance=provenance)
+            info = write_obsm(output, tr, src, adata_path, obsm, layout=layout, dtype=dtype,
+                              compression=compression, chunk_rows=chunk_rows, overwrite=overwrite,
+                              inputs=[features, input], progress=progress, provenance=provenance)
+        else:
+            info = write_output(output, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
+                                chunk_rows=chunk_rows, overwrite=overwrite, inputs=[features, input],
+                                progress=progress, provenance=provenance)
+    info["device"] = device_note
+    return info

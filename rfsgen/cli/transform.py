@@ -42,13 +42,18 @@ from ._budget import max_memory_option, threads_option
                    "workers without a shared file system; at most 4 chunks are on the cluster at a time).")
 @click.option("--obsm", metavar="KEY", help="For an .h5ad INPUT: write a copy of it (X, obs, var, layers, ... as they "
               "are) with the features of every row as obsm[KEY] and their provenance as uns['rfsgen'][KEY].")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="cuda: compute the gaussian and laplace atoms (angles, cos, sin) on a GPU through numba's CUDA "
+                   "target, the rest here on the CPU; the output is the same bytes (docs/performance.md). auto: cuda "
+                   "where numba finds a GPU, else cpu (the last line says which). cuda without a GPU fails, writing "
+                   "nothing.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
 @max_memory_option
 @threads_option
 def transform_cmd(features, input, output, layout, dtype, compression, chunk_rows, rows, shard, dask_scheduler,
-                  shard_dir, dask_gather, obsm, overwrite, quiet):
+                  shard_dir, dask_gather, obsm, device, overwrite, quiet):
     """Stream rows of INPUT through FEATURES into an HDF5 file.
 
     INPUT may be .npy (memory-mapped), .npz[:key] (a scipy.sparse.save_npz
@@ -73,6 +78,9 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
     if obsm is not None:
         options["obsm"] = obsm
     if dask_scheduler:
+        if device != "cpu":
+            raise UsageError(f"--device {device} runs here only, not with --dask-scheduler (the Dask workers compute "
+                             "on their CPUs)")
         try:
             from ..dask import transform_file
         except ImportError as e:
@@ -90,12 +98,15 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
         from .._compiled import threads
         from ..transform import transform_file
 
+        options["device"] = device
         where = f"here on {threads()} thread{'s' if threads() > 1 else ''}"
         if os.environ.get("DASK_SCHEDULER_ADDRESS", "").strip():
             where += " (DASK_SCHEDULER_ADDRESS is not used: pass --scheduler or set RFSGEN_SCHEDULER for a cluster)"
 
     with _Progress(None, "rows", quiet, "transform") as bar:
         info = transform_file(features, input, output, progress=bar, **options)
+    if info.get("device", "cpu") != "cpu":  # which device: said even with --quiet
+        click.echo(f"rfsgen: device: {info['device']}", err=True)
     if info.get("clipped"):  # EOF rows outside the feature file's box: never silent, even with --quiet
         click.echo(f"rfsgen: warning: {info['clipped']} values outside the feature file's domain were clipped to it "
                    "(recorded as the output's 'clipped_values' attribute)", err=True)

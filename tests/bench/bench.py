@@ -83,7 +83,7 @@ SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep"
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
 SECTIONS = ("sample", "startup", "gaussian", "rks", "heavy", "threads", "memory", "peak", "e2e", "storage", "kernel", "floor",
-            "rss", "fixed_order", "eof", "checks", "dask")
+            "rss", "fixed_order", "eof", "checks", "dask", "gpu")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -976,6 +976,42 @@ def bench_checks(args, tmp, res):
     for f in tmp.glob("checks-*"):
         f.unlink()
     res["checks"] = out
+
+
+def bench_gpu(args, tmp, res):
+    """``--device cuda`` against the CPU in memory, where numba's CUDA target finds a GPU
+    (skipped with a message otherwise, and under the simulator): plain RFF (rbf.yaml, 784
+    columns -> 4096 features) and mnist-conv at D = 4096 on ``args.gaussian_rows`` rows of
+    standard normal values, alternately; the bytes of both devices compared first.  Only the
+    gaussian/laplace atoms run on the GPU (rfsgen/_cuda.py), the rest on the CPU."""
+    from numba.core import config
+
+    from rfsgen import load_skeleton, sample, transform
+    from rfsgen._cuda import available
+    from rfsgen.skeleton import parse_skeleton
+
+    if config.ENABLE_CUDASIM or not available():
+        res["gpu"] = {"skipped": "no GPU: numba's CUDA target finds none here"}
+        print("  gpu: skipped (numba's CUDA target finds no GPU here)", flush=True)
+        return
+    from numba import cuda
+
+    x = np.random.default_rng(0).standard_normal((args.gaussian_rows, 784)).astype(np.float32)
+    name = cuda.get_current_device().name
+    out = {"device": name.decode() if isinstance(name, bytes) else str(name)}
+    for name, skel in (("rbf", parse_skeleton((ROOT / "skeletons" / "rbf.yaml").read_text(), "rbf.yaml",
+                                                   width=784)),
+                       ("mnist-conv", load_skeleton(ROOT / "skeletons" / "mnist-conv.yaml"))):
+        fs = sample(skel, 4096, seed=1)
+        same = transform(fs, x[:256], layout="dense").tobytes() == \
+            transform(fs, x[:256], layout="dense", device="cuda").tobytes()
+        times = alternate({"cpu": lambda: transform(fs, x, layout="dense"),
+                           "cuda": lambda: transform(fs, x, layout="dense", device="cuda")}, args.repeats)
+        out[name] = {"rows": x.shape[0], "columns": 4096, "same_bytes": same, "runs": times,
+                     "cpu_s": med(times["cpu"]), "cuda_s": med(times["cuda"])}
+        print(f"  gpu {name}: {x.shape[0]} rows -> 4096, cpu {out[name]['cpu_s']:.3f} s, cuda "
+              f"{out[name]['cuda_s']:.3f} s ({out['device']}), same bytes: {same}", flush=True)
+    res["gpu"] = out
 
 
 def bench_dask(args, tmp, res):

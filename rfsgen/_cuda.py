@@ -1,0 +1,199 @@
+"""``--device cuda``: gaussian and laplace atoms on a GPU with the CPU's bits (a first slice).
+
+What runs on the GPU: the angles of output definition 3 (:mod:`rfsgen._sincos32`) and their
+cos and sin, one thread per (row, atom): ``theta = fma(x[c], w[c], ...)`` for c = 0, 1, ...,
+w - 1 from +0.0, one float32 rounding per term (CUDA's ``fmaf``, the IEEE fused multiply-add,
+``fma.rn.f32``), on the same float32 rows and frequencies the CPU path rounds (the host rounds
+them, :func:`rfsgen.bases.phases_of`, and copies them over); then the fast-range cos and sin
+with the CPU's float64 Cody-Waite reduction and polynomials (the constants of
+:mod:`rfsgen._sincos32` and :mod:`rfsgen._sincos`, and :func:`rfsgen._sincos._quadrant`
+compiled for the device).  The CPU's fixed order is a sequential sum (its register tiles and
+runs only choose which independent sums run together), so one thread per sum gives its bits.
+
+What stays on the CPU: everything else.  Angles beyond ``FAST_LIMIT`` (about 8.2e5), inf and
+NaN are redone by the CPU's Payne-Hanek routine (:func:`rfsgen._sincos.redo_slow`) from the
+float32 angles the GPU returns; rows over the float32 overflow bound are redone by
+:func:`rfsgen.bases._careful_angles` as on the CPU; preparing the rows, other bases, the
+products, activations, weights, EOF columns and the writer all run on the CPU.
+
+**No contraction.**  NVVM contracts ``a * b + c`` into a fused multiply-add by default
+(``-fma=1``) even without fast-math, which would change the float64 reduction and
+polynomial bits; so the device code spells every float64 operation with libdevice's
+``__nv_dmul_rn`` and ``__nv_dadd_rn``, which are never contracted, in the CPU's order.
+
+**The simulator** (``NUMBA_ENABLE_CUDASIM=1``, the tests) runs the kernel in Python with
+numpy scalars.  Its ``cuda.fma`` is ``a * b + c`` on them: for float32 values the product is
+rounded to float32 and then the sum again, not a fused multiply-add (tests/test_gpu.py shows
+it differing).  So under the simulator :func:`_fma32` is an exact emulation (the product of
+two float32 values is exact in float64; the float64 sum and its two-sum error decide the
+one float32 rounding, the reference of tests/test_sincos32.py), and the float64 operations
+are Python's IEEE float64 ones, never contracted: the simulator compares real bits of the
+same kernel source.
+
+numba.cuda is imported only here, and this module only when the device is not the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import DeviceError
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def _simulator() -> bool:
+    from numba.core import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def available() -> bool:
+    """True when numba's CUDA target finds a GPU (or its simulator is enabled)."""
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:  # a broken driver or toolkit: no GPU
+        return False
+
+
+def resolve(device: str) -> tuple[str, str]:
+    """``(device, note)``: ``cpu`` or ``cuda`` for ``--device`` ``device``, and a few words
+    saying which and why.  ``cuda`` without a GPU is a :class:`DeviceError` (checked before
+    any output is opened).  ``auto`` picks the GPU when numba's CUDA target finds one, never
+    the simulator (a test device: ``--device cuda`` uses it when it is enabled)."""
+    if device not in DEVICES:
+        raise DeviceError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cpu":
+        return "cpu", "cpu"
+    if device == "cuda":
+        if not available():
+            why = "numba's CUDA target finds no GPU here (no CUDA device, driver or toolkit)"
+            raise DeviceError(f"device='cuda': {why}; use device='cpu' or 'auto'",
+                              cli=f"--device cuda: {why}; use --device cpu or auto")
+        return "cuda", "cuda (numba's CUDA simulator)" if _simulator() else "cuda"
+    if not _simulator() and available():
+        return "cuda", "cuda (--device auto: a GPU was found)"
+    return "cpu", "cpu (--device auto: no GPU found)"
+
+
+_KERNEL = None
+cuda = None  # numba.cuda, a module global (the simulator swaps the kernels' global ``cuda``)
+
+
+def _build():
+    """Compile (lazily, once) the kernel for the real target or the simulator."""
+    global _KERNEL, cuda
+    if _KERNEL is not None:
+        return _KERNEL
+    from numba import cuda
+
+    from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, _quadrant
+    from ._sincos32 import _ROUND, C1, C2, C3, C4, C5, S1, S2, S3, S4, S5
+
+    if _simulator():
+        def _dmul(a, b):
+            return float(a) * float(b)
+
+        def _dadd(a, b):
+            return float(a) + float(b)
+
+        def _fma32(a, b, c):
+            return fma32_exact(a, b, c)
+
+        quadrant = _quadrant.py_func
+    else:  # pragma: no cover - needs a GPU
+        from numba.cuda import libdevice
+
+        _dmul, _dadd, _fma32 = libdevice.dmul_rn, libdevice.dadd_rn, cuda.fma
+        quadrant = cuda.jit(device=True)(_quadrant.py_func)
+
+    @cuda.jit(device=True)
+    def sincos_fast(x):
+        # rfsgen._sincos32._reduce, _kernels and sincos_into's quadrant step, in its order
+        fn = _dadd(_dadd(_dmul(x, INV_PIO2), _ROUND), -_ROUND)
+        r = _dadd(_dadd(_dadd(x, -_dmul(fn, P1)), -_dmul(fn, P2)), -_dmul(fn, P3))
+        q = np.int32(fn)
+        z = _dmul(r, r)
+        ps = _dadd(S4, _dmul(z, S5))
+        ps = _dadd(S3, _dmul(z, ps))
+        ps = _dadd(S2, _dmul(z, ps))
+        ps = _dadd(S1, _dmul(z, ps))
+        s = _dadd(r, _dmul(_dmul(r, z), ps))
+        pc = _dadd(C4, _dmul(z, C5))
+        pc = _dadd(C3, _dmul(z, pc))
+        pc = _dadd(C2, _dmul(z, pc))
+        pc = _dadd(C1, _dmul(z, pc))
+        c = _dadd(1.0, _dmul(z, pc))
+        return quadrant(q, s, c)
+
+    @cuda.jit
+    def phases_kernel(x2, w, node, pan, theta, re, im):
+        r, k = cuda.grid(2)
+        if r < x2.shape[0] and k < node.shape[0]:
+            col0 = node[k] * w
+            acc = np.float32(0.0)
+            for c in range(w):
+                acc = _fma32(x2[r, col0 + c], pan[c, k], acc)
+            theta[r, k] = acc
+            x = _dadd(np.float64(acc), 0.0)  # the sign of a zero angle dropped
+            if not (abs(x) <= FAST_LIMIT):
+                x = 0.0  # redone on the CPU (redo_slow), as sincos_into does
+            ss, cc = sincos_fast(x)
+            re[r, k] = cc
+            im[r, k] = ss
+
+    _KERNEL = phases_kernel
+    return _KERNEL
+
+
+def fma32_exact(a, b, c):
+    """``a * b + c`` rounded once to float32 (round to nearest, ties to even) for float32
+    scalars, in Python's float64: the product is exact, the sum ``s`` and its error ``e``
+    (two-sum) are exact, and ``float32(s)`` is the correctly rounded result unless ``s`` is a
+    float32 midpoint and ``e`` is not 0 (then ``e``'s sign says which side)."""
+    a, b, c = float(a), float(b), float(c)
+    p = a * b
+    s = p + c
+    if not math.isfinite(s):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.float32(s)
+    bb = s - p
+    e = (p - (s - bb)) + (c - bb)
+    with np.errstate(over="ignore"):
+        r = np.float32(s)
+    rd = float(r)
+    if e != 0 and s != rd and math.isfinite(rd):
+        other = np.nextafter(r, np.float32(np.inf) if s > rd else np.float32(-np.inf))
+        if s == (rd + float(other)) * 0.5:
+            r = max(r, other) if e > 0 else min(r, other)
+    return np.float32(r)
+
+
+def phases(x2, w, plan, re, im) -> None:
+    """The GPU's :func:`rfsgen._sincos32.phases`: cos and sin of the float32 angles of
+    ``x2`` (float32 ``(m, G w)``) and ``plan`` (:class:`rfsgen.bases._PhasePlan`: atoms
+    sorted by node, their float32 frequencies ``plan.pan``) into float64 ``re, im`` ``(m, a)``
+    (views allowed), with the CPU path's bits."""
+    from ._sincos import redo_slow
+
+    kernel = _build()
+    m, a = re.shape
+    node = np.repeat(plan.nodes, plan.ends - plan.starts).astype(np.int64)
+    pan = np.ascontiguousarray(plan.pan[:, :a])
+    d_x = cuda.to_device(np.ascontiguousarray(x2))
+    d_node = cuda.to_device(node)
+    d_pan = cuda.to_device(pan)
+    d_theta = cuda.device_array((m, a), np.float32)
+    d_re = cuda.device_array((m, a), np.float64)
+    d_im = cuda.device_array((m, a), np.float64)
+    tpb = (8, 32)
+    blocks = (-(-m // tpb[0]), -(-a // tpb[1]))
+    kernel[blocks, tpb](d_x, w, d_node, d_pan, d_theta, d_re, d_im)
+    theta, hre, him = d_theta.copy_to_host(), d_re.copy_to_host(), d_im.copy_to_host()
+    redo_slow(theta.reshape(-1), m * a, hre.reshape(-1), him.reshape(-1))
+    re[...] = hre
+    im[...] = him

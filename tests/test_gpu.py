@@ -1,0 +1,187 @@
+"""``--device cuda`` (rfsgen._cuda, issue 41): the GPU's gaussian and laplace atoms give the
+CPU's bytes, checked in numba's CUDA simulator; ``--device cuda`` without a GPU fails
+cleanly; ``auto`` says which device it took.
+
+numba reads NUMBA_ENABLE_CUDASIM when numba.cuda is first imported, so every run that needs
+the simulator (or needs it off) is a subprocess with its own environment."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rfsgen._cuda import fma32_exact
+from test_sincos32 import _exact, _triples, fma_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SKELETONS = {
+    # a gaussian and a laplace node (two groups), a product under tanh
+    "gauss-laplace": """
+rfsgen: 1
+input: {width: 6}
+nodes:
+  - {name: g, base: gaussian, scale: 0.4, columns: "0:3"}
+  - {name: l, base: laplace, scale: 0.3, columns: "3:6"}
+  - {name: out, activation: tanh, inputs: [g, l]}
+""",
+    # two gaussian nodes in one group (atoms of node 1 read columns w.. of the float32 rows)
+    "gauss-group": """
+rfsgen: 1
+input: {width: 6}
+nodes:
+  - {name: g, base: gaussian, scale: 2.5, per: group, group: 3}
+  - {name: out, activation: {name: exp, beta: 1.5}, inputs: [g]}
+""",
+}
+
+
+def _env(sim: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    if sim:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, even on a machine with one
+    return env
+
+
+def _python(code: str, sim: bool, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_env(sim), cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _rfsgen(args, sim: bool, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rfsgen", *map(str, args)], env=_env(sim), cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_fma32_exact_is_one_rounding():
+    # the simulator's fma (rfsgen._cuda.fma32_exact) against exact rational arithmetic
+    a, b, c = _triples()
+    a, b, c = a[::5], b[::5], c[::5]  # a sixth of them, the traps among them (Python is slow)
+    got = np.array([fma32_exact(*t) for t in zip(a, b, c)], dtype=np.float32)
+    exact = np.array([_exact(*t) for t in zip(a, b, c)], dtype=np.float32)
+    assert got.tobytes() == exact.tobytes() == fma_reference(a, b, c).tobytes()
+
+
+def test_simulator_bytes_equal_cpu(tmp_path):
+    """Library (dense and CSR, float32 and float64) and CLI (whole output files): the
+    simulator's --device cuda bytes are the CPU's, including a row whose angles go beyond
+    the fast range (redone on the CPU) and a row of zeros; and the simulator's own cuda.fma
+    is not a fused multiply-add (why rfsgen._cuda gives it an exact one)."""
+    (tmp_path / "sk.json").write_text(json.dumps(SKELETONS))
+    res = _python("""
+        import json, subprocess, sys
+        import numpy as np
+        from numba import cuda
+        from rfsgen import save_features
+        from rfsgen.sampler import sample
+        from rfsgen.skeleton import parse_skeleton
+        from rfsgen.transform import transform
+        from test_sincos32 import _triples, fma_reference
+
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((5, 6)).astype(np.float32)
+        x[0, :3] = 0.0
+        x[1] *= np.float32(1e6)  # angles beyond FAST_LIMIT: the CPU's Payne-Hanek
+        x[3] = 0.0
+        np.save("rows.npy", x)
+        for name, text in json.load(open("sk.json")).items():
+            fs = sample(parse_skeleton(text), 24, 1)
+            save_features(fs, name + ".h5")
+            for layout in ("dense", "csr"):
+                for dtype in ("float32", "float64"):
+                    a = transform(fs, x, layout=layout, dtype=dtype)
+                    b = transform(fs, x, layout=layout, dtype=dtype, device="cuda")
+                    if layout == "csr":
+                        assert (a.indptr.tobytes(), a.indices.tobytes()) == (b.indptr.tobytes(), b.indices.tobytes())
+                        a, b = a.data, b.data
+                    assert a.tobytes() == b.tobytes(), (name, layout, dtype)
+                    print("same", name, layout, dtype)
+
+        @cuda.jit
+        def sim_fma(a, b, c, out):
+            i = cuda.grid(1)
+            if i < out.size:
+                out[i] = cuda.fma(a[i], b[i], c[i])
+
+        a, b, c = (v[500:560] for v in _triples())
+        out = np.empty_like(a)
+        sim_fma[1, 64](a, b, c, out)
+        print("simulator fma is fused:", out.tobytes() == fma_reference(a, b, c).tobytes())
+    """, sim=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("same ") == 2 * 2 * 2
+    assert "simulator fma is fused: False" in res.stdout
+    for name in ["gauss-laplace"]:  # the CLI once (each run starts numba: seconds)
+        for layout in ("dense", "csr"):
+            outs = {}
+            for device in ("cpu", "cuda"):
+                out = tmp_path / f"{name}-{layout}-{device}.h5"
+                r = _rfsgen(["transform", f"{name}.h5", "rows.npy", "-o", out, "--layout", layout, "--device", device,
+                             "-q"], sim=True, cwd=tmp_path)
+                assert r.returncode == 0, r.stderr
+                outs[device] = out.read_bytes()
+            assert "device: cuda (numba's CUDA simulator)" in r.stderr
+            assert outs["cpu"] == outs["cuda"], (name, layout)
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory):
+    from rfsgen import save_features
+    from rfsgen.sampler import sample
+    from rfsgen.skeleton import parse_skeleton
+
+    d = tmp_path_factory.mktemp("gpu")
+    save_features(sample(parse_skeleton(SKELETONS["gauss-laplace"]), 16, 1), d / "f.h5")
+    np.save(d / "rows.npy", np.random.default_rng(1).standard_normal((4, 6)))
+    return d
+
+
+def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(features):
+    r = _rfsgen(["transform", "f.h5", "rows.npy", "-o", "none.h5", "--device", "cuda"], sim=False, cwd=features)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "--device cuda" in r.stderr and "no GPU" in r.stderr, r.stderr
+    assert not (features / "none.h5").exists()
+    assert not list(features.glob("*none*"))
+
+
+def test_device_auto_takes_the_cpu_here_and_says_so(features):
+    r = _rfsgen(["transform", "f.h5", "rows.npy", "-o", "auto.h5", "--device", "auto"], sim=False, cwd=features)
+    assert r.returncode == 0, r.stderr
+    assert "device: cpu (--device auto: no GPU found)" in r.stderr
+    r2 = _rfsgen(["transform", "f.h5", "rows.npy", "-o", "cpu.h5", "-q"], sim=False, cwd=features)
+    assert r2.returncode == 0 and r2.stderr == ""
+    assert (features / "auto.h5").read_bytes() == (features / "cpu.h5").read_bytes()
+    # auto never takes the simulator (a test device): --device cuda does
+    r3 = _rfsgen(["transform", "f.h5", "rows.npy", "-o", "auto-sim.h5", "--device", "auto", "-q"], sim=True,
+                 cwd=features)
+    assert r3.returncode == 0 and "device: cpu (--device auto: no GPU found)" in r3.stderr
+
+
+def test_cpu_device_never_imports_numba_cuda(features):
+    r = _python("""
+        import sys
+        import numpy as np
+        from rfsgen import load_features
+        from rfsgen.transform import transform
+        transform(load_features("f.h5"), np.load("rows.npy"))
+        print("numba.cuda" in sys.modules)
+    """, sim=False, cwd=features)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_library_device_errors(features):
+    from rfsgen.errors import DeviceError
+    from rfsgen.transform import resolve_device
+
+    assert resolve_device("cpu") == ("cpu", "cpu")
+    with pytest.raises(DeviceError, match="one of cpu, cuda, auto"):
+        resolve_device("tpu")
