@@ -586,18 +586,14 @@ def variance_risk(skel: Skeleton) -> dict | None:
 def _variance_message(path, line, node, first, series) -> str:
     act = node.activation.label
     where = f"{path}:{line}" if line is not None else str(path)
-    why = ("its degree series has an infinite tail, so its random features have infinite variance"
+    why = ("has features of infinite variance (its degree series has an infinite tail)"
            if series == "infinite" else
-           "its degree series is cut at degree 1024 without converging (a kink or a jump), so its random "
-           "features have a finite but astronomically large variance")
+           "has features of astronomically large variance (its series is cut at degree 1024 at a kink or jump)")
     return (f"{where}: node '{node.label}' ({act}) sits above input node '{first.label}' ({first.base.label}, "
-            f"C = {first.base.norm_bound:.3g} > 1): {why}; the features are unbiased, but rare columns (a high degree "
-            "times many factors above 1) are huge, so single kernel entries can be far off (on cifar-deep at "
-            "D = 2048 about one seed in 100-200 has an entry off by more than 0.05); more features make that "
-            "rarer without removing it, and --scheme strat or exact do not remove it either; for finite variance use "
-            "inputs with C = 1 below it (circle, gaussian, laplace, categorical, or sphere over 2 values) or an "
-            "activation with an entire or fast-converging series (exp, polynomial, tanh, erf, sigmoid, sin; "
-            "bounded is not enough: step is bounded) (docs/skeletons.md, 'Infinite variance over inputs with C > 1')")
+            f"C = {first.base.norm_bound:.3g} > 1) and {why}: unbiased, but a rare huge column can put single "
+            "kernel entries far off (cifar-deep, D = 2048: one seed in 100-200 off by > 0.05); more features, "
+            "--scheme strat or exact do not remove it; to fix it, use inputs with C = 1 below it or exp, polynomial, "
+            "tanh, erf, sigmoid or sin (docs/skeletons.md, 'Infinite variance over inputs with C > 1')")
 
 
 def warn_variance(skel: Skeleton, stacklevel: int = 2) -> None:
