@@ -187,6 +187,9 @@ def judge(r: dict) -> str | None:
     """None if the run ``r`` ended as a signalled run must; else what went wrong."""
     n = r["sig"]
     out = [f for f in r["files"] if f.startswith("out.")]
+    # the skeleton's VarianceWarning (relu over a sphere node), said by sample where features are
+    # made, is a line of its own before any signal: what is judged is the rest of stderr
+    words = "".join(line for line in r["stderr"].splitlines(keepends=True) if not line.startswith("rfsgen: warning: "))
     if r["hang"]:
         return "hang"
     if [f for f in r["files"] if f.endswith(".part")]:
@@ -194,18 +197,18 @@ def judge(r: dict) -> str | None:
     if set(r["files"]) - {"out.h5", "out.npy"}:
         return f"unexpected files {r['files']}"
     if r["finished_before"]:  # the run was over before the signal was sent
-        return None if r["rc"] == 0 and r["complete"] and not r["stderr"] else "finished, but badly"
+        return None if r["rc"] == 0 and r["complete"] and not words else "finished, but badly"
     if r["rc"] == -n:  # killed by the signal's default action: only before rfsgen's handler existed
         if r["installed"] or n == signal.SIGINT:
             return "killed by the signal although rfsgen's handler was installed"
-        return None if not out and not r["stderr"] else "killed, and left output or words"
+        return None if not out and not words else "killed, and left output or words"
     if r["rc"] == 0:
         if not r["pending"] and not r["exiting"]:  # neither held at the last check nor dropped by an exit
             return "LOST: exit 0 and the signal was delivered"
-        return None if r["complete"] and not r["stderr"] else "exit 0 after the last check, but no complete output"
+        return None if r["complete"] and not words else "exit 0 after the last check, but no complete output"
     if r["rc"] != 128 + n:
         return f"exit {r['rc']}"
-    lines = r["stderr"].split("\n")
+    lines = words.split("\n")
     if len(lines) != 2 or lines[1] or not lines[0].startswith("rfsgen: error: "):
         return "stderr is not one 'rfsgen: error:' line"
     if lines[0].endswith("; no output was written"):
