@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SMALL_SKELETONS
 from rfsgen._cuda import fma32_exact
 from test_sincos32 import _exact, _triples, fma_reference
 
@@ -22,14 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SKELETONS = {
     # a gaussian and a laplace node (two groups), a product under tanh
-    "gauss-laplace": """
-rfsgen: 1
-input: {width: 6}
-nodes:
-  - {name: g, base: gaussian, scale: 0.4, columns: "0:3"}
-  - {name: l, base: laplace, scale: 0.3, columns: "3:6"}
-  - {name: out, activation: tanh, inputs: [g, l]}
-""",
+    "gauss-laplace": SMALL_SKELETONS["gauss-laplace"],
     # two gaussian nodes in one group (atoms of node 1 read columns w.. of the float32 rows)
     "gauss-group": """
 rfsgen: 1
