@@ -162,6 +162,11 @@ def install() -> None:
     for s in HANDLED:
         if signal.getsignal(s) is not signal.SIG_IGN:  # ignored (nohup, a background job): stays so
             signal.signal(s, _handler)
+    if hasattr(signal, "SIGXFSZ"):
+        # Past the file-size limit (ulimit -f) a write then fails with EFBIG, which the
+        # writer reports in one line and cleans up after; the default action kills the
+        # process and leaves its temporary file behind.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     sys.unraisablehook = _unraisable
     _installed = True
     _depth = 0

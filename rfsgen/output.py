@@ -544,17 +544,48 @@ def file_sha256(path) -> str:
 
 
 
+def room_for(output) -> tuple[int, str] | None:
+    """How many bytes the file ``output`` may grow to, and what sets that figure: the
+    free space of its filesystem, or the process's file-size limit (``RLIMIT_FSIZE``,
+    ``ulimit -f``) where that is smaller.  None where neither is known."""
+    import shutil
+    from pathlib import Path
+
+    from .budget import fmt
+
+    parent = Path(output).parent if str(Path(output).parent) else Path(".")
+    best = None
+    try:
+        free = shutil.disk_usage(parent).free
+        best = (free, f"its filesystem has {fmt(free)} free")
+    except OSError:
+        pass
+    try:
+        import resource
+
+        limit, unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)[0], resource.RLIM_INFINITY
+    except (ImportError, OSError, ValueError):  # no such limit here (not POSIX)
+        limit = unlimited = -1
+    if limit not in (-1, unlimited) and (best is None or limit < best[0]):
+        best = (int(limit), f"the process's file-size limit (ulimit -f) is {fmt(limit)}")
+    return best
+
+
+def _space_fix(what: str) -> str:
+    return (f"{what}; free space, raise the limit, write it elsewhere, or transform fewer rows (--rows START:STOP)")
+
+
 def check_space(output, n_rows, columns: int, layout: str, itemsize: int, compression: str, extra: int = 0) -> None:
-    """Refuse, before anything is written, an output that cannot fit on its filesystem.
+    """Refuse, before anything is written, an output that cannot fit on its filesystem
+    (or under the process's file-size limit, :func:`room_for`).
 
     The bound is what the file must hold whatever the values: an uncompressed dense
     ``(n_rows, columns)`` matrix, or for CSR (or a compressed matrix) its row pointers
     (8 bytes a row), plus ``extra`` bytes (a copied AnnData file).  A hostile input can
     declare 10^9 rows in a few bytes; without this the run would fill the disk before
-    failing.  ``n_rows`` None (a stream of unknown length) checks nothing."""
-    import shutil
-    from pathlib import Path
-
+    failing.  What the values add to a CSR or compressed matrix is projected as the rows
+    are written (:class:`SizeProjection`).  ``n_rows`` None (a stream of unknown length)
+    checks nothing."""
     from .budget import fmt
     from .errors import OutputError
 
@@ -562,15 +593,40 @@ def check_space(output, n_rows, columns: int, layout: str, itemsize: int, compre
         return
     per_row = columns * itemsize if layout == "dense" and compression == "none" else 8
     need = int(n_rows) * per_row + int(extra)
-    parent = Path(output).parent if str(Path(output).parent) else Path(".")
-    try:
-        free = shutil.disk_usage(parent).free
-    except OSError:
-        return  # no figure to check against: the writer still reports a full disk
-    if need > free:
-        raise OutputError(f"{output}: needs at least {fmt(need)} ({n_rows:,} rows x {columns:,} {layout} columns) "
-                          f"but its filesystem has {fmt(free)} free; free space, write it elsewhere, or transform "
-                          "fewer rows (--rows START:STOP)")
+    room = room_for(output)
+    if room is not None and need > room[0]:
+        raise OutputError(_space_fix(f"{output}: needs at least {fmt(need)} ({n_rows:,} rows x {columns:,} {layout} "
+                                     f"columns) but {room[1]}"))
+
+
+class SizeProjection:
+    """The final size of a CSR or compressed output, projected from the rows written so
+    far, checked against the room the write began with (:func:`room_for`).
+
+    The least size (:func:`check_space`) leaves out what the values take: 10^9 declared,
+    nearly empty input rows still give 10^9 rows of features, and a run that writes
+    them would fill the disk for minutes before failing.  After each chunk, ``bytes``
+    written over ``rows`` done, times the rows still to come, must fit: a projection,
+    so a run whose later rows are much sparser than its first may be refused early
+    (the message says so); one that fits is never refused.  ``total`` None (a stream)
+    checks nothing."""
+
+    def __init__(self, output, total, extra: int = 0):
+        self.output, self.total, self.extra = output, total, int(extra)
+        self.room = None if total is None else room_for(output)
+
+    def __call__(self, rows: int, nbytes: int) -> None:
+        from .budget import fmt
+        from .errors import OutputError
+
+        if self.room is None or not rows or rows >= self.total:
+            return
+        projected = nbytes / rows * self.total + self.extra
+        if projected > self.room[0]:
+            raise OutputError(_space_fix(
+                f"{self.output}: its first {rows:,} rows took {fmt(nbytes)}, so {self.total:,} rows need about "
+                f"{fmt(projected)} but {self.room[1]}"))
+
 
 def write_output(output, tr, src, start, stop, *, layout, dtype, compression, chunk_rows, overwrite, inputs, progress,
                  provenance: dict, phase: str = "transform") -> dict:
@@ -602,7 +658,7 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
             known = getattr(tr, "known_digests", None)
             sums = None if known is not None else DataChecksum(layout, np_dtype, D, threads=layout == "dense")
             n_rows, nnz = _write(f, tr, src, start, stop, layout, np_dtype, compression, chunk_rows, progress, sink,
-                                 sums)
+                                 sums, output=output)
             digests = known() if known is not None else sums.hexdigests()
             with deferred():
                 names, names_sha, obs_sha = _write_annotations(f, src, start, n_rows, D, layout)
@@ -894,9 +950,11 @@ def _unmap(window) -> None:
         pass
 
 
-def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X"):
+def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, progress, sink, sums, name="X",
+           output=None):
     """Write ``X`` (or the matrix at path ``name``); ``sums`` (a :class:`DataChecksum`,
-    or None) is fed its rows.  Returns ``(rows, nnz)``."""
+    or None) is fed its rows.  ``output`` names the file in errors (default: the
+    sink's path).  Returns ``(rows, nnz)``."""
     D = tr.columns
     # A stream's declared length is placed only once its rows have arrived (a forged
     # header declaring 10^12 rows would otherwise reserve petabytes).
@@ -916,6 +974,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                                         chunks=(max(1, rows), D), track_times=False, **kw)
 
             pending = np.zeros((0, D), dtype=dtype)
+            project = SizeProjection(output or sink.path, stop - start if known else None)
             for row0, vals in tr.chunks(src, chunk_rows, start, stop):
                 if sums is not None:
                     sums.dense(vals, row0)
@@ -928,6 +987,7 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
                     ds[-full:] = pending[:full]
                     pending = pending[full:]
                     sink.check()
+                    project(ds.shape[0], os.fstat(sink.fileno()).st_size)
                 if progress:
                     progress(vals.shape[0])
             ds = ds if ds is not None else create(n_rows)  # fewer rows than a block: a chunk of them all
@@ -940,6 +1000,9 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
     pairs = _Appender(g, ("data", "indices"), (dtype, index_dtype), compression, sink.check)
     full_indices = np.tile(np.arange(D, dtype=index_dtype), min(chunk_rows, max(1, (1 << 26) // max(D, 1))))
     indptr_parts = [np.zeros(1, dtype=np.int64)]
+    project = SizeProjection(output or sink.path, stop - start if known else None)
+    pair_bytes = np.dtype(dtype).itemsize + np.dtype(index_dtype).itemsize
+    done = [0]
 
     def put(row0, vals):
         # Each row hashed in the pass that counts or compresses it, while in cache: a
@@ -947,6 +1010,10 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         d, i, counts = _sparse_parts(vals, full_indices) if sums is None else sums.csr_parts(vals, row0, full_indices)
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
+        done[0] += counts.size
+        # (compressed, the file's size so far; else what the rows hold, pending ones too)
+        project(done[0], os.fstat(sink.fileno()).st_size if compression != "none"
+                else int(indptr_parts[-1][-1]) * pair_bytes + 8 * done[0])
 
     # A merge of CSR shards (whose sums are known): their pieces as they are.
     direct = getattr(tr, "csr_chunks", None) if sums is None else None
@@ -1006,7 +1073,7 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
                 f.create_group("obsm").attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
             name = f"obsm/{key}"
             n_rows, nnz = _write(f, tr, src, 0, n, layout, np_dtype, compression, chunk_rows, progress, sink, None,
-                                 name=name)  # no integrity record: not a shard
+                                 name=name, output=output)  # no integrity record: not a shard
             with deferred():
                 if layout == "dense":
                     mark_dense(f[name])

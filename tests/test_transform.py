@@ -1,6 +1,7 @@
 import io
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -629,13 +630,16 @@ def test_a_real_write_failure_inside_hdf5_is_one_line(files, tmp_path, args):
     import resource
     import signal
 
-    def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+    rows = np.concatenate([np.load(files / "rows.npy")] * 4)
+    # Above the least size rfsgen checks first (a dense matrix: its values), below the whole file
+    size = rows.shape[0] * load(files / "f.h5").columns * 4 + 256 if args[-1] == "dense" else 30_000
+
+    def limit():  # (rfsgen itself ignores SIGXFSZ: the write fails with EFBIG, not the process)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
     out = tmp_path / "out"
     out.mkdir()
-    np.save(tmp_path / "rows.npy", np.concatenate([np.load(files / "rows.npy")] * 4))
+    np.save(tmp_path / "rows.npy", rows)
     cmd = [a.format(skel=skeleton_path("cifar-deep"), feats=files / "f.h5", rows=tmp_path / "rows.npy", out=out)
            for a in args]
     res = subprocess.run([sys.executable, "-m", "rfsgen", *cmd], capture_output=True, text=True, preexec_fn=limit)
@@ -964,6 +968,63 @@ def test_nul_row_names_and_crafted_inputs_through_transform_cli(tmp_path):
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "needs at least" in res.output \
         and "filesystem has" in res.output and "--rows START:STOP" in res.output, res.output
     assert not (tmp_path / "o3.h5").exists() and not list(tmp_path.glob(".o3.h5*"))
+
+
+def test_an_output_projected_past_the_room_is_refused_after_its_first_rows(tmp_path, monkeypatch):
+    """10^8 declared, empty rows pass the least-size check (8 bytes a row of row
+    pointers fit) but their features do not: the size of the rows written so far,
+    projected to all of them, is checked after each chunk, so the run stops in its first
+    chunks with one line, not when the disk is full.  (Compressed, 10^8 equal rows do
+    fit, and are written: the projection of a compressed output is its file's size.)"""
+    layout, compression = "csr", "none"
+    import rfsgen.output as output_module
+    from rfsgen import save_features
+    from rfsgen.cli import main
+
+    eight = _one("gaussian", width=8)
+    save_features(_sample(eight, 16, seed=1), tmp_path / "f8.h5")
+    coo = crafted.sparse_npz(tmp_path, "coo", (10**8, 8))
+    monkeypatch.setattr(output_module, "room_for", lambda output: (1 << 30, "its filesystem has 1.0 GiB free"))
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f8.h5"), coo, "-o", str(tmp_path / "o.h5"),
+                                    "--layout", layout, "--compression", compression, "-q"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert re.search(r"o\.h5: its first [\d,]+ rows took .*, so 100,000,000 rows need about [\d.]+ GiB but its "
+                     r"filesystem has 1\.0 GiB free; .*--rows START:STOP", res.output), res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crafted-coo.npz", "f8.h5"]
+    # An output that fits is written whole: the same rows, fewer of them
+    res = CliRunner().invoke(main, ["transform", str(tmp_path / "f8.h5"), coo, "-o", str(tmp_path / "o.h5"),
+                                    "--layout", layout, "--compression", compression, "-q", "--rows", ":200000"])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_file_size_limit_is_the_room_and_passing_it_is_one_line(tmp_path):
+    """Under ``ulimit -f`` (SIGXFSZ at its default, which kills a process that writes past
+    it): the limit is the room the output is checked against, and a write past it
+    anyway fails with EFBIG (rfsgen ignores the signal), one line, nothing left."""
+    import resource
+
+    from rfsgen import save_features
+
+    eight = _one("gaussian", width=8)
+    save_features(_sample(eight, 16, seed=1), tmp_path / "f8.h5")
+    coo = crafted.sparse_npz(tmp_path, "coo", (10**8, 8))
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "rfsgen", "transform", str(tmp_path / "f8.h5"), coo, "-o",
+                               str(out / "o.h5"), "-q", *extra], capture_output=True, text=True, preexec_fn=limit)
+
+    res = run("--layout", "csr")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr[-3000:]
+    assert "rows need about" in res.stderr and "the process's file-size limit (ulimit -f) is 1.0 GiB" in res.stderr
+    res = run("--layout", "dense")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr[-3000:]
+    assert "needs at least 6.0 GiB (100,000,000 rows x 16 dense columns)" in res.stderr, res.stderr
+    assert list(out.iterdir()) == []
 
 
 def test_issue_python_api_names_the_overwrite_keyword(tmp_path, cifar_rows):

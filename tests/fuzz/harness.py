@@ -52,6 +52,8 @@ HEADERS = {"passed": "passed", "startup": "signals in Python's start-up", "trace
 #: What a command reaches with inputs of no size (interpreter, numba's loops, HDF5): the
 #: peak-RSS check allows this much above the case's budget (measured: 62-264 MiB forked).
 RSS_OVERHEAD = 256 << 20
+#: Every run's ``RLIMIT_FSIZE`` (``ulimit -f``): far above any correct case's output.
+FILE_SIZE_LIMIT = 4 << 30
 MEMORY_MARKS = ("MemoryError", "Unable to allocate", "std::bad_alloc", "Cannot allocate memory", "out of memory")
 
 
@@ -162,6 +164,9 @@ def _limits(cfg: Config, cap=None):
         limit = cfg.memory_limit if cap is None else cap
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # No case may fill the disk it runs on: rfsgen takes this limit as its room
+        # (rfsgen.output.room_for) and must report passing it in one line.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
     return pre
 
 
