@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import rfsgen
@@ -37,14 +38,37 @@ def test_eof_experiment_runs_on_tiny_data(tmp_path, script, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     out = json.loads((tmp_path / "eof.json").read_text())
     methods = {r["method"] for r in out["summary"]}
-    if getattr(rfsgen, "select", None) is None:
-        assert methods == {"RKS", "ORF", "EOF"} and "LKRF and EERF are skipped" in printed
-    else:
-        assert methods == {"RKS", "ORF", "LKRF", "EERF", "EOF"}
+    want = {"RKS", "ORF", "LKRF", "EERF", "EOF"} | ({"EOF-free"} if script.has_free_boundary() else set())
+    assert methods == want, methods
+    assert {r["protocol"] for r in out["summary"]} == {"rule", "rule-k", "tuned"}
+    assert "### Side by side" in table and "RKS tuned" in table and "tuned EOF <= tuned RKS" in table
     for r in out["summary"]:
         assert r["runs"] == 2 and 0 <= r["error_mean"] < 1, r
         # EOF's matrix is sparse (at most one feature per level vector and row); the others are dense
-        assert (r["nnz"] < 80 * r["columns"]) if r["method"] == "EOF" else (r["nnz"] == 80 * r["columns"])
+        assert (r["nnz"] < 80 * r["columns"]) if r["method"].startswith("EOF") else (r["nnz"] == 80 * r["columns"])
+    # Tuned: each run records the candidate the validation split chose, from the stated grid
+    for r in out["runs_detail"]:
+        if r["protocol"] == "tuned" and r["method"] in ("RKS", "ORF"):
+            assert r["chosen"] in {f"x{m:g}" for m in script.MULTIPLIERS}, r
+        if r["protocol"] == "tuned" and r["method"].startswith("EOF"):
+            assert r["chosen"] in {f"x{m:g}, margin {g:g}" for m in script.EOF_MULTIPLIERS for g in script.MARGINS}
+        if r["protocol"] == "tuned" and r["method"] in ("LKRF", "EERF"):  # over the pool at tuned RKS's scale
+            rks = next(q for q in out["runs_detail"] if q["protocol"] == "tuned" and q["method"] == "RKS"
+                       and q["D"] == r["D"] and q["seed"] == r["seed"] and q["dataset"] == r["dataset"])
+            assert r["chosen"] == rks["chosen"], (r, rks)
+
+
+def test_tuning_picks_the_scale_with_the_least_validation_error(script):
+    """learn_tuned chooses the candidate (and ridge) on the validation split: given a
+    feature matrix that carries the target and one of noise, it picks the first."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 5))
+    y = x @ rng.standard_normal(5)
+    good, bad = x, rng.standard_normal((300, 5))
+    err, _, label = script.learn_tuned([("noise", bad[:200], bad[200:]), ("signal", good[:200], good[200:])],
+                                       y[:200], y[200:], "regression", 0)
+    assert label == "signal" and err < 0.01 * np.std(y)
+    assert script.nn_distance(np.arange(10.0)[:, None], "euclidean", k=3) == pytest.approx(2.2)  # (3 at both ends, 2 inside)
 
 
 def test_eof_experiment_says_how_to_get_missing_fashion_mnist(tmp_path, script, capsys):
@@ -66,7 +90,8 @@ def test_eof_experiment_calls_select_in_its_documented_form(tmp_path, script, mo
 
     monkeypatch.setattr(rfsgen, "select", select, raising=False)
     assert script.main(["--datasets", "synthetic-energy", "--runs", "1", "--budgets", "6", "--max-train", "50",
-                        "--max-test", "20", "--out", str(tmp_path), "--no-plot"]) == 0
+                        "--max-test", "20", "--out", str(tmp_path), "--no-plot", "--protocols", "rule"]) == 0
     assert sorted(calls) == [(60, (50, 8), (50,), 6, "eerf", 0), (60, (50, 8), (50,), 6, "lkrf", 0)]
     rows = json.loads((tmp_path / "eof.json").read_text())["summary"]
-    assert {r["method"]: r["pool"] for r in rows} == {"RKS": None, "ORF": None, "LKRF": 60, "EERF": 60, "EOF": None}
+    assert {r["method"]: r["pool"] for r in rows if r["method"] != "EOF-free"} == {
+        "RKS": None, "ORF": None, "LKRF": 60, "EERF": 60, "EOF": None}

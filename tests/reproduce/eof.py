@@ -235,24 +235,37 @@ def unit_box(ds: Dataset) -> None:
         ds.yte = (ds.yte - a) / (b - a)
 
 
-def nn_distance(x: np.ndarray, metric: str, most: int = 2000) -> float:
-    """Mean distance from a row to its nearest other row (on the first ``most`` rows)."""
+def nn_distance(x: np.ndarray, metric: str, most: int = 2000, k: int = 1) -> float:
+    """Mean distance from a row to its ``k``-th nearest other row (on the first ``most``
+    rows; the seed's rule is ``k`` = 1)."""
     from scipy.spatial.distance import cdist
 
     x = x[:most]
+    k = min(k, len(x) - 1)
     best = np.full(len(x), np.inf)
     for a in range(0, len(x), 500):
         dist = cdist(x[a:a + 500], x, metric)
         dist[np.arange(dist.shape[0]), a + np.arange(dist.shape[0])] = np.inf
-        best[a:a + 500] = dist.min(1)
+        best[a:a + 500] = np.partition(dist, k - 1, axis=1)[:, k - 1]
     return float(best[np.isfinite(best) & (best > 0)].mean())
 
 
-def skeleton(base: str, d: int, scale: float):
+def skeleton(base: str, d: int, scale: float, boundary: str | None = None):
+    """One ``base`` node over every column (``boundary``: the EOF boundary rule, where given)."""
     from rfsgen import parse_skeleton
 
-    return parse_skeleton(f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n  - {{name: x, base: {base}, scale: {scale!r}}}\n",
-                          f"{base}.yaml")
+    extra = f", boundary: {boundary}" if boundary else ""
+    return parse_skeleton(f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n  - {{name: x, base: {base}, scale: {scale!r}"
+                          f"{extra}}}\n", f"{base}.yaml")
+
+
+def has_free_boundary() -> bool:
+    """Whether this rfsgen knows EOF's ``boundary: free``."""
+    try:
+        skeleton("laplace", 2, 1.0, "free")
+    except Exception:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------- learners
@@ -294,79 +307,150 @@ def _error(z, w, b, y, task, classes):
     return float(np.mean(classes[np.argmax(pred, axis=1)] != y))
 
 
+#: Ridge values tried, relative to the mean diagonal of Z'Z.
+RIDGES = (1e-6, 1e-4, 1e-2, 1.0)
+
+
 def learn(ztr, ytr, zte, yte, task, seed):
     """Pick the ridge on a 20% validation split, refit on every training row; returns
     (test error, seconds of the final fit)."""
-    n = ztr.shape[0]
+    err, fit, _ = learn_tuned([(None, ztr, zte)], ytr, yte, task, seed)
+    return err, fit
+
+
+def _mean_diag(z) -> float:
+    v = float(np.asarray(z.multiply(z).sum() if hasattr(z, "multiply") else np.square(z).sum())) / z.shape[1]
+    return v if v > 0 else 1.0
+
+
+def learn_tuned(cands, ytr, yte, task, seed):
+    """``cands``: ``(label, Z_train, Z_test)`` per candidate (a kernel scale, a margin).
+    The candidate and the ridge are chosen together on a 20% validation split of the
+    training rows (the same split for every candidate), then the chosen pair is refitted
+    on every training row.  Returns (test error, seconds of the final fit, chosen label)."""
+    n = cands[0][1].shape[0]
     perm = np.random.default_rng(seed).permutation(n)
     va, fi = perm[:n // 5], perm[n // 5:]
     t, classes = _targets(ytr, task)
-    sub = ztr[fi]
-    diag = float(np.asarray(sub.multiply(sub).sum() if hasattr(sub, "multiply") else np.square(sub).sum())) / ztr.shape[1]
-    diag = diag if diag > 0 else 1.0
     best = None
-    for c in (1e-6, 1e-4, 1e-2, 1.0):
-        w, b = _fit(sub, t[fi], c * diag)
-        e = _error(ztr[va], w, b, ytr[va], task, classes)
-        if best is None or e < best[0]:
-            best = (e, c)
+    for label, ztr, zte in cands:
+        sub = ztr[fi]
+        diag = _mean_diag(sub)
+        for c in RIDGES:
+            w, b = _fit(sub, t[fi], c * diag)
+            e = _error(ztr[va], w, b, ytr[va], task, classes)
+            if best is None or e < best[0]:
+                best = (e, c, label, ztr, zte)
+    _, c, label, ztr, zte = best
     start = time.perf_counter()
-    full_diag = float(np.asarray(ztr.multiply(ztr).sum() if hasattr(ztr, "multiply") else np.square(ztr).sum())) / ztr.shape[1]
-    w, b = _fit(ztr, t, best[1] * (full_diag if full_diag > 0 else 1.0))
+    w, b = _fit(ztr, t, c * _mean_diag(ztr))
     fit = time.perf_counter() - start
-    return _error(zte, w, b, yte, task, classes), fit
+    return _error(zte, w, b, yte, task, classes), fit, label
 
 
 # ---------------------------------------------------------------------- one run
-def features(method, ds, D, seed, sk, box, select):
-    """(Z_train, Z_test, pool size) for one method at D, on the prepared data set."""
+#: How each method's kernel scale is set.  ``rule``: the seed's, 1 / the mean distance to the
+#: nearest neighbour; ``rule-k``: the same from the K-th nearest neighbour (``--rule-k``);
+#: ``tuned``: the rule's scale times each of MULTIPLIERS (and, for EOF, each of MARGINS),
+#: chosen on the validation split with the ridge.
+PROTOCOLS = ("rule", "rule-k", "tuned")
+MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
+#: EOF's box margins tried under ``tuned`` (times the training rows' range per side); EOF's
+#: scale is tuned over the middle three multipliers only (its error barely moves with it).
+MARGINS = (0.05, 0.5, 1.0, 2.0, 5.0)
+EOF_MULTIPLIERS = (0.5, 1.0, 2.0)
+
+
+@dataclass
+class Setting:
+    """One candidate: the laplace (L1) and gaussian (L2) scales, and EOF's margin."""
+    scale1: float
+    scale2: float
+    margin: float
+    label: str
+
+
+def features(method, ds, D, seed, st: Setting, select):
+    """(Z_train, Z_test, pool size) for one method at D, on the prepared data set, with
+    the scales (and EOF margin) of ``st``.  ``EOF-free``: EOF with ``boundary: free``."""
     import rfsgen
     from rfsgen import eof
 
+    d = ds.xtr.shape[1]
+    laplace = skeleton("laplace", d, st.scale1)
     if method == "RKS":
-        fs = rfsgen.sample(sk["laplace"], D, seed=seed)
+        fs = rfsgen.sample(laplace, D, seed=seed)
         pool = None
     elif method == "ORF":
-        fs = rfsgen.sample(sk["gaussian"], D, seed=seed, scheme="orf")
+        fs = rfsgen.sample(skeleton("gaussian", d, st.scale2), D, seed=seed, scheme="orf")
         pool = None
-    elif method == "EOF":
-        fs = eof.sample(sk["laplace"], columns=D, seed=seed, domain=box, margin=eof.DEFAULT_MARGIN,
-                        domain_source="training rows")
+    elif method in ("EOF", "EOF-free"):
+        sk = laplace if method == "EOF" else skeleton("laplace", d, st.scale1, "free")
+        box = eof.measure_domain(eof.spec_of(sk), ds.xtr, st.margin)
+        fs = eof.sample(sk, columns=D, seed=seed, domain=box, margin=st.margin, domain_source="training rows")
         pool = None
     else:
-        pool = rfsgen.sample(sk["laplace"], POOL_FACTOR * D, seed=seed)
+        pool = rfsgen.sample(laplace, POOL_FACTOR * D, seed=seed)
         fs = select(pool, ds.xtr, ds.ytr, D, method=method.lower(), seed=seed)
         pool = pool.columns
-    layout = "csr" if method == "EOF" else "dense"
+    layout = "csr" if method.startswith("EOF") else "dense"
     ztr = rfsgen.transform(fs, ds.xtr, layout=layout, dtype="float64")
     zte = rfsgen.transform(fs, ds.xte, layout=layout, dtype="float64")
     return ztr, zte, pool
 
 
-def run_dataset(ds, runs, methods, select, log):
+def settings(method, protocol, rule, rule_k, chosen_rks=None):
+    """The candidates for ``method`` under ``protocol``: ``rule`` and ``rule_k`` are
+    (L1, L2) nearest-neighbour distances.  LKRF and EERF under ``tuned`` draw their pool
+    at the scale tuned RKS chose (``chosen_rks``), as the seed's selection methods start
+    from an RKS pool."""
     from rfsgen import eof
 
+    if protocol != "tuned":
+        s1, s2 = rule if protocol == "rule" else rule_k
+        return [Setting(1 / s1, 1 / s2, eof.DEFAULT_MARGIN, protocol)]
+    s1, s2 = rule
+    if method in ("LKRF", "EERF") and chosen_rks is not None:
+        return [chosen_rks]
+    if method.startswith("EOF"):
+        return [Setting(m / s1, m / s2, g, f"x{m:g}, margin {g:g}") for m in EOF_MULTIPLIERS for g in MARGINS]
+    return [Setting(m / s1, m / s2, eof.DEFAULT_MARGIN, f"x{m:g}") for m in MULTIPLIERS]
+
+
+def run_dataset(ds, runs, methods, select, log, protocols=("rule",), rule_k=50):
     unit_box(ds)
     d = ds.xtr.shape[1]
-    sig1, sig2 = nn_distance(ds.xtr, "cityblock"), nn_distance(ds.xtr, "euclidean")
-    sk = {"laplace": skeleton("laplace", d, 1 / sig1), "gaussian": skeleton("gaussian", d, 1 / sig2)}
-    box = eof.measure_domain(eof.spec_of(sk["laplace"]), ds.xtr, eof.DEFAULT_MARGIN)
+    rule = nn_distance(ds.xtr, "cityblock"), nn_distance(ds.xtr, "euclidean")
+    rule_kth = nn_distance(ds.xtr, "cityblock", k=rule_k), nn_distance(ds.xtr, "euclidean", k=rule_k)
     log(f"\n{ds.name} ({ds.task}; {ds.what}); d = {d}, train {len(ds.ytr)}, test {len(ds.yte)}; "
-        f"nearest-neighbour distance L1 {sig1:.4g}, L2 {sig2:.4g}")
+        f"nearest-neighbour distance L1 {rule[0]:.4g}, L2 {rule[1]:.4g}; {rule_k}-th: L1 {rule_kth[0]:.4g}, "
+        f"L2 {rule_kth[1]:.4g}")
     recs = []
-    for D in ds.budgets:
-        for method in methods:
-            errs = []
-            for seed in range(runs):
-                t0 = time.perf_counter()
-                ztr, zte, pool = features(method, ds, D, seed, sk, box, select)
-                feat = time.perf_counter() - t0
-                err, fit = learn(ztr, ds.ytr, zte, ds.yte, ds.task, seed)
-                nnz = int(ztr.nnz) if hasattr(ztr, "nnz") else int(np.count_nonzero(ztr))
-                recs.append({"dataset": ds.name, "method": method, "D": D, "columns": int(ztr.shape[1]),
-                             "seed": seed, "error": err, "nnz": nnz, "pool": pool, "feature_s": feat, "train_s": fit})
-                errs.append(err)
-            log(f"  D = {D:4d}  {method:5s} error {np.mean(errs):.4f} +- {np.std(errs):.4f}")
+    for protocol in protocols:
+        for D in ds.budgets:
+            chosen = {}  # seed -> tuned RKS's setting
+            for method in methods:
+                errs, picks = [], []
+                for seed in range(runs):
+                    t0 = time.perf_counter()
+                    by_label, cands, pool = {}, [], None
+                    for st in settings(method, protocol, rule, rule_kth, chosen.get(seed)):
+                        ztr, zte, pool = features(method, ds, D, seed, st, select)
+                        by_label[st.label] = st
+                        cands.append((st.label, ztr, zte))
+                    feat = time.perf_counter() - t0
+                    err, fit, label = learn_tuned(cands, ds.ytr, ds.yte, ds.task, seed)
+                    ztr = next(z for lab, z, _ in cands if lab == label)
+                    if method == "RKS":
+                        chosen[seed] = by_label[label]
+                    nnz = int(ztr.nnz) if hasattr(ztr, "nnz") else int(np.count_nonzero(ztr))
+                    recs.append({"dataset": ds.name, "protocol": protocol, "method": method, "D": D,
+                                 "columns": int(ztr.shape[1]), "seed": seed, "error": err, "nnz": nnz, "pool": pool,
+                                 "feature_s": feat, "train_s": fit, "chosen": label})
+                    errs.append(err)
+                    picks.append(label)
+                note = "" if protocol != "tuned" else "  chose " + "; ".join(picks)
+                log(f"  {protocol:6s} D = {D:4d}  {method:8s} error {np.mean(errs):.4f} +- {np.std(errs):.4f}{note}")
     return recs
 
 
@@ -374,30 +458,62 @@ def run_dataset(ds, runs, methods, select, log):
 def summary(recs):
     out = {}
     for r in recs:
-        out.setdefault((r["dataset"], r["method"], r["D"]), []).append(r)
+        out.setdefault((r["dataset"], r.get("protocol", "rule"), r["method"], r["D"]), []).append(r)
     rows = []
-    for (name, method, D), rs in out.items():
+    for (name, protocol, method, D), rs in out.items():
         e = np.array([r["error"] for r in rs])
-        rows.append({"dataset": name, "method": method, "D": D, "runs": len(rs), "error_mean": float(e.mean()),
-                     "error_std": float(e.std()), "columns": rs[0]["columns"],
+        rows.append({"dataset": name, "protocol": protocol, "method": method, "D": D, "runs": len(rs),
+                     "error_mean": float(e.mean()), "error_std": float(e.std()), "columns": rs[0]["columns"],
                      "nnz": float(np.mean([r["nnz"] for r in rs])), "pool": rs[0]["pool"],
                      "feature_s": float(np.mean([r["feature_s"] for r in rs])),
-                     "train_s": float(np.mean([r["train_s"] for r in rs]))})
+                     "train_s": float(np.mean([r["train_s"] for r in rs])),
+                     "chosen": sorted({r.get("chosen") for r in rs if r.get("chosen") is not None})})
     return rows
 
 
-def error_table(rows, sets) -> str:
-    lines = ["| data set | task | D | " + " | ".join(METHODS) + " | EOF <= RKS |", "|---" * (len(METHODS) + 4) + "|"]
+def _find(rows, name, protocol, method, D):
+    return next((r for r in rows if r["dataset"] == name and r["protocol"] == protocol and r["method"] == method
+                 and r["D"] == D), None)
+
+
+def error_table(rows, sets, protocol="rule", methods=METHODS) -> str:
+    """Test error per data set and D under ``protocol``; the last columns say whether EOF
+    (and EOF-free, where run) is at or below RKS under the same protocol."""
+    eofs = [m for m in methods if m.startswith("EOF")]
+    lines = ["| data set | task | D | " + " | ".join(methods) + " | " + " | ".join(f"{m} <= RKS" for m in eofs) + " |",
+             "|---" * (len(methods) + 3 + len(eofs)) + "|"]
     for ds in sets:
         for D in ds.budgets:
-            cells, by = [], {}
-            for m in METHODS:
-                r = next((r for r in rows if r["dataset"] == ds.name and r["method"] == m and r["D"] == D), None)
-                by[m] = r
-                cells.append("skipped" if r is None else f"{r['error_mean']:.4f} ± {r['error_std']:.4f}")
-            win = "" if by["EOF"] is None or by["RKS"] is None else (
-                "yes" if by["EOF"]["error_mean"] <= by["RKS"]["error_mean"] else "no")
-            lines.append(f"| {ds.name} | {ds.task} | {D} | " + " | ".join(cells) + f" | {win} |")
+            by = {m: _find(rows, ds.name, protocol, m, D) for m in methods}
+            if not any(by.values()):
+                continue
+            cells = ["skipped" if r is None else f"{r['error_mean']:.4f} ± {r['error_std']:.4f}" for r in by.values()]
+            wins = ["" if by[m] is None or by["RKS"] is None else
+                    ("yes" if by[m]["error_mean"] <= by["RKS"]["error_mean"] else "no") for m in eofs]
+            lines.append(f"| {ds.name} | {ds.task} | {D} | " + " | ".join(cells) + " | " + " | ".join(wins) + " |")
+    return "\n".join(lines)
+
+
+def fair_table(rows, sets, methods) -> str:
+    """Every method under every protocol run, one line per data set and D: the seed's rule,
+    the rule from the K-th neighbour, and the tuned scale (and margin), side by side."""
+    protocols = [p for p in PROTOCOLS if any(r["protocol"] == p for r in rows)]
+    head = [f"{m} {p}" for m in methods for p in protocols]
+    lines = ["| data set | D | " + " | ".join(head) + " | tuned EOF <= tuned RKS | tuned EOF-free <= tuned RKS |",
+             "|---" * (len(head) + 4) + "|"]
+    for ds in sets:
+        for D in ds.budgets:
+            cells = []
+            for m in methods:
+                for p in protocols:
+                    r = _find(rows, ds.name, p, m, D)
+                    cells.append("" if r is None else f"{r['error_mean']:.4f}")
+            rks = _find(rows, ds.name, "tuned", "RKS", D)
+            wins = []
+            for m in ("EOF", "EOF-free"):
+                e = _find(rows, ds.name, "tuned", m, D)
+                wins.append("" if e is None or rks is None else ("yes" if e["error_mean"] <= rks["error_mean"] else "no"))
+            lines.append(f"| {ds.name} | {D} | " + " | ".join(cells) + " | " + " | ".join(wins) + " |")
     return "\n".join(lines)
 
 
@@ -413,7 +529,7 @@ def table2(rows, sets) -> str:
                    "seed's time (s) |")
         out.append("|---|---|---|---|---|---|---|---|")
         for m in METHODS:
-            r = next((r for r in rows if r["dataset"] == ds.name and r["method"] == m and r["D"] == D), None)
+            r = _find(rows, ds.name, "rule", m, D)
             if r is None:
                 out.append(f"| {m} | {D} | | skipped | | | | {SEED[ds.stands_for]['time'][m]} |")
                 continue
@@ -423,7 +539,7 @@ def table2(rows, sets) -> str:
     return "\n".join(out)
 
 
-def plot(rows, sets, path: Path, title: str) -> None:
+def plot(rows, sets, path: Path, title: str, methods=METHODS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -433,11 +549,14 @@ def plot(rows, sets, path: Path, title: str) -> None:
     nrows = -(-len(sets) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.6 * nrows), squeeze=False)
     for ax, ds in zip(axes.ravel(), sets):
-        for m in METHODS:
-            rs = sorted((r for r in rows if r["dataset"] == ds.name and r["method"] == m), key=lambda r: r["D"])
-            if rs:
-                ax.errorbar([r["D"] for r in rs], [r["error_mean"] for r in rs], yerr=[r["error_std"] for r in rs],
-                            marker="o", ms=3, capsize=3, label=m)
+        for i, m in enumerate(methods):
+            for p, style in (("rule", "-"), ("tuned", "--")):  # (rule-k is in the tables only)
+                rs = sorted((r for r in rows if r["dataset"] == ds.name and r["method"] == m and r["protocol"] == p),
+                            key=lambda r: r["D"])
+                if rs:
+                    ax.errorbar([r["D"] for r in rs], [r["error_mean"] for r in rs],
+                                yerr=[r["error_std"] for r in rs], marker="o", ms=3, capsize=3, ls=style,
+                                color=f"C{i}", label=f"{m} ({'seed rule' if p == 'rule' else 'tuned'})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("number of features D")
         ax.set_ylabel("test error" if ds.task == "classification" else "test RMSE (response in [0, 1])")
@@ -465,8 +584,17 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", help="comma-separated values of D for every data set")
     ap.add_argument("--max-train", type=int, default=0, help="at most this many training rows per data set")
     ap.add_argument("--max-test", type=int, default=0, help="at most this many test rows per data set")
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS),
+                    help="how kernel scales are set, comma-separated: rule (the seed's, 1st neighbour), rule-k "
+                         "(K-th neighbour), tuned (scale and EOF margin picked on the validation split); "
+                         "default %(default)s")
+    ap.add_argument("--rule-k", type=int, default=50, help="K of the rule-k protocol (default %(default)s)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not protocols or any(p not in PROTOCOLS for p in protocols):
+        print(f"eof: --protocols takes a comma-separated subset of {', '.join(PROTOCOLS)}", file=sys.stderr)
+        return 2
     args.budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else None
     runs = args.runs or {"quick": 3, "default": 10, "full": 50}[args.scale]
     if not args.no_plot:
@@ -479,8 +607,12 @@ def main(argv=None) -> int:
 
     select = getattr(rfsgen, "select", None)
     methods = [m for m in METHODS if select is not None or m not in ("LKRF", "EERF")]
+    if has_free_boundary():
+        methods.append("EOF-free")
+    else:
+        print("eof: note: this rfsgen has no boundary: free for EOF: EOF-free is skipped", flush=True)
     if select is None:
-        print("eof: note: this rfsgen has no rfsgen.select (issue 25, build item 1): LKRF and EERF are skipped",
+        print("eof: note: this rfsgen has no rfsgen.select: LKRF and EERF are skipped",
               flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -491,22 +623,30 @@ def main(argv=None) -> int:
         return 2
     recs = []
     for ds in sets:
-        recs += run_dataset(ds, runs, methods, select, lambda s: print(s, flush=True))
+        recs += run_dataset(ds, runs, methods, select, lambda s: print(s, flush=True), protocols, args.rule_k)
     rows = summary(recs)
     took = time.perf_counter() - start
-    errors = error_table(rows, sets)
-    t2 = table2(rows, sets)
+    named = {"rule": "the seed's rule (1 / mean distance to the nearest neighbour)",
+             "rule-k": f"the rule from the {args.rule_k}-th nearest neighbour",
+             "tuned": "scale (and EOF's margin) tuned on the validation split"}
+    errors = "\n\n".join(f"### {named[p]}\n\n{error_table(rows, sets, p, methods)}" for p in protocols)
+    fair = fair_table(rows, sets, methods)
+    t2 = table2(rows, sets) if "rule" in protocols else "(needs the rule protocol)"
     head = (f"{args.scale} scale, {runs} runs per method and D, {took:.0f} s in all; test error (misclassification "
             "rate, or RMSE of the response scaled to [0, 1]), mean ± standard deviation over the runs")
-    print(f"\n{head}\n\n{errors}\n\nTable 2 (the seed's: non-zeros, feature and training time)\n{t2}")
-    (out / "eof-table2.md").write_text(f"# Seed 002 at reduced scale\n\n{head}\n\n{errors}\n\n## Table 2\n{t2}\n")
+    print(f"\n{head}\n\n{errors}\n\n### Side by side\n\n{fair}\n\n"
+          f"Table 2 (the seed's: non-zeros, feature and training time)\n{t2}")
+    (out / "eof-table2.md").write_text(f"# Seed 002 at reduced scale\n\n{head}\n\n{errors}\n\n### Side by side\n\n"
+                                       f"{fair}\n\n## Table 2\n{t2}\n")
     (out / "eof.json").write_text(json.dumps({"scale": args.scale, "runs": runs, "seconds": took,
+                                              "protocols": protocols, "rule_k": args.rule_k,
                                               "methods": methods, "datasets": [
                                                   {"name": d.name, "task": d.task, "stands_for": d.stands_for,
                                                    "what": d.what, "budgets": d.budgets} for d in sets],
                                               "summary": rows, "runs_detail": recs}, indent=1))
     if not args.no_plot:
-        plot(rows, sets, out / "eof-figure3.png", f"EOF vs random features, {runs} runs per point ({args.scale})")
+        plot(rows, sets, out / "eof-figure3.png", f"EOF vs random features, {runs} runs per point ({args.scale})",
+             methods)
     print(f"\nwrote {out / 'eof-table2.md'}, {out / 'eof.json'}" + ("" if args.no_plot else f", {out / 'eof-figure3.png'}"))
     return 0
 
