@@ -44,32 +44,36 @@ _TRANSFORMERS: dict = {}
 _LOCK = threading.Lock()
 
 
-def _transformer(fs: FeatureSet, dtype: str):
-    """One :class:`~rfsgen.transform.Transformer` per feature set and dtype in each
-    worker process (building one plans the columns; blocks reuse it)."""
+def _transformer(fs: FeatureSet, dtype: str, device: str = "cpu"):
+    """One :class:`~rfsgen.transform.Transformer` per feature set, dtype and device in
+    each worker process (building one plans the columns; blocks reuse it).  ``device``
+    (cpu, cuda or auto) is resolved here, on the worker: ``cuda`` where this worker has
+    no GPU is its :class:`~rfsgen.errors.DeviceError`."""
     from .output import DTYPES
-    from .transform import Transformer
+    from .transform import Transformer, resolve_device
 
-    key = (id(fs), dtype)
+    key = (id(fs), dtype, device)
     with _LOCK:
         entry = _TRANSFORMERS.get(key)
         if entry is None or entry[0] is not fs:
-            entry = (fs, Transformer(fs, DTYPES[dtype]))
+            entry = (fs, Transformer(fs, DTYPES[dtype], resolve_device(device)[0]))
             _TRANSFORMERS[key] = entry
             if len(_TRANSFORMERS) > 8:  # a few feature sets at a time; forget the oldest
                 _TRANSFORMERS.pop(next(iter(_TRANSFORMERS)))
         return entry[1]
 
 
-def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0: int = 0, source: str = "<dask>"):
+def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0: int = 0, source: str = "<dask>",
+                    device: str = "cpu"):
     """Features of one block of rows ``x`` (float ``(m, width)``): an ndarray, or a
-    ``scipy.sparse.csr_matrix`` for ``layout="csr"`` (exact zeros dropped)."""
+    ``scipy.sparse.csr_matrix`` for ``layout="csr"`` (exact zeros dropped); computed on
+    ``device`` as this worker resolves it (the same values on either)."""
     import scipy.sparse as sp
 
     from .output import _sparse_parts
 
     x = np.asarray(x)
-    vals = _transformer(fs, dtype).chunk(x, row0, source)
+    vals = _transformer(fs, dtype, device).chunk(x, row0, source)
     if layout == "dense":
         return vals
     data, indices, counts = _sparse_parts(vals)
@@ -78,11 +82,12 @@ def transform_block(x: np.ndarray, fs: FeatureSet, layout: str, dtype: str, row0
     return sp.csr_matrix((data.copy(), indices.copy(), indptr), shape=vals.shape)
 
 
-def transform_block_counted(x: np.ndarray, fs: FeatureSet, dtype: str, row0: int = 0, source: str = "<dask>"):
+def transform_block_counted(x: np.ndarray, fs: FeatureSet, dtype: str, row0: int = 0, source: str = "<dask>",
+                            device: str = "cpu"):
     """Dense features of one block of rows and how many of its values an EOF feature
     set clipped to its box (:mod:`rfsgen.eof`): ``(ndarray (m, D), int)``."""
     x = np.asarray(x)
-    tr = _transformer(fs, dtype)
+    tr = _transformer(fs, dtype, device)
     return tr.chunk(x, row0, source), tr.clipped_in(x)
 
 
@@ -215,9 +220,10 @@ class ClusterTransformer:
 
     remote = True  # chunks arrive as arrays: the writer must not ask for them in memory maps of the output
 
-    def __init__(self, client, address: str, fs: FeatureSet, dtype):
+    def __init__(self, client, address: str, fs: FeatureSet, dtype, device: str = "cpu"):
         from .output import DTYPES
 
+        self.device = device  # resolved by each worker
         self.client = client
         self.address = address
         self.columns = fs.columns
@@ -252,11 +258,13 @@ class ClusterTransformer:
             for row0, block in src.chunks(chunk_rows, start, stop):
                 if self.clipped is None:
                     fut = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
-                                                                 self.dtype_name, row0, src.name, pure=False),
+                                                                 self.dtype_name, row0, src.name, self.device,
+                                                                 pure=False),
                                       f"sending rows {row0}:{row0 + block.shape[0]}")
                 else:
                     fut = self._guard(lambda: self.client.submit(transform_block_counted, block, self.fs_future,
-                                                                 self.dtype_name, row0, src.name, pure=False),
+                                                                 self.dtype_name, row0, src.name, self.device,
+                                                                 pure=False),
                                       f"sending rows {row0}:{row0 + block.shape[0]}")
                 pending.append((row0, block.shape[0], fut))
                 if len(pending) >= IN_FLIGHT:
@@ -490,8 +498,8 @@ def transform_file(features, input, output, *, scheduler: str, quiet: bool = Fal
                 if info is not None:
                     return info
 
-            def engine(fs, dtype):
-                return ClusterTransformer(client, scheduler, fs, dtype)
+            def engine(fs, dtype, device="cpu"):
+                return ClusterTransformer(client, scheduler, fs, dtype, device)
 
             return local(features, input, output, engine=engine, **options)
         finally:
@@ -555,19 +563,20 @@ def _task_threads():
 
 
 def write_shard(fs: FeatureSet, spec: str, path: str, start: int, stop: int, provenance: dict, layout: str,
-                dtype: str, compression: str, chunk_rows: int | None, layer: str | None = None) -> int:
+                dtype: str, compression: str, chunk_rows: int | None, layer: str | None = None,
+                device: str = "cpu") -> int:
     """On a worker: rows ``start:stop`` of the input ``spec`` (an absolute path) through
     ``fs`` into the shard ``path`` (written atomically, replacing a shard of an earlier
     attempt), with ``provenance`` as the client gave it (so the merged file is the local
-    run's).  Returns the number of rows."""
+    run's), computed on ``device`` as this worker resolves it.  Returns the number of rows."""
     from .errors import OutputError
     from .inputs import open_input
     from .output import DTYPES, write_output
-    from .transform import Transformer
+    from .transform import Transformer, resolve_device
 
     try:
         with _task_threads(), open_input(spec, layer=layer) as src:
-            tr = Transformer(fs, DTYPES[dtype])
+            tr = Transformer(fs, DTYPES[dtype], resolve_device(device)[0])
             info = write_output(path, tr, src, start, stop, layout=layout, dtype=dtype, compression=compression,
                                 chunk_rows=chunk_rows, overwrite=True, inputs=[], progress=None,
                                 provenance=provenance)
@@ -594,7 +603,7 @@ def row_ranges(start: int, stop: int, threads: int, chunk_rows: int) -> list:
 
 def transform_sharded(client, address: str, features, input, output, *, shard_dir=None, quiet: bool = False,
                       layout="auto", dtype="float32", compression="none", chunk_rows=None, rows=None, shard=None,
-                      overwrite=False, progress=None, layer=None, **_ignored) -> dict | None:
+                      overwrite=False, progress=None, layer=None, device="cpu", **_ignored) -> dict | None:
     """The transform of :func:`transform_file` with the workers writing shards.
 
     The rows are cut into ranges (:func:`row_ranges`); each worker writes its ranges
@@ -613,9 +622,10 @@ def transform_sharded(client, address: str, features, input, output, *, shard_di
     from .features import load
     from .inputs import _split_spec, check_width, open_input, parse_rows, resolve_rows, shard_rows
     from .output import DTYPES, _check_options, check_space, file_sha256, resolve_layout
-    from .transform import _bound_by, _swapped
+    from .transform import _bound_by, _remote_device, _swapped
 
     _check_options(layout, dtype, compression)
+    _remote_device(device)
     if chunk_rows is not None and chunk_rows < 1:
         raise UsageError(f"--chunk-rows must be at least 1, got {chunk_rows}")
     if rows is not None and shard is not None:
@@ -651,12 +661,12 @@ def transform_sharded(client, address: str, features, input, output, *, shard_di
             info, n_ranges = _run_shards(client, address, fs, spec, path, features, os.path.basename(output),
                                          final, base, shard_dir, quiet,
                                          start, stop, provenance, layout, dtype, compression, chunk_rows, layer,
-                                         progress)
+                                         progress, device)
     except _Blind:
         return None
     info.pop("shards", None)
     info.pop("virtual", None)
-    info.update(output=str(output), ranges=n_ranges)
+    info.update(output=str(output), ranges=n_ranges, device=_remote_device(device)[1])
     return info
 
 
@@ -665,7 +675,7 @@ class _Blind(Exception):
 
 
 def _run_shards(client, address, fs, spec, path, features, name, final, base, shard_dir, quiet, start, stop,
-                provenance, layout, dtype, compression, chunk_rows, layer, progress):
+                provenance, layout, dtype, compression, chunk_rows, layer, progress, device="cpu"):
     """The body of :func:`transform_sharded`, inside its ``atomic_path`` (``final``)."""
     import secrets
     import shutil
@@ -715,7 +725,7 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
             progress.phase("transform", stop - start)
         futures = [_guarded(address, lambda a=a, b=b, p=p: client.submit(
             write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
-            pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
+            device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
             for (a, b), p in zip(ranges, paths)]
         for fut, (a, b) in zip(futures, ranges):  # in order: the progress bar counts whole ranges
             _guarded(address, fut.result, f"transforming rows {a}:{b}")

@@ -34,6 +34,18 @@ class Transformer:
         return kind_of(fs).transformer(fs, dtype, device)
 
 
+def _remote_device(device: str) -> tuple[str, str]:
+    """``(device, note)`` for a computation on other machines (Dask workers): ``device``
+    checked here, resolved by each worker (:func:`resolve_device`), where a GPU may be
+    that this process lacks; any mix gives the same bytes."""
+    from ._cuda import DEVICES
+    from .errors import DeviceError
+
+    if device not in DEVICES:
+        raise DeviceError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    return device, "cpu" if device == "cpu" else f"{device} (resolved on each Dask worker)"
+
+
 def resolve_device(device: str) -> tuple[str, str]:
     """``(cpu|cuda, note)`` for ``device`` ``cpu``, ``cuda`` or ``auto`` (:func:`rfsgen._cuda.resolve`;
     numba's CUDA target is imported only for ``cuda`` and ``auto``).  ``cuda`` without a GPU:
@@ -172,9 +184,10 @@ def transform_file(features, input, output, *, layout="auto", dtype="float32", c
     renamed on success.  ``layout``: ``csr``, ``dense``, or ``auto`` (the default: the
     one :func:`rfsgen.output.auto_layout` picks from the feature file).  ``rows`` (``"START:STOP"``) or ``shard`` (``"K/N"``, see
     :func:`rfsgen.inputs.shard_rows`) select part of the input.  Returns a summary dict
-    (rows, columns, nnz, output).  ``engine(fs, dtype)``, if given, makes what computes
-    the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one that
-    runs them on a cluster); the output is the same.
+    (rows, columns, nnz, output).  ``engine(fs, dtype, device)``, if given, makes what
+    computes the chunks in place of a :class:`Transformer` (``rfsgen.dask`` passes one
+    that runs them on a cluster, each worker resolving ``device`` itself); the output is
+    the same.
 
     ``obsm`` (an ``.h5ad`` input): the output is a copy of the input AnnData file with
     the features of every row added as ``obsm[obsm]`` (:func:`rfsgen.output.write_obsm`).
@@ -192,17 +205,17 @@ def transform_file(features, input, output, *, layout="auto", dtype="float32", c
     if rows is not None and shard is not None:
         raise UsageError("give --rows or --shard, not both")
     start, stop = parse_rows(rows)
-    device, device_note = resolve_device(device)
-    if engine is not None and device != "cpu":
-        raise UsageError("device 'cuda' runs here only: the Dask engine computes on the CPU",
-                         cli="--device cuda (or auto on a GPU machine) cannot run on a Dask cluster yet")
+    if engine is None:
+        device, device_note = resolve_device(device)
+    else:  # a cluster's workers compute: each resolves the device where it runs
+        device, device_note = _remote_device(device)
     adata_path = _obsm_input(input, obsm, rows, shard) if obsm is not None else None
     try:
         fs = load(features)
     except FeatureFileError as e:
         raise _swapped(features, input) or e from None
     layout = resolve_layout(layout, fs)
-    tr = engine(fs, DTYPES[dtype]) if engine is not None else Transformer(fs, DTYPES[dtype], device)
+    tr = engine(fs, DTYPES[dtype], device) if engine is not None else Transformer(fs, DTYPES[dtype], device)
     with open_input(input, stdin=stdin, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape,
                     **_bound_by(fs, f"feature file '{features}'", src))

@@ -536,3 +536,54 @@ def test_row_ranges_cover_the_rows_once():
     r = rd.row_ranges(0, 10**6, 2, 100)  # long inputs: at most MAX_RANGE_CHUNKS chunks a range
     assert len(r) == 157 and r[0] == (0, 6369) and r[-1][1] == 10**6 and all(b - a <= 64 * 100 for a, b in r)
     assert all(a == b0 for (_, b0), (a, _) in zip(r, r[1:]))
+
+
+# ----------------------------------------------------------------------------- --device on the workers
+def _small_cluster(**env):
+    """One worker process with its own environment (numba reads NUMBA_ENABLE_CUDASIM once)."""
+    return distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                    dashboard_address=":0", env=env)
+
+
+@pytest.fixture(scope="module")
+def gauss_files(tmp_path_factory):
+    from conftest import SMALL_SKELETONS
+
+    d = tmp_path_factory.mktemp("dask-device")
+    rfsgen.save_features(rfsgen.sample(rfsgen.parse_skeleton(SMALL_SKELETONS["gauss-laplace"]), 16, seed=1),
+                         d / "f.h5")
+    np.save(d / "rows.npy", np.random.default_rng(1).standard_normal((6, 6)))
+    run(["transform", d / "f.h5", d / "rows.npy", "-o", d / "local.h5", "--layout", "dense", "-q"])
+    return d
+
+
+@pytest.mark.parametrize("path", ["shards", "gather"])
+def test_device_cuda_runs_on_the_workers_with_the_cpu_bytes(gauss_files, path):
+    """Each worker resolves --device itself: a worker with (here, the simulator of) a GPU
+    computes the atoms there, and the file is the local CPU run's, byte for byte; this
+    process, which has none, is never asked."""
+    d = gauss_files
+    out = d / f"cuda-{path}.h5"
+    with _small_cluster(NUMBA_ENABLE_CUDASIM="1") as c:
+        res = run(["transform", d / "f.h5", d / "rows.npy", "-o", out, "--layout", "dense", "--device", "cuda",
+                   "--dask-scheduler", c.scheduler_address, "--shard-dir", d]
+                  + (["--dask-gather"] if path == "gather" else []))
+    assert res.exit_code == 0, res.output
+    assert "device: cuda (resolved on each Dask worker)" in res.output
+    assert out.read_bytes() == (d / "local.h5").read_bytes()
+
+
+def test_device_cuda_on_a_worker_without_a_gpu_is_one_line_and_leaves_nothing(gauss_files, tmp_path):
+    d = gauss_files
+    with _small_cluster(CUDA_VISIBLE_DEVICES="", NUMBA_ENABLE_CUDASIM="0") as c:
+        for extra in ([], ["--dask-gather"]):
+            res = run(["transform", d / "f.h5", d / "rows.npy", "-o", tmp_path / "o.h5", "--device", "cuda",
+                       "--dask-scheduler", c.scheduler_address, "--shard-dir", tmp_path, *extra])
+            assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+            assert "--device cuda" in res.output and "no GPU" in res.output, res.output
+            assert list(tmp_path.iterdir()) == []
+        # auto: that worker takes its CPU; the same bytes
+        res = run(["transform", d / "f.h5", d / "rows.npy", "-o", tmp_path / "a.h5", "--layout", "dense",
+                   "--device", "auto", "--dask-scheduler", c.scheduler_address, "--shard-dir", tmp_path])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a.h5").read_bytes() == (d / "local.h5").read_bytes()

@@ -443,8 +443,8 @@ class _Remote:
 
     remote = True
 
-    def __init__(self, fs, dtype):
-        self.tr = Transformer(fs, dtype)
+    def __init__(self, fs, dtype, device="cpu"):
+        self.tr = Transformer(fs, dtype, device)
         self.columns, self.dtype = self.tr.columns, self.tr.dtype
 
     def chunks(self, src, chunk_rows, start=0, stop=None, buffers=1):

@@ -46,7 +46,7 @@ from ._budget import max_memory_option, threads_option
               help="cuda: compute the gaussian and laplace atoms (angles, cos, sin) on a GPU through numba's CUDA "
                    "target, the rest here on the CPU; the output is the same bytes (docs/performance.md). auto: cuda "
                    "where numba finds a GPU, else cpu (the last line says which). cuda without a GPU fails, writing "
-                   "nothing.")
+                   "nothing. With --dask-scheduler each worker resolves it where it runs.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @translate_errors
@@ -78,9 +78,6 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
     if obsm is not None:
         options["obsm"] = obsm
     if dask_scheduler:
-        if device != "cpu":
-            raise UsageError(f"--device {device} runs here only, not with --dask-scheduler (the Dask workers compute "
-                             "on their CPUs)")
         try:
             from ..dask import transform_file
         except ImportError as e:
@@ -90,6 +87,7 @@ def transform_cmd(features, input, output, layout, dtype, compression, chunk_row
         options["shard_dir"] = shard_dir
         options["gather"] = dask_gather
         options["quiet"] = quiet  # Dask's own warnings and log lines: none with -q
+        options["device"] = device  # resolved by each worker
         where = f"on the Dask cluster at {dask_scheduler}"
     else:
         if shard_dir is not None or dask_gather:
