@@ -28,10 +28,30 @@ grid ``I_n = {l : |l|_1 <= n + d - 1}`` and odd index vectors.  Evaluation is th
 Algorithm 1: per row and level vector only the index ``i_j = 2 floor(u_j 2^(l_j - 1)) + 1``
 can be non-zero, so a row costs O(|I_n| d), and has at most |I_n| non-zeros.
 
+**Boundary.** A node's ``boundary:`` (rfsgen.bases.BOUNDARIES) picks the 1-D kernel:
+``pinned`` (the default, the seed's: the kernels above, zero on the faces) or ``free``:
+
+- free laplace: ``k1(u, v) = exp(-s |u - v|)`` -- the product is the laplace kernel
+  ``exp(-scale |x - x'|_1)`` itself for rows in the box;
+- free brownian: ``k1(u, v) = 1 + [(u - 1/2)(v - 1/2) > 0] min(|u - 1/2|, |v - 1/2|)``, the
+  kernel of ``||f||^2 = f(1/2)^2 + int_0^1 f'^2``.
+
+Its levels start at 0, on the nested point sets ``S_0 = {1/2}``, ``S_1 = {0, 1/2, 1}``,
+``S_l = {i / 2^l : 0 <= i <= 2^l}``: level 0 is one function on [0, 1],
+``k1(u, 1/2) / sqrt(k1(1/2, 1/2))`` (laplace ``exp(-s |u - 1/2|)``, brownian 1); level 1 two, one
+per half, the face's function pinned at 1/2 (laplace ``exp(-s u) (1 - exp(-2 s (1/2 - u))) /
+sqrt(1 - exp(-s))`` on [0, 1/2] and its mirror, brownian ``sqrt(2) (1/2 - u)`` and its mirror);
+levels l >= 2 are the pinned levels.  Level vectors have entries >= 0 and the sparse grid is
+``I_n = {l : |l|_1 <= n - 1}`` (as many level vectors as the pinned grid); the features reproduce
+``sum_{l in I_n} prod_j (k1_{l_j} - k1_{l_j - 1})``, k1_l the Nystrom interpolant on S_l
+(k1_{-1} = 0), and converge to the product of the free k1.  In the compiled loop a free level l
+is *slot level* l + 1 (:func:`_factor_any`), so the root takes the place of the pinned level 1.
+
 In the feature file an EOF set is an ordinary feature set with scheme ``eof``, one draw
 and no terms per column, plus the datasets ``eof_level`` and ``eof_index`` (uint,
 ``(D, d)``: each column's level and odd index vectors) and the root attribute ``eof``
-(JSON: kernel, node, level n, lo, hi, margin, domain source); format version 3.
+(JSON: kernel, node, level n, lo, hi, margin, domain source; ``boundary: "free"`` for a free
+node, nothing for a pinned one); format version 3.
 """
 
 from __future__ import annotations
