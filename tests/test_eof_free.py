@@ -302,3 +302,12 @@ def test_float32_output_at_high_dimension_is_usable():
     g32 = z32.astype(np.float64) @ z32.T.astype(np.float64)
     g64 = z64 @ z64.T
     np.testing.assert_allclose(g32, g64, rtol=1e-5, atol=1e-6 * np.abs(g64).max())
+
+
+def test_level_one_is_the_kernel_at_the_centre():
+    """The free grid of level 1 is one feature, k(x, centre) for laplace: exp(-scale |x - c|_1)."""
+    fs = eof.sample(skeleton("laplace", 3, domain="[0, 1]"), level=1)
+    assert fs.columns == 1 and not fs.eof.level.any()
+    x = np.random.default_rng(0).random((6, 4))
+    z = transform(fs, x, layout="dense", dtype="float64")
+    close(z[:, 0], np.exp(-1.3 * np.abs(x[:, 1:] - 0.5).sum(axis=1)), 1e-15)
