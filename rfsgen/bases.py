@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .errors import DataError, article
+from .errors import DataError, UsageError, article
 
 REQUIRED = object()
 #: Default of a parameter that is simply absent when not given (the base's params, label
@@ -57,7 +57,7 @@ class Base:
 
     @property
     def label(self) -> str:
-        defaults = {"zero": "error", "normalize_blocks": 0, "orthogonal": False, "domain": None}
+        defaults = {"zero": "error", "normalize_blocks": 0, "orthogonal": False, "domain": None, "boundary": "pinned"}
         shown = [(k, v) for k, v in self.params if defaults.get(k, object()) != v]
         inner = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
         return f"{self.name}({inner})" if inner else self.name
@@ -728,7 +728,14 @@ def _prepare_box(base, x, nodes, row0, source):
     return x
 
 
+def _free_brownian_elsewhere(base):
+    if boundary_of(base) == "free":
+        raise UsageError("a brownian node with 'boundary: free' has features only under --scheme eof (and its kernel "
+                         "only as 'rfsgen kernel --eof'); use --scheme eof, or drop 'boundary: free'")
+
+
 def _gram_brownian(base, xp, yp):
+    _free_brownian_elsewhere(base)
     rho = None
     for c in range(xp.shape[2]):
         u = xp[:, :, c].T[:, :, None]
@@ -739,6 +746,7 @@ def _gram_brownian(base, xp, yp):
 
 
 def _sample_brownian(base, rng, counts):
+    _free_brownian_elsewhere(base)
     w = base.width
     item = _items(counts)
     rep = np.repeat(item, counts[item] * w)
@@ -769,6 +777,23 @@ def _values_brownian(base, xp, gi, codes):
     m = (codes // w + 1).astype(np.float64)
     u = xp[:, gi, codes % w]
     return _cis((m * np.pi) * u)[1] * (1.0 / math.sqrt(3.0)), None  # sin from rfsgen._sincos, as circle
+
+
+#: ``boundary:`` of a laplace or brownian node: the kernel ``--scheme eof`` builds its features
+#: of (rfsgen.eof): ``pinned`` (the default, the seed's: zero on the box's faces) or ``free``.
+BOUNDARIES = ("pinned", "free")
+
+
+def _boundary(v):
+    if v not in BOUNDARIES:
+        raise ValueError(f"'boundary' must be pinned or free, got {v!r}; write 'boundary: pinned' (the default, "
+                         "zero on the box's faces) or 'boundary: free'")
+    return v
+
+
+def boundary_of(base) -> str:
+    """The node's ``boundary:`` (``pinned`` when unset)."""
+    return dict(base.params).get("boundary", "pinned")
 
 
 def _domain(v):
@@ -913,7 +938,8 @@ _register(BaseKind(
     _prepare_vector, _gram_gaussian, _sample_gaussian_any, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
-    "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale")), "domain": (OPTIONAL, _domain)}, None, True,
+    "laplace", "exp(-scale |x - x'|_1)", {"scale": (1.0, _pos_float("scale")), "domain": (OPTIONAL, _domain),
+                                          "boundary": (OPTIONAL, _boundary)}, None, True,
     _prepare_vector, _gram_laplace, _sample_laplace, _conj_negate, _values_continuous,
 ))
 _register(BaseKind(
@@ -930,7 +956,7 @@ _register(BaseKind(
 
 _register(BaseKind(
     "brownian", "prod_j (min(u_j, u'_j) - u_j u'_j), u = (x - lo) / (hi - lo) on the node's domain (default [0, 1])",
-    {"domain": (OPTIONAL, _domain)}, None, False,
+    {"domain": (OPTIONAL, _domain), "boundary": (OPTIONAL, _boundary)}, None, False,
     _prepare_box, _gram_brownian, _sample_brownian, _conj_identity, _values_brownian,
     norm_bound=lambda b: 3.0 ** (-b.width / 2),
 ))

@@ -28,10 +28,30 @@ grid ``I_n = {l : |l|_1 <= n + d - 1}`` and odd index vectors.  Evaluation is th
 Algorithm 1: per row and level vector only the index ``i_j = 2 floor(u_j 2^(l_j - 1)) + 1``
 can be non-zero, so a row costs O(|I_n| d), and has at most |I_n| non-zeros.
 
+**Boundary.** A node's ``boundary:`` (rfsgen.bases.BOUNDARIES) picks the 1-D kernel:
+``pinned`` (the default, the seed's: the kernels above, zero on the faces) or ``free``:
+
+- free laplace: ``k1(u, v) = exp(-s |u - v|)`` -- the product is the laplace kernel
+  ``exp(-scale |x - x'|_1)`` itself for rows in the box;
+- free brownian: ``k1(u, v) = 1 + [(u - 1/2)(v - 1/2) > 0] min(|u - 1/2|, |v - 1/2|)``, the
+  kernel of ``||f||^2 = f(1/2)^2 + int_0^1 f'^2``.
+
+Its levels start at 0, on the nested point sets ``S_0 = {1/2}``, ``S_1 = {0, 1/2, 1}``,
+``S_l = {i / 2^l : 0 <= i <= 2^l}``: level 0 is one function on [0, 1],
+``k1(u, 1/2) / sqrt(k1(1/2, 1/2))`` (laplace ``exp(-s |u - 1/2|)``, brownian 1); level 1 two, one
+per half, the face's function pinned at 1/2 (laplace ``exp(-s u) (1 - exp(-2 s (1/2 - u))) /
+sqrt(1 - exp(-s))`` on [0, 1/2] and its mirror, brownian ``sqrt(2) (1/2 - u)`` and its mirror);
+levels l >= 2 are the pinned levels.  Level vectors have entries >= 0 and the sparse grid is
+``I_n = {l : |l|_1 <= n - 1}`` (as many level vectors as the pinned grid); the features reproduce
+``sum_{l in I_n} prod_j (k1_{l_j} - k1_{l_j - 1})``, k1_l the Nystrom interpolant on S_l
+(k1_{-1} = 0), and converge to the product of the free k1.  In the compiled loop a free level l
+is *slot level* l + 1 (:func:`_factor_any`), so the root takes the place of the pinned level 1.
+
 In the feature file an EOF set is an ordinary feature set with scheme ``eof``, one draw
 and no terms per column, plus the datasets ``eof_level`` and ``eof_index`` (uint,
 ``(D, d)``: each column's level and odd index vectors) and the root attribute ``eof``
-(JSON: kernel, node, level n, lo, hi, margin, domain source); format version 3.
+(JSON: kernel, node, level n, lo, hi, margin, domain source; ``boundary: "free"`` for a free
+node, nothing for a pinned one); format version 3.
 """
 
 from __future__ import annotations
@@ -67,10 +87,17 @@ PEAK_LOG2 = 120
 
 
 # ---------------------------------------------------------------------- 1-D mathematics
-def k1(kernel: str, s, u, v):
+def k1(kernel: str, s, u, v, boundary: str = "pinned"):
     """The 1-D kernel on the unit interval, elementwise (broadcasting): float64.
-    ``s`` is the scale in unit-cube coordinates (ignored by brownian)."""
+    ``s`` is the scale in unit-cube coordinates (ignored by brownian).  ``boundary``
+    ``free``: laplace ``exp(-s |u - v|)``, brownian ``1 + [(u - 1/2)(v - 1/2) > 0]
+    min(|u - 1/2|, |v - 1/2|)`` (module docstring)."""
     u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    if boundary == "free":
+        if kernel == "brownian":
+            a, b = u - 0.5, v - 0.5
+            return 1.0 + np.where(a * b > 0, np.minimum(np.abs(a), np.abs(b)), 0.0)
+        return np.exp(-np.asarray(s, dtype=np.float64) * np.abs(u - v))
     lo, hi = np.minimum(u, v), np.maximum(u, v)
     if kernel == "brownian":
         return lo * (1.0 - hi)
@@ -121,43 +148,140 @@ def _factor(kernel, s, x, level):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _factors(kernel, s, u, top, cell, val):  # pragma: no cover - compiled
+def _norms_free(kernel, s, level):  # pragma: no cover - compiled
+    """:func:`_norms` of the free boundary's level ``level`` >= 0 (levels >= 2: the pinned ones)."""
+    if level == 0:
+        return 1.0, 1.0
+    if level == 1:
+        if kernel == 0:
+            return math.sqrt(2.0), 1.0
+        return math.sqrt(-math.expm1(-s)), 1.0
+    return _norms(kernel, s, level)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factor_free(kernel, s, x, level, n1, n2):  # pragma: no cover - compiled
+    """(cell, value) of the free boundary's level ``level`` >= 0 at ``x``: level 0 the one
+    function of the centre (laplace ``exp(-s |x - 1/2|)``, brownian 1), level 1 the two
+    face functions on the halves [0, 1/2] and [1/2, 1] (pinned at 1/2, free at the face),
+    levels >= 2 the pinned ones (:func:`_factor_normed`)."""
+    if not x >= 0.0:  # below the cube, or NaN: its face (callers clip)
+        x = 0.0
+    elif x > 1.0:
+        x = 1.0
+    if level == 0:
+        if kernel == 0:
+            return 0, 1.0
+        return 0, math.exp(-s * abs(x - 0.5))
+    if level == 1:
+        c = 0 if x < 0.5 else 1
+        t = 0.5 - x if c == 0 else x - 0.5  # distance to the centre, in [0, 1/2]
+        if kernel == 0:  # the ramp sqrt(2) (1/2 - dist to the face)
+            return c, t * n1
+        f = x if c == 0 else 1.0 - x  # distance to the face
+        return c, math.exp(-s * f) * -math.expm1(-2.0 * s * t) / n1
+    return _factor_normed(kernel, s, x, level, n1, n2)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _norms_any(kernel, free, s, slot_level):  # pragma: no cover - compiled
+    """The divisors of a slot level (free: level ``slot_level - 1``; pinned: ``slot_level``)."""
+    if free:
+        return _norms_free(kernel, s, slot_level - 1)
+    return _norms(kernel, s, slot_level)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factor_any(kernel, free, s, x, slot_level, n1, n2):  # pragma: no cover - compiled
+    """(cell, value) at a slot level: level ``slot_level - 1`` of the free boundary (its
+    level 0, one cell, is slot level 1 as the pinned grid's level 1), else the pinned level."""
+    if free:
+        return _factor_free(kernel, s, x, slot_level - 1, n1, n2)
+    return _factor_normed(kernel, s, x, slot_level, n1, n2)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _factors(kernel, free, s, u, top, cell, val):  # pragma: no cover - compiled
     for r in range(u.shape[0]):
         for j in range(u.shape[1]):
             for l in range(1, top + 1):
-                c, v = _factor(kernel, s[j], u[r, j], l)
+                n1, n2 = _norms_any(kernel, free, s[j], l)
+                c, v = _factor_any(kernel, free, s[j], u[r, j], l, n1, n2)
                 cell[r, j, l] = c
                 val[r, j, l] = v
 
 
-def factors(kernel: str, s, u: np.ndarray, top: int):
+def factors(kernel: str, s, u: np.ndarray, top: int, boundary: str = "pinned"):
     """Per row, column and level ``1..top``: the parent cell number (int64, index
     ``i = 2 c + 1``) and the 1-D feature's value, each ``(m, d, top + 1)`` (level 0 unused).
-    ``u`` is float64 ``(m, d)`` in [0, 1]; ``s`` the per-column unit-cube scales ``(d,)``."""
+    ``u`` is float64 ``(m, d)`` in [0, 1]; ``s`` the per-column unit-cube scales ``(d,)``.
+    ``boundary`` ``free``: entry ``l`` holds the free boundary's level ``l - 1``."""
     u = np.ascontiguousarray(u, dtype=np.float64)
     m, d = u.shape
     cell = np.zeros((m, d, top + 1), np.int64)
     val = np.zeros((m, d, top + 1))
-    _factors(KERNELS.index(kernel), np.ascontiguousarray(np.broadcast_to(np.asarray(s, np.float64), (d,))), u, top, cell, val)
+    _factors(KERNELS.index(kernel), boundary == "free",
+             np.ascontiguousarray(np.broadcast_to(np.asarray(s, np.float64), (d,))), u, top, cell, val)
     return cell, val
 
 
 # ---------------------------------------------------------------------- sparse grids
-def grid_counts(n: int, d: int) -> tuple[int, int]:
+def grid_counts(n: int, d: int, free: bool = False) -> tuple[int, int]:
     """(level vectors, features) of the sparse grid I_n in d dimensions (Python ints):
-    ``C(n - 1 + d, d)`` and ``sum_{k < n} C(k + d - 1, d - 1) 2^k``."""
-    return math.comb(n - 1 + d, d), sum(math.comb(k + d - 1, d - 1) << k for k in range(n))
+    ``C(n - 1 + d, d)`` and ``sum_{k < n} C(k + d - 1, d - 1) 2^k``.  ``free``: the free
+    boundary's grid (levels from 0, ``|l|_1 <= n - 1``, 1, 2, 2, 4, 8, ... cells per level):
+    the same level vectors, ``sum_{k < n} [x^k] W(x)^d`` features with
+    ``W(x) = 1 + 2 x + sum_{l >= 2} 2^(l - 1) x^l``."""
+    vectors = math.comb(n - 1 + d, d)
+    if not free:
+        return vectors, sum(math.comb(k + d - 1, d - 1) << k for k in range(n))
+
+    def mul(a, b):  # product of two polynomials truncated at degree n - 1
+        out = [0] * n
+        for i, x in enumerate(a):
+            if x:
+                for j in range(n - i):
+                    out[i + j] += x * b[j]
+        return out
+
+    w = [1] + [cells_per_level(k, True) for k in range(1, n)]
+    power, base, e = [1] + [0] * (n - 1), w, d
+    while e:
+        if e & 1:
+            power = mul(power, base)
+        e >>= 1
+        if e:
+            base = mul(base, base)
+    return vectors, sum(power)
 
 
-def level_vectors(n: int, d: int, full: bool = False) -> np.ndarray:
+def cells_per_level(level: int, free: bool = False) -> int:
+    """The cells (features) of one coordinate at ``level``: pinned 2^(l - 1) (l >= 1); free
+    1 at level 0, 2 at level 1 (the halves), 2^(l - 1) from level 2."""
+    return 1 if free and level == 0 else 1 << (max(level, 2) - 1 if free else level - 1)
+
+
+def cells_per(levels: np.ndarray, free: bool = False) -> np.ndarray:
+    """:func:`cells_per_level` elementwise, int64."""
+    levels = np.asarray(levels, dtype=np.int64)
+    if not free:
+        return np.left_shift(1, levels - 1).astype(np.int64)
+    return np.where(levels == 0, 1, np.left_shift(1, np.maximum(levels - 1, 1))).astype(np.int64)
+
+
+def level_vectors(n: int, d: int, full: bool = False, free: bool = False) -> np.ndarray:
     """The level vectors of I_n (``full``: of the full grid, max_j l_j <= n), int64 ``(T, d)``,
-    in lexicographic order."""
+    in lexicographic order.  ``free``: levels from 0 (each entry one less: ``|l|_1 <= n - 1``,
+    full ``max_j l_j <= n - 1``)."""
     if full:
         grids = np.meshgrid(*[np.arange(1, n + 1)] * d, indexing="ij")
-        return np.stack([g.ravel() for g in grids], axis=1).astype(np.int64)
-    out = np.empty((math.comb(n - 1 + d, d), d), np.int64)
-    if d:
-        _compositions(n - 1, out)
+        out = np.stack([g.ravel() for g in grids], axis=1).astype(np.int64)
+    else:
+        out = np.empty((math.comb(n - 1 + d, d), d), np.int64)
+        if d:
+            _compositions(n - 1, out)
+    if free:
+        out -= 1
     return out
 
 
@@ -186,47 +310,48 @@ def _compositions(cap, out):  # pragma: no cover - compiled
         used += 1
 
 
-def enumerate_features(levels: np.ndarray):
+def enumerate_features(levels: np.ndarray, free: bool = False):
     """All features of the level vectors ``levels`` ``(T, d)``: their level-vector number
     ``t`` (int64 ``(F,)``) and cell vectors (int64 ``(F, d)``, index ``2 c + 1``), in
     level-vector order and, within one, row-major over the cells (last column fastest):
     feature ``off[t] + sum_j c_j stride[t, j]`` (see :func:`strides`)."""
-    off, stride, sizes = strides(levels)
+    off, stride, sizes = strides(levels, free)
     total = int(sizes.sum())
     t = np.repeat(np.arange(levels.shape[0]), sizes)
     k = np.arange(total) - off[t]
-    cells = (k[:, None] // stride[t]) % (1 << (levels[t] - 1))
+    cells = (k[:, None] // stride[t]) % cells_per(levels[t], free)
     return t, cells
 
 
-def features_at(levels: np.ndarray, numbers: np.ndarray):
+def features_at(levels: np.ndarray, numbers: np.ndarray, free: bool = False):
     """The level-vector number and cell vector of the features numbered ``numbers``
     (sorted int64, in :func:`enumerate_features`' numbering) without enumerating the rest."""
-    off, _, _ = strides(levels)
+    off, _, _ = strides(levels, free)
     t = np.searchsorted(off, numbers, side="right") - 1
     cells = np.empty((numbers.size, levels.shape[1]), np.int64)
-    _cells_at(np.ascontiguousarray(levels, dtype=np.int64), off, t, np.ascontiguousarray(numbers, dtype=np.int64),
-              cells)
+    _cells_at(np.ascontiguousarray(cells_per(levels, free), dtype=np.int64), off, t,
+              np.ascontiguousarray(numbers, dtype=np.int64), cells)
     return t, cells
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _cells_at(levels, off, t, numbers, cells):  # pragma: no cover - compiled
-    """Row-major digits of ``numbers[i] - off[t[i]]`` in the cell counts of level vector
-    ``t[i]`` (the last column fastest): one pass, no (D, d) temporaries."""
-    d = levels.shape[1]
+def _cells_at(per_cells, off, t, numbers, cells):  # pragma: no cover - compiled
+    """Row-major digits of ``numbers[i] - off[t[i]]`` in the cell counts ``per_cells[t[i]]``
+    of level vector ``t[i]`` (the last column fastest): one pass, no (D, d) temporaries."""
+    d = per_cells.shape[1]
     for i in range(numbers.size):
         k = numbers[i] - off[t[i]]
         for j in range(d - 1, -1, -1):
-            per = np.int64(1) << (levels[t[i], j] - 1)
+            per = per_cells[t[i], j]
             cells[i, j] = k % per
             k //= per
 
 
-def strides(levels: np.ndarray):
-    """(off, stride, sizes) of level vectors ``(T, d)``: each vector's ``2^(|l|_1 - d)``
-    features numbered row-major from ``off[t]``; int64 ``(T,)``, ``(T, d)``, ``(T,)``."""
-    per = np.left_shift(1, levels - 1).astype(np.int64)
+def strides(levels: np.ndarray, free: bool = False):
+    """(off, stride, sizes) of level vectors ``(T, d)``: each vector's ``prod_j cells(l_j)``
+    features (pinned ``2^(|l|_1 - d)``) numbered row-major from ``off[t]``; int64 ``(T,)``,
+    ``(T, d)``, ``(T,)``."""
+    per = cells_per(levels, free)
     stride = np.ones_like(per)
     if levels.shape[1] > 1:
         stride[:, :-1] = np.cumprod(per[:, ::-1], axis=1)[:, ::-1][:, 1:]
@@ -235,10 +360,10 @@ def strides(levels: np.ndarray):
     return off, stride, sizes
 
 
-def smallest_level(d: int, columns: int) -> int:
+def smallest_level(d: int, columns: int, free: bool = False) -> int:
     """The smallest n with at least ``columns`` features in I_n."""
     n = 1
-    while grid_counts(n, d)[1] < columns:
+    while grid_counts(n, d, free)[1] < columns:
         n += 1
     return n
 
@@ -253,15 +378,20 @@ class Spec:
     columns: tuple  # input columns of the node, (d,)
     scale: float  # laplace's scale in input units (brownian: 0)
     domain: tuple | None  # the node's stated (lo, hi) arrays, or None
+    boundary: str = "pinned"  # the node's 'boundary:' (rfsgen.bases.BOUNDARIES)
 
     @property
     def d(self) -> int:
         return len(self.columns)
 
+    @property
+    def free(self) -> bool:
+        return self.boundary == "free"
+
 
 def spec_of(skel) -> Spec:
     """The EOF description of ``skel``, or :class:`UsageError` saying why it has none."""
-    from .bases import box_of
+    from .bases import box_of, boundary_of
     from .skeleton import InputNode
 
     out = skel.nodes[skel.output]
@@ -276,7 +406,7 @@ def spec_of(skel) -> Spec:
     dom = dict(out.base.params).get("domain")
     box = box_of(out.base) if dom is not None or out.base.name == "brownian" else None
     scale = out.base.param("scale") if out.base.name == "laplace" else 0.0
-    return Spec(out.base.name, out.label, tuple(out.columns), scale, box)
+    return Spec(out.base.name, out.label, tuple(out.columns), scale, box, boundary_of(out.base))
 
 
 def measure_domain(spec: Spec, rows, margin: float = DEFAULT_MARGIN):
@@ -372,11 +502,11 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
         if columns < 1:
             raise UsageError(f"-n must be at least 1, got {columns}")
         # the number of features at level n grows at least as 2^(n-1): n <= log2(D) + 1
-        n = smallest_level(d, columns)
+        n = smallest_level(d, columns, spec.free)
     if n > MAX_LEVEL:
         raise LimitError(f"EOF level {n} is beyond the deepest level {MAX_LEVEL} (cells of 2^-{MAX_LEVEL}); "
                          "ask for fewer features")
-    n_vec, n_feat = grid_counts(n, d)
+    n_vec, n_feat = grid_counts(n, d, spec.free)
     keep = n_feat if columns is None else min(columns, n_feat)
     # the kept features' level and cell vectors (about 3 int64 arrays of D x d while built),
     # the level vectors, and the draw of D of the grid's numbers
@@ -391,16 +521,18 @@ def sample(skel, *, columns: int | None = None, level: int | None = None, seed: 
     lo, hi = (np.broadcast_to(np.asarray(a, dtype=np.float64), (d,)).copy() for a in domain)
     check_box(spec, lo, hi, UsageError, f"{skel.path}: the EOF box of",
               "state another 'domain:' (or measure one with --domain-from)")
-    levels = level_vectors(n, d)
+    levels = level_vectors(n, d, free=spec.free)
     if keep < n_feat:
         pick = np.sort(np.random.default_rng(seed).choice(n_feat, keep, replace=False))
-        t, cells = features_at(levels, pick)
+        t, cells = features_at(levels, pick, spec.free)
     else:
-        t, cells = enumerate_features(levels)
+        t, cells = enumerate_features(levels, spec.free)
     lev = levels[t]
     meta = {"kernel": spec.kernel, "node": spec.node, "level": n, "level_vectors": n_vec, "grid_features": n_feat,
             "lo": lo.tolist(), "hi": hi.tolist(), "margin": margin, "domain_source": domain_source}
-    e = scale_exponent(spec.kernel, _unit_scales(spec.kernel, spec.scale, lo, hi))
+    if spec.free:  # recorded only when free: pinned files keep their bytes
+        meta["boundary"] = "free"
+    e = scale_exponent(spec.kernel, _unit_scales(spec.kernel, spec.scale, lo, hi), spec.boundary)
     if e:
         meta["scale_exponent"] = e
     D = keep
@@ -427,6 +559,15 @@ class Columns:
     @property
     def lo(self) -> np.ndarray:
         return np.asarray(self.meta["lo"], dtype=np.float64)
+
+    @property
+    def boundary(self) -> str:
+        """``pinned`` (no ``boundary`` key: every file before it) or ``free``."""
+        return self.meta.get("boundary", "pinned")
+
+    @property
+    def free(self) -> bool:
+        return self.boundary == "free"
 
     @property
     def hi(self) -> np.ndarray:
@@ -457,7 +598,7 @@ def _unit_scales(kernel_name: str, scale: float, lo, hi) -> np.ndarray:
     return scale * (np.asarray(hi, np.float64) - np.asarray(lo, np.float64))
 
 
-def scale_exponent(kernel_name: str, s) -> int:
+def scale_exponent(kernel_name: str, s, boundary: str = "pinned") -> int:
     """The e of :attr:`Columns.scale_exponent` for a new EOF set.  Nearly every feature is
     a product of level-1 factors phi_1(u_j) (a sparse grid's level vectors have at most
     n - 1 coordinates above 1), so a typical row's features are about 2^(sum_j A_j), with
@@ -468,10 +609,18 @@ def scale_exponent(kernel_name: str, s) -> int:
     within about 2^(+-1.5 sqrt(d)) of it: their products stay inside float32 too), but at
     most ``floor(PEAK_LOG2 - sum P_j)`` so that no value of any row exceeds 2^120 (float32's
     largest is about 2^128); it is recorded only when the typical row would be below
-    2^-:data:`SCALE_FROM` (e >= SCALE_FROM), else 0."""
+    2^-:data:`SCALE_FROM` (e >= SCALE_FROM), else 0.
+
+    ``boundary`` ``free``: the typical feature is a product of level-0 factors instead,
+    ``exp(-s |u - 1/2|)`` (laplace; peak 1 at the centre) or 1 (brownian: e = 0)."""
     s = np.asarray(s, np.float64)[:, None]
     u = ((np.arange(4096) + 0.5) / 4096)[None, :]
-    if kernel_name == "brownian":  # the hat min(u, 1 - u) (level 1: h = 1/2, divisor sqrt(2 h) = 1)
+    if boundary == "free":
+        if kernel_name == "brownian":
+            return 0
+        log_phi = -s * np.abs(u - 0.5) / math.log(2.0)
+        log_peak = np.zeros(s.shape)
+    elif kernel_name == "brownian":  # the hat min(u, 1 - u) (level 1: h = 1/2, divisor sqrt(2 h) = 1)
         log_phi = np.broadcast_to(np.log2(np.minimum(u, 1.0 - u)), (s.size, u.size))
         log_peak = np.full(s.shape, -1.0)
     else:  # level 1 on [0, 1], g = 1/2 (as _factor_normed), in logs: no underflow for large s
@@ -530,8 +679,10 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
     except (TypeError, ValueError):
         raise _bad(p, "the 'eof' attribute is not JSON") from None
     keys = {"kernel", "node", "level", "level_vectors", "grid_features", "lo", "hi", "margin", "domain_source"}
-    if not isinstance(meta, dict) or set(meta) - {"scale_exponent"} != keys:
+    if not isinstance(meta, dict) or set(meta) - {"scale_exponent", "boundary"} != keys:
         raise _bad(p, "the 'eof' attribute lacks or has extra keys")
+    if "boundary" in meta and meta["boundary"] != "free":  # pinned files record none
+        raise _bad(p, f"EOF boundary {meta['boundary']!r} is not 'free' (pinned files record none)")
     try:
         spec = spec_of(fs.skeleton)
     except UsageError:
@@ -540,10 +691,14 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
     level, index = data["eof_level"], data["eof_index"]
     if meta["kernel"] != spec.kernel or meta["node"] != spec.node:
         raise _bad(p, "the 'eof' attribute names another node or kernel than the skeleton")
+    free = meta.get("boundary", "pinned") == "free"
+    if free != spec.free:
+        raise _bad(p, f"the 'eof' attribute's boundary ({meta.get('boundary', 'pinned')}) is not the skeleton node's "
+                      f"({spec.boundary})")
     n = meta["level"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LEVEL:
         raise _bad(p, f"EOF level {n!r} outside 1..{MAX_LEVEL}")
-    if [meta["level_vectors"], meta["grid_features"]] != list(grid_counts(n, d)):
+    if [meta["level_vectors"], meta["grid_features"]] != list(grid_counts(n, d, free)):
         raise _bad(p, "the EOF grid counts do not match its level")
     lo, hi = meta["lo"], meta["hi"]
     if not (isinstance(lo, list) and isinstance(hi, list) and len(lo) == len(hi) == d
@@ -559,13 +714,15 @@ def from_file(p: str, fs, attr, data: dict) -> Columns:
         raise _bad(p, f"EOF scale exponent {e!r} outside 1..{400 * d}")
     if level.shape[1] != d or index.shape[1] != d:
         raise _bad(p, f"EOF level/index vectors of {level.shape[1]}/{index.shape[1]} entries for {article(d)} {d}-column node")
-    if level.size and (int(level.min()) < 1 or int(level.max()) > n):
-        raise _bad(p, f"an EOF level outside 1..{n}")
+    first = 0 if free else 1  # the root's level
+    if level.size and (int(level.min()) < first or int(level.max()) > n - 1 + first):
+        raise _bad(p, f"an EOF level outside {first}..{n - 1 + first}")
     level = level.astype(np.int64)
-    if level.size and int((level.sum(axis=1) - d).max()) > n - 1:
+    if level.size and int((level.sum(axis=1) - first * d).max()) > n - 1:
         raise _bad(p, f"an EOF level vector outside the sparse grid of level {n}")
     index = index.astype(np.uint64)
-    if index.size and (np.any(index % 2 == 0) or np.any(index >= np.left_shift(np.uint64(1), level.astype(np.uint64)))):
+    if index.size and (np.any(index % 2 == 0)
+                       or np.any(index >= 2 * cells_per(level, free).astype(np.uint64))):
         raise _bad(p, "an EOF index that is even or beyond its level's 2^l")
     index = index.astype(np.int64)
     if fs.node.size or fs.count.max(initial=1) != 1:
@@ -583,17 +740,19 @@ def _slots(cols: Columns):
     their row-major numbering, int64 ``(D,)``; and the level vector of each column."""
     levels, t = np.unique(cols.level, axis=0, return_inverse=True)
     t = t.ravel()
-    off, stride, _ = strides(levels)
+    off, stride, _ = strides(levels, cols.free)
     slot = off[t] + np.sum(((cols.index - 1) // 2) * stride[t], axis=1)
     return levels, slot, t
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _rows(u, kernel, s, mult, top, act_ptr, act_j, act_l, act_stride, off, table, out, peak, start, stop):  # pragma: no cover - compiled
+def _rows(u, kernel, free, s, mult, top, act_ptr, act_j, act_l, act_stride, off, table, out, peak, start, stop):  # pragma: no cover - compiled
     """Algorithm 1 over rows [start, stop).  A level vector is stored by its active
     coordinates (l_j > 1, increasing j; level-1 coordinates have the one cell 0): its value
     is the product, in increasing j, of runs of level-1 factors (``seg``, per row) and the
     active factors -- O(d^2 + |levels| |active|) per row instead of O(|levels| d).
+    Levels are slot levels (:func:`_factor_any`): ``free``, level l of the free boundary is
+    slot level l + 1, so that its root (level 0, one cell) takes the place of level 1.
     Column j's factors are multiplied by ``mult[j]`` (powers of two: exact), and ``peak[r]``
     gets the row's largest |value| in float64 (the caller checks it fits ``out``'s dtype).
 
@@ -609,11 +768,11 @@ def _rows(u, kernel, s, mult, top, act_ptr, act_j, act_l, act_stride, off, table
     n2 = np.empty((d, top + 1))
     for j in range(d):
         for l in range(1, top + 1):
-            n1[j, l], n2[j, l] = _norms(kernel, s[j], l)
+            n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
     for r in range(start, stop):
         for j in range(d):
             for l in range(1, top + 1):
-                c, v = _factor_normed(kernel, s[j], u[r, j], l, n1[j, l], n2[j, l])
+                c, v = _factor_any(kernel, free, s[j], u[r, j], l, n1[j, l], n2[j, l])
                 cell[j, l] = c
                 val[j, l] = v * mult[j]
         for a in range(d + 1):
@@ -662,14 +821,16 @@ class Transformer:
         self.s = np.ascontiguousarray(cols.unit_scales(fs.skeleton))
         self.mult = np.ascontiguousarray(cols.multipliers())
         levels, slot, _ = _slots(cols)
-        off, stride, sizes = strides(levels)
+        off, stride, sizes = strides(levels, cols.free)
+        self.free = cols.free
+        shift = 1 if cols.free else 0  # slot levels (_factor_any): the free root is slot level 1
         n_slots = int(sizes.sum())
         budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
         # Each thread of _rows holds its own (d + 1)^2 run products and four d x (top + 1)
         # factor tables (8,000 brownian dimensions: 512 MB a thread), counted before the table.
         from ._compiled import threads
 
-        d, top, n_threads = self.cols.size, int(levels.max(initial=1)), threads()
+        d, top, n_threads = self.cols.size, int(levels.max(initial=1 - shift)) + shift, threads()
         budget.check(8.0 * n_threads * ((d + 1) ** 2 + 4 * d * (top + 1)),
                      f"the EOF transform's working tables in {d} dimensions ({n_threads} threads, each (d + 1)^2 "
                      "products and 4 x d x (top level + 1) factors)",
@@ -677,10 +838,10 @@ class Transformer:
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
         self.lev, self.off = levels, off
-        active = levels > 1
+        active = levels + shift > 1
         self.act_ptr = np.concatenate(([0], np.cumsum(active.sum(axis=1)))).astype(np.int64)
         t_idx, self.act_j = np.nonzero(active)  # row-major: by level vector, then increasing j
-        self.act_l = levels[t_idx, self.act_j].astype(np.int64)
+        self.act_l = (levels[t_idx, self.act_j] + shift).astype(np.int64)
         self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
         self.act_j = self.act_j.astype(np.int64)
         self.top = top
@@ -747,7 +908,7 @@ class Transformer:
             out[...] = 0
         if m and self.columns:
             peak = np.zeros(m)
-            on_rows(_rows, m, u, self.kernel, self.s, self.mult, self.top, self.act_ptr, self.act_j, self.act_l,
+            on_rows(_rows, m, u, self.kernel, self.free, self.s, self.mult, self.top, self.act_ptr, self.act_j, self.act_l,
                     self.act_stride, self.off, self.table, out, peak, min_rows=max(1, 65536 // max(1, self.lev.size)))
             self._check_range(peak, row0, source)
             if self.col_scale is not None:
@@ -794,8 +955,9 @@ def unit_rows(spec: Spec, lo, hi, x) -> np.ndarray:
 K1_TEMPORARIES = 8
 
 
-def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray, copies: int = 0) -> np.ndarray:
-    """The kernel EOF converges to (pinned laplace or brownian product) between unit-cube
+def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray, copies: int = 0,
+                 boundary: str = "pinned") -> np.ndarray:
+    """The kernel EOF converges to (the product of :func:`k1` of ``boundary``) between unit-cube
     rows ``u`` ``(m, d)`` and ``v`` ``(k, d)``: float64 ``(m, k)``.  The matrix (plus
     ``copies`` more that the caller will make) and the temporaries of :func:`k1` are
     checked against the memory budget first; rows go in blocks sized to fit it (the
@@ -814,7 +976,7 @@ def limit_kernel(kernel: str, s, u: np.ndarray, v: np.ndarray, copies: int = 0) 
     for a in range(0, m, block):
         b = min(m, a + block)
         for j in range(u.shape[1]):
-            out[a:b] *= k1(kernel, s[j], u[a:b, j, None], v[None, :, j])
+            out[a:b] *= k1(kernel, s[j], u[a:b, j, None], v[None, :, j], boundary)
     return out
 
 
@@ -828,9 +990,11 @@ def describe(fs) -> dict:
     """The EOF lines of ``rfsgen inspect``."""
     meta = fs.eof.meta
     levels, _, t = _slots(fs.eof)
-    _, _, sizes = strides(levels)
+    _, _, sizes = strides(levels, fs.eof.free)
     kept = np.bincount(t, minlength=levels.shape[0])
-    return {"kernel": meta["kernel"] + (" (pinned on the box's faces)" if meta["kernel"] == "laplace" else ""),
+    kernel_text = (meta["kernel"] + " (free on the box's faces)" if fs.eof.free else
+                   meta["kernel"] + (" (pinned on the box's faces)" if meta["kernel"] == "laplace" else ""))
+    return {"kernel": kernel_text, "boundary": fs.eof.boundary,
             "node": meta["node"], "level": meta["level"], "level_vectors": meta["level_vectors"],
             "level_vectors_used": int(levels.shape[0]), "grid_features": meta["grid_features"],
             "max_nonzeros_per_row": int(levels.shape[0]),
@@ -874,10 +1038,13 @@ def kernel(skel, x, y=None, *, lo, hi, x_source: str = "<array>", y_source: str 
             check_finite(np.asarray(rows), 0, source)
     u = unit_rows(spec, lo, hi, x)
     v = u if y is None else unit_rows(spec, lo, hi, y)
-    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v, copies)
+    return limit_kernel(spec.kernel, spec.scale * (hi - lo), u, v, copies, spec.boundary)
 
 
-def limit_name(kernel_name: str) -> str:
+def limit_name(kernel_name: str, boundary: str = "pinned") -> str:
+    if boundary == "free":
+        return ("the laplace kernel exp(-scale |x - x'|_1) on the box" if kernel_name == "laplace"
+                else "the free brownian kernel on the box")
     return ("the laplace kernel pinned on the box's faces" if kernel_name == "laplace"
             else "the brownian kernel on the box")
 
@@ -993,7 +1160,7 @@ class EOFKind(ColumnKind):
     def approx_lines(self, records) -> list:
         if not records:
             return []
-        return (["eof: errors against the kernel EOF converges to (pinned laplace or brownian on the box); "
+        return (["eof: errors against the kernel EOF converges to (laplace or brownian on the box, pinned or free); "
                  "the whole sparse grid of each level (its own truncation):"]
                 + [f"  D {r['features']}: level {r['level']:.0f}, grid MAE {r['truncation_mae']:.5f}, "
                    f"max |err| {r['truncation_max_abs']:.5f}" for r in records])

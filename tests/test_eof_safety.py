@@ -57,11 +57,12 @@ BOUNDS_SCRIPT = textwrap.dedent("""
                         5e-324, -5e-324, 0.5, 0.25, 2.0**-60, 1 - 2.0**-53, 1.7976931348623157e308, -3.0])
     rng = np.random.default_rng(37)
     checked = 0
-    for kernel in eof.KERNELS:
+    for kernel, boundary in [(k, b) for k in eof.KERNELS for b in ("pinned", "free")]:
+        free = boundary == "free"
         for d, level in ((1, 6), (3, 4), (5, 3)):
             skel = parse_skeleton("rfsgen: 1\\ninput: {width: %d}\\nnodes:\\n  - {name: x, base: %s%s, domain: [-2, 3], "
-                                  "columns: '0:%d'}\\n" % (d, kernel, ", scale: 1.3" if kernel == "laplace" else "", d),
-                                  "k.yaml")
+                                  "boundary: %s, columns: '0:%d'}\\n"
+                                  % (d, kernel, ", scale: 1.3" if kernel == "laplace" else "", boundary, d), "k.yaml")
             fs = eof.sample(skel, level=level)
             t = eof.Transformer(fs, np.float64)
             for case in range(60):  # generated: mixtures of extreme and ordinary unit coordinates
@@ -69,28 +70,29 @@ BOUNDS_SCRIPT = textwrap.dedent("""
                 u = np.where(rng.random((m, d)) < 0.5, rng.choice(EXTREME, (m, d)), rng.random((m, d)))
                 out = np.zeros((m, t.columns))
                 peak = np.zeros(m)
-                eof._rows(np.ascontiguousarray(u), t.kernel, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
+                eof._rows(np.ascontiguousarray(u), t.kernel, t.free, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
                           t.act_stride, t.off, t.table, out, peak, 0, m)
                 assert np.isfinite(out).all() and np.isfinite(peak).all(), (kernel, d, u)
                 # the same rows clipped first (what the transform does) give the same values
                 clipped = np.clip(np.nan_to_num(u, nan=0.0), 0.0, 1.0)
                 ref = np.zeros_like(out)
-                eof._rows(np.ascontiguousarray(clipped), t.kernel, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
+                eof._rows(np.ascontiguousarray(clipped), t.kernel, t.free, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
                           t.act_stride, t.off, t.table, ref, peak, 0, m)
                 assert np.array_equal(out, ref)
                 # a table that points anywhere is skipped, never followed
                 bad = t.table.copy()
                 bad[rng.integers(0, bad.size, max(1, bad.size // 3))] = rng.choice([10**12, -5, 2**62, t.columns])
-                eof._rows(np.ascontiguousarray(u), t.kernel, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
+                eof._rows(np.ascontiguousarray(u), t.kernel, t.free, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
                           t.act_stride, t.off, bad, out, peak, 0, m)
-                cell, val = eof.factors(kernel, t.s, clipped, t.top)
-                for lv in range(1, t.top + 1):
-                    assert ((cell[:, :, lv] >= 0) & (cell[:, :, lv] < 2 ** (lv - 1))).all()
+                cell, val = eof.factors(kernel, t.s, clipped, t.top, boundary)
+                assert np.isfinite(val).all()
+                for lv in range(1, t.top + 1):  # slot levels: the free grid's level lv - 1
+                    assert ((cell[:, :, lv] >= 0) & (cell[:, :, lv] < eof.cells_per_level(lv - free, free))).all()
                 checked += 1
             # extreme scales and levels: memory safety only (the box check refuses these scales)
             for s in (0.0, np.nan, np.inf, 1e308, 5e-324, -1.0):
                 try:  # or an error (numba raises ZeroDivisionError for s = 0), never a stray access
-                    eof.factors(kernel, np.full(d, s), rng.choice(EXTREME, (4, d)), 5)
+                    eof.factors(kernel, np.full(d, s), rng.choice(EXTREME, (4, d)), 5, boundary)
                 except ZeroDivisionError:
                     pass
     cdf = np.cumsum(np.full(10, 0.1))
@@ -129,7 +131,7 @@ def test_every_compiled_entry_point_stays_in_bounds_on_extreme_values(tmp_path):
                NUMBA_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-c", BOUNDS_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "checked 560" in r.stdout
+    assert "checked 920" in r.stdout
 
 
 # ---------------------------------------------------------------------- 2. boxes and extremes
@@ -375,3 +377,32 @@ def test_eof_transform_counts_its_per_thread_tables():
     fs = eof.sample(skel, level=1)
     with limited("64M"), pytest.raises(LimitError, match=r"working tables in 8000 dimensions"):
         eof.Transformer(fs)
+
+
+# ---------------------------------------------------------------------- 5. boundary: free
+@pytest.mark.parametrize("d, scale, width", [(81, 1.0, 1.1), (30, 3.0, 3.0), (2, 1e-80, 3.0), (3, 1e90, 3.0)])
+def test_free_boundary_float32_is_usable_and_finite(d, scale, width):
+    """The free boundary's features are products of level-0 factors exp(-s |u - 1/2|): at
+    d = 81 they underflow float32 unless scaled; the recorded 2^e keeps every non-zero of
+    float64 in float32 and Z Z^T / 4^e is the unscaled Gram matrix.  Extreme scales (s tiny or
+    huge) and rows on faces, at the centre and outside the box give finite values, never NaN."""
+    text = skel_text("laplace", d, f"[-1, {width - 1}]", scale).replace("columns:", "boundary: free, columns:")
+    skel = parse_skeleton(text, "free.yaml")
+    fs = eof.sample(skel, columns=200, seed=4)
+    rng = np.random.default_rng(d)
+    x = rng.uniform(-1, width - 1, (30, d))
+    x[0], x[1], x[2], x[3] = -1.0, width - 1.0, (width - 2) / 2, 1e300  # faces, centre, far outside
+    x[4] = -1e308
+    z64 = transform(fs, x, layout="dense", dtype="float64")
+    assert np.isfinite(z64).all() and (z64.any() or scale > 1e10)  # a kernel far narrower than a cell: zeros
+    e = fs.eof.scale_exponent
+    if d == 81:
+        assert e >= eof.SCALE_FROM
+    if np.abs(z64).max(axis=1).min() >= np.finfo(np.float32).tiny:
+        z32 = transform(fs, x, layout="dense")
+        assert np.count_nonzero(z32) == np.count_nonzero(z64)
+        np.testing.assert_allclose(z32, z64, rtol=2e-7, atol=0)
+    plain = eof.Columns({k: v for k, v in fs.eof.meta.items() if k != "scale_exponent"}, fs.eof.level, fs.eof.index)
+    fs.eof = plain
+    z0 = transform(fs, x, layout="dense", dtype="float64")
+    assert np.array_equal(z64 * 2.0**-e, z0)

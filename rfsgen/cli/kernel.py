@@ -48,8 +48,8 @@ def kernel_cmd(skeleton, input, input2, output, rows, eof_limit, domain_from, ma
 
         eof = {"domain_from": domain_from, "margin": margin}
         if not quiet:
-            click.echo(f"kernel: {limit_name(spec_of(load_skeleton(skeleton, params=params)).kernel)} (the limit of --scheme eof)",
-                       err=True)
+            spec = spec_of(load_skeleton(skeleton, params=params))
+            click.echo(f"kernel: {limit_name(spec.kernel, spec.boundary)} (the limit of --scheme eof)", err=True)
     elif domain_from is not None or margin is not None:
         raise UsageError("--domain-from and --margin are for --eof")
     with _Progress(None, "rows", quiet, "kernel") as bar:
