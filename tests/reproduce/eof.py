@@ -354,13 +354,14 @@ def learn_tuned(cands, ytr, yte, task, seed):
 #: ``tuned``: the rule's scale times each of MULTIPLIERS (and, for EOF, each of MARGINS),
 #: chosen on the validation split with the ridge.
 PROTOCOLS = ("rule", "rule-k", "tuned")
-#: (A first grid of 0.25 .. 4 had tuned RKS choose its lower end in 104 of 120 runs, and EOF
-#: both ends of its grids: these reach further.)
-MULTIPLIERS = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0)
+#: (Grids of 0.25 .. 4 and then 1/16 .. 2 had tuned RKS choose their lower end in 104 and 71
+#: of 120 runs, and EOF its lowest scale: the seed's rule gives far too short a length scale
+#: on these sets.  These reach further down.)
+MULTIPLIERS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0)
 #: EOF's box margins tried under ``tuned`` (times the training rows' range per side), with
 #: its own scale multipliers.
 MARGINS = (0.05, 0.5, 2.0, 5.0, 10.0)
-EOF_MULTIPLIERS = (0.125, 0.25, 0.5, 1.0)
+EOF_MULTIPLIERS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 
 
 @dataclass
