@@ -91,7 +91,7 @@ def main(argv=None):
     ap.add_argument("--lams", default="0.001,0.1", help="greedy's damping g (times n)")
     ap.add_argument("--lev-lam", type=float, default=1e-4)
     ap.add_argument("--methods", default="plain,random,corr,greedy,leverage",
-                    help="of plain,random,corr,greedy,pivoted-cholesky,leverage,leverage-top"))
+                    help="of plain,random,corr,greedy,pivoted-cholesky,leverage,leverage-top")
     ap.add_argument("--C", type=float, default=1.0)
     ap.add_argument("--skeleton", default=str(ROOT / "skeletons" / "mnist-conv.yaml"))
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
