@@ -95,6 +95,8 @@ def main(argv=None):
     ap.add_argument("--C", type=float, default=1.0)
     ap.add_argument("--skeleton", default=str(ROOT / "skeletons" / "mnist-conv.yaml"))
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--check", action="store_true",
+                    help="verify on the first seed that rfsgen.select(method='greedy') keeps greedy lam=0.1's columns")
     ap.add_argument("--out", type=Path, default=Path("learn-output") / "selection-redundancy.json")
     a = ap.parse_args(argv)
     methods = set(a.methods.split(","))
@@ -160,6 +162,13 @@ def main(argv=None):
             p = lev / lev.sum()
             picks["leverage sample"] = np.sort(rng.choice(N0, D, replace=False, p=p))
         del zs
+        if a.check and not results:
+            from rfsgen.select import GREEDY_RIDGE
+
+            fs = rfsgen.select(pool, xtr, ytr, D, method="greedy")
+            same = fs.stats["selection"]["kept"] == picks[f"greedy lam={GREEDY_RIDGE:g}"].tolist()
+            print(f"check: rfsgen.select(method='greedy') keeps the same columns: {same}", flush=True)
+            assert same
         for name, keep in picks.items():
             t = time.time()
             acc[name] = accuracy(ztr[:, keep], ytr, zte[:, keep], yte, a.C)
