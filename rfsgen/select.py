@@ -463,7 +463,7 @@ def greedy_order(st: Stats, k: int, ridge: float = GREEDY_RIDGE) -> np.ndarray:
 
     Pivoted Cholesky on G: with L the factor's columns so far, d_m = ||z_m'||^2 and
     B = Zs'^T Y (N0 x C, the residual columns' correlations with the labels), keeping p
-    adds l = (G[:, p] - L L[p]^T) / sqrt(d_p) to L, d -= l^2 and B -= l (B_p / sqrt(d_p)).
+    adds l = (G[:, p] - L^T L[:, p]) / sqrt(d_p) to L, d -= l^2 and B -= l (B_p / sqrt(d_p)).
     Ties go to the lower column number.  A column of no variance, or one already in the
     span (d_m <= 1e-9 n), is never picked by the greedy step; if fewer than k columns
     are left that way, the rest are the others by ``corr``'s score."""
@@ -488,7 +488,7 @@ def greedy_order(st: Stats, k: int, ridge: float = GREEDY_RIDGE) -> np.ndarray:
     else:
         B = ((st.by_class - (st.y_sum / n) * st.total[None, :]) * inv[None, :]).T.copy()
     d = np.diagonal(G).copy()
-    L = np.zeros((N0, k))
+    L = np.zeros((k, N0))  # the factor's columns as rows: each step reads a contiguous j x N0 block
     picked = np.zeros(N0, dtype=bool)
     floor = 1e-9 * n
     lam = float(ridge) * n
@@ -502,8 +502,8 @@ def greedy_order(st: Stats, k: int, ridge: float = GREEDY_RIDGE) -> np.ndarray:
         order.append(q)
         picked[q] = True
         r = math.sqrt(d[q])
-        col = (G[:, q] - L[:, :j] @ L[q, :j]) / r
-        L[:, j] = col
+        col = (G[:, q] - L[:j, q] @ L[:j]) / r
+        L[j] = col
         d -= col * col
         B -= np.outer(col, B[q] / r)
     if len(order) < k:  # the span is exhausted: the rest by corr's score

@@ -27,9 +27,10 @@ classes; G = Zs^T Zs):
     NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
         python tests/reproduce/selection_redundancy.py --D 1024 --seeds 0,1,2 [--out FILE]
 
-About 4 minutes per seed at D = 1024 on one core (the pool's transform, G of
-10,240^2, and ten logistic regressions); memory about 2.5 GB.  D = 4096 needs G of
-40,960^2 (13 GB) and is not run by default.
+About 2 minutes per seed at D = 1024 on one core (the pool's transform, G of
+10,240^2, and seven logistic regressions); memory about 2.5 GB.  D = 4096 (pool 40,960)
+was run with ``--methods plain,corr,greedy --lams 0.1 --gram-dtype float32`` (G in 6.7 GB,
+about 10 minutes a seed).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def greedy(G: np.ndarray, B: np.ndarray, k: int, ridge: float, use_labels: bool 
     N0 = G.shape[0]
     d = np.diag(G).copy()
     B = B.copy()
-    L = np.zeros((N0, k))
+    L = np.zeros((k, N0), dtype=G.dtype)
     picked = np.zeros(N0, bool)
     tiny = 1e-9 * float(d.max())
     out = []
@@ -71,8 +72,8 @@ def greedy(G: np.ndarray, B: np.ndarray, k: int, ridge: float, use_labels: bool 
         out.append(p)
         picked[p] = True
         r = np.sqrt(d[p])
-        col = (G[:, p] - L[:, :j] @ L[p, :j]) / r
-        L[:, j] = col
+        col = (G[:, p] - L[:j, p] @ L[:j]) / r
+        L[j] = col
         d -= col * col
         B -= np.outer(col, B[p] / r)
     return np.asarray(out)
@@ -95,6 +96,7 @@ def main(argv=None):
     ap.add_argument("--C", type=float, default=1.0)
     ap.add_argument("--skeleton", default=str(ROOT / "skeletons" / "mnist-conv.yaml"))
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--gram-dtype", default="float64", help="float32 halves G's memory (D = 4096: 6.7 GB)")
     ap.add_argument("--check", action="store_true",
                     help="verify on the first seed that rfsgen.select(method='greedy') keeps greedy lam=0.1's columns")
     ap.add_argument("--out", type=Path, default=Path("learn-output") / "selection-redundancy.json")
@@ -131,7 +133,9 @@ def main(argv=None):
         zs[:, ~live] = 0.0
         if "greedy" in methods or "pivoted-cholesky" in methods:
             t = time.time()
-            G = zs.T @ zs
+            zg = zs.astype(a.gram_dtype, copy=False)
+            G = zg.T @ zg
+            del zg
             Y = np.zeros((n, 10))
             Y[np.arange(n), ytr] = 1.0
             Y -= Y.mean(axis=0)
