@@ -347,12 +347,14 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
     # the (C + 2) x N0 statistics, and the scores' temporaries (C x N0 twice, a few N0)
     budget.check(8.0 * (3 * C + 8) * N0, f"the selection's statistics ({C + 2} x {N0} columns)",
                  "select from a smaller pool or with fewer classes")
-    if gram:  # the Gram's sums, one block's product, and greedy's own N0 x N0 use of them after
-        # the Gram's sums and one block's product (N0 x N0 each); after, greedy's Cholesky factor
-        # (N0 x D, D <= N0) in the product's place and its temporaries (256-row slices, scores)
-        budget.check(8.0 * N0 * (2 * N0 + 2 * BLOCK + 3 * C + 16), f"the greedy selection's Gram matrix of a pool of "
-                     f"{N0} columns ({N0} x {N0}, twice)", "select from a smaller pool (fewer columns: 'rfsgen sample -n'), or use another "
-                     "--method")
+    # greedy: the Gram's sums and one block's product (N0 x N0 each); after, greedy's Cholesky
+    # factor (D x N0, D <= N0) in the product's place and its temporaries (256-row slices, scores).
+    # Held beside every chunk, so the chunks' checks below count it too.
+    gram_bytes = 8.0 * N0 * (2 * N0 + 2 * BLOCK + 3 * C + 16) if gram else 0.0
+    if gram:
+        budget.check(gram_bytes, f"the greedy selection's Gram matrix of a pool of {N0} columns ({N0} x {N0}, twice)",
+                     "select from a smaller pool (fewer columns: 'rfsgen sample -n', or a smaller --pool-factor) "
+                     "or with another --method")
     tr = Transformer(_unit(fs), np.float64)
     n = codes.size
     if chunk_rows is not None:  # a chunk never needs more rows than there are labels (= rows)
@@ -362,15 +364,19 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
     per_row = tr.row_bytes + 8 * (C + N0)
     # A chunk is whole blocks (the summation order is fixed), so one block must fit:
     # checked before the transformer's first chunk is made.
-    budget.check(float(BLOCK) * per_row, f"the selection from a pool of {N0} columns: one block of {BLOCK} rows at "
-                 f"{budget.fmt(per_row)} a row", "select from a smaller pool (fewer columns: 'rfsgen sample -n')")
+    beside = f" beside the Gram matrix ({budget.fmt(gram_bytes)})" if gram else ""
+    budget.check(float(BLOCK) * per_row + gram_bytes, f"the selection from a pool of {N0} columns: one block of "
+                 f"{BLOCK} rows at {budget.fmt(per_row)} a row{beside}",
+                 "select from a smaller pool (fewer columns: 'rfsgen sample -n')")
     if chunk_rows is None:
         rows_per = default_chunk_rows(N0, per_row, tr.what, None)
+        if gram:  # the default chunk fits in what the Gram matrix leaves
+            rows_per = min(rows_per, int((budget.limit() - gram_bytes) // per_row))
     else:
         rows_per = max(1, int(chunk_rows))
     rows_per = max(BLOCK, rows_per // BLOCK * BLOCK)  # whole blocks: the summation order is fixed
-    budget.check(float(rows_per) * per_row, f"the selection from a pool of {N0} columns: a chunk of {rows_per} rows "
-                 f"at {budget.fmt(per_row)} a row", "use a smaller --chunk-rows")
+    budget.check(float(rows_per) * per_row + gram_bytes, f"the selection from a pool of {N0} columns: a chunk of "
+                 f"{rows_per} rows at {budget.fmt(per_row)} a row{beside}", "use a smaller --chunk-rows")
     by_class = np.zeros((C, N0))
     total = np.zeros(N0)
     squares = np.zeros(N0)

@@ -675,6 +675,12 @@ def test_greedy_gram_over_the_budget_is_one_line(gauss, tmp_path):
         select(pool, x, y, 10, method="greedy")
     with budget.limited("100M"):  # the other methods fit
         assert select(pool, x, y, 10, method="corr").columns == 10
+    # Room for the Gram matrix and a block but not a default chunk beside it: the chunk shrinks, same columns
+    want = select(pool, x, y, 10, method="greedy").stats["selection"]["order"]
+    with budget.limited("200M"):
+        assert select(pool, x, y, 10, method="greedy").stats["selection"]["order"] == want
+        with pytest.raises(LimitError, match=r"a chunk of 512 rows .* beside the Gram matrix"):
+            select(pool, x, y, 10, method="greedy", chunk_rows=10**6)
     save(pool, tmp_path / "pool.h5")
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
