@@ -16,10 +16,11 @@ from ._budget import max_memory_option, threads_option
 @click.option("--method", type=click.Choice(["eerf", "lkrf", "corr", "eerf-norm", "greedy"]), default="eerf", show_default=True,
               help="eerf: top D by alignment with the labels (Shahrampour et al. 2018); lkrf: learned weights "
                    "under a chi-square bound --rho, top D by weight (Sinha and Duchi 2016); corr: top D by the "
-                   "share of each feature's variance the labels explain (best before standardised linear models); "
+                   "share of each feature's variance the labels explain (for standardised linear models); "
                    "eerf-norm: eerf's score over the feature's mean square; greedy: forward selection, each "
                    "step the column that best explains the labels' residual after the columns already kept "
-                   "(accounts for redundant columns; needs the pool's N0 x N0 Gram matrix in memory).")
+                   "(accounts for redundant columns; the best measured before standardised linear models; needs "
+                   "the pool's N0 x N0 Gram matrix in memory).")
 @click.option("--rho", type=float, help="lkrf: the divergence bound (default: N0/D - 1).")
 @click.option("--task", type=click.Choice(["auto", "classification", "regression"]), default="auto",
               show_default=True, help="auto: classification unless the labels are non-integer numbers.")
