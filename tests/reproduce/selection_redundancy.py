@@ -28,8 +28,8 @@ classes; G = Zs^T Zs):
         python tests/reproduce/selection_redundancy.py --D 1024 --seeds 0,1,2 [--out FILE]
 
 The runs behind the tables in docs/selection.md are in
-``tests/reproduce/selection_redundancy-results.json``.  About 2 minutes per seed at D = 1024 on one core (the pool's transform, G of
-10,240^2, and seven logistic regressions); memory about 2.5 GB.  D = 4096 (pool 40,960)
+``tests/reproduce/selection_redundancy-results.json``.  About 2 minutes per seed at D = 1024
+on one core (the pool's transform, G of 10,240^2, and seven logistic regressions); memory about 2.5 GB.  D = 4096 (pool 40,960)
 was run with ``--methods plain,corr,greedy --lams 0.1 --gram-dtype float32`` (G in 6.7 GB,
 11 GB in all, 8-13 minutes a seed on a shared 2-core machine).  ``--data`` defaults to
 ``shared/data`` beside the repository (``--data /path/to/shared/data`` from a worktree).
