@@ -27,6 +27,14 @@ label (n, 1) for regression; means over the n training rows):
   the between-class variance, proportional to the column's mean square, whatever its
   alignment).  Kept columns keep their draw counts, as for eerf.
 * ``eerf-norm``: EERF's score divided by the column's mean square, mean_i z_m(x_i)^2.
+* ``greedy`` (rfsgen's own, for standardised features; accounts for redundancy between
+  columns): forward selection (orthogonal least squares with the multi-output target Y)
+  by pivoted Cholesky on the pool's Gram matrix of standardised columns, G = Zs^T Zs.
+  At each step the column m with the largest ||Y^T z_m'||^2 / (||z_m'||^2 + g n) is
+  kept, z_m' being its part orthogonal to the columns kept so far: the label residual's
+  correlation with what the column adds.  g = :data:`GREEDY_RIDGE` damps columns nearly
+  in the span already.  Needs G: N0^2 numbers, streamed (per block, Z_b^T Z_b).
+  Kept columns keep their draw counts, as for eerf.
 
 Rows are streamed: per block of :data:`BLOCK` rows the pool's columns are computed and
 folded into sufficient statistics of (C + 2) x N0 numbers (per class the sum of z_m, the
@@ -50,12 +58,14 @@ from .errors import DataError, FeatureFileError, InputError, UsageError, count
 from .features import FeatureSet
 from .kinds import of as kind_of
 
-METHODS = ("eerf", "lkrf", "corr", "eerf-norm")
+METHODS = ("eerf", "lkrf", "corr", "eerf-norm", "greedy")
 TASKS = ("auto", "classification", "regression")
 #: Rows per block of the sufficient statistics (the unit of their fixed summation order).
 BLOCK = 256
 #: Default pool size: this many times D columns (the papers' N0 = 10 D).
 POOL_FACTOR = 10
+#: ``greedy``'s damping g: a column's score is ||Y^T z'||^2 / (||z'||^2 + g n).
+GREEDY_RIDGE = 0.1
 
 
 @dataclasses.dataclass
@@ -74,6 +84,7 @@ class Stats:
     class_rows: np.ndarray | None = None
     y_sum: float = 0.0
     y_squares: float = 0.0
+    gram: np.ndarray | None = None  # float64 (N0, N0), sum of z_m z_m' (method greedy only)
 
 
 # ----------------------------------------------------------------------------- labels
@@ -317,13 +328,14 @@ def _unit(fs: FeatureSet) -> FeatureSet:
 
 
 def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classes: int, *, chunk_rows=None,
-                    progress=None, label_column: int | None = None) -> Stats:
+                    progress=None, label_column: int | None = None, gram: bool = False) -> Stats:
     """Stream ``rows`` through the pool ``fs`` once and return its :class:`Stats`.
 
     ``codes``: int64 class index per row (classification) or float64 labels (regression),
     one per row.  Memory: (C + 2) x N0 float64 for the statistics plus one chunk of rows
     by N0 columns; the rows themselves are never all held.  Rows are folded in blocks of
     :data:`BLOCK` aligned to row numbers, so the result does not depend on ``chunk_rows``.
+    ``gram``: also the sums of z_m z_m' (``Stats.gram``, N0 x N0 float64; method greedy).
     """
     from . import budget
     from .inputs import check_width, open_input
@@ -335,6 +347,14 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
     # the (C + 2) x N0 statistics, and the scores' temporaries (C x N0 twice, a few N0)
     budget.check(8.0 * (3 * C + 8) * N0, f"the selection's statistics ({C + 2} x {N0} columns)",
                  "select from a smaller pool or with fewer classes")
+    # greedy: the Gram's sums and one block's product (N0 x N0 each); after, greedy's Cholesky
+    # factor (D x N0, D <= N0) in the product's place and its temporaries (256-row slices, scores).
+    # Held beside every chunk, so the chunks' checks below count it too.
+    gram_bytes = 8.0 * N0 * (2 * N0 + 2 * BLOCK + 3 * C + 16) if gram else 0.0
+    if gram:
+        budget.check(gram_bytes, f"the greedy selection's Gram matrix of a pool of {N0} columns ({N0} x {N0}, twice)",
+                     "select from a smaller pool (fewer columns: 'rfsgen sample -n', or a smaller --pool-factor) "
+                     "or with another --method")
     tr = Transformer(_unit(fs), np.float64)
     n = codes.size
     if chunk_rows is not None:  # a chunk never needs more rows than there are labels (= rows)
@@ -344,18 +364,24 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
     per_row = tr.row_bytes + 8 * (C + N0)
     # A chunk is whole blocks (the summation order is fixed), so one block must fit:
     # checked before the transformer's first chunk is made.
-    budget.check(float(BLOCK) * per_row, f"the selection from a pool of {N0} columns: one block of {BLOCK} rows at "
-                 f"{budget.fmt(per_row)} a row", "select from a smaller pool (fewer columns: 'rfsgen sample -n')")
+    beside = f" beside the Gram matrix ({budget.fmt(gram_bytes)})" if gram else ""
+    budget.check(float(BLOCK) * per_row + gram_bytes, f"the selection from a pool of {N0} columns: one block of "
+                 f"{BLOCK} rows at {budget.fmt(per_row)} a row{beside}",
+                 "select from a smaller pool (fewer columns: 'rfsgen sample -n')")
     if chunk_rows is None:
         rows_per = default_chunk_rows(N0, per_row, tr.what, None)
+        if gram:  # the default chunk fits in what the Gram matrix leaves
+            rows_per = min(rows_per, int((budget.limit() - gram_bytes) // per_row))
     else:
         rows_per = max(1, int(chunk_rows))
     rows_per = max(BLOCK, rows_per // BLOCK * BLOCK)  # whole blocks: the summation order is fixed
-    budget.check(float(rows_per) * per_row, f"the selection from a pool of {N0} columns: a chunk of {rows_per} rows "
-                 f"at {budget.fmt(per_row)} a row", "use a smaller --chunk-rows")
+    budget.check(float(rows_per) * per_row + gram_bytes, f"the selection from a pool of {N0} columns: a chunk of "
+                 f"{rows_per} rows at {budget.fmt(per_row)} a row{beside}", "use a smaller --chunk-rows")
     by_class = np.zeros((C, N0))
     total = np.zeros(N0)
     squares = np.zeros(N0)
+    G = np.zeros((N0, N0)) if gram else None
+    prod = np.empty((N0, N0)) if gram else None
     with open_input(rows) as src:
         width = fs.skeleton.width + (label_column is not None)
         if label_column is not None:
@@ -387,13 +413,17 @@ def pool_statistics(fs: FeatureSet, rows, task: str, codes: np.ndarray, n_classe
                     by_class += lab[None, :] @ zb
                 total += zb.sum(axis=0)
                 squares += np.einsum("ij,ij->j", zb, zb)
+                if G is not None:
+                    np.matmul(zb.T, zb, out=prod)
+                    G += prod
             seen = row0 + m
             if progress:
                 progress(m)
         if seen != n:
             raise InputError(f"labels: {count(n, 'label')} for {count(seen, 'row')} of {src.name}; give one label per "
                              "row")
-    st = Stats(rows=n, by_class=by_class, total=total, squares=squares)
+    del prod
+    st = Stats(rows=n, by_class=by_class, total=total, squares=squares, gram=G)
     if task == "classification":
         st.class_rows = np.bincount(codes, minlength=C).astype(np.int64)
     else:
@@ -429,6 +459,64 @@ def scores(st: Stats, method: str) -> np.ndarray:
         ok = var > 1e-12 * np.maximum(mean_square, 1e-300)
         return np.divide(np.minimum(between, var), var, out=np.zeros_like(var), where=ok)
     raise UsageError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+
+
+# ----------------------------------------------------------------------------- greedy
+def greedy_order(st: Stats, k: int, ridge: float = GREEDY_RIDGE) -> np.ndarray:
+    """int64 (k,): the pool's columns in the order forward selection keeps them (module
+    docstring, ``greedy``), from statistics with ``st.gram`` (overwritten: it becomes the
+    Gram matrix of the standardised columns, G = Zs^T Zs).
+
+    Pivoted Cholesky on G: with L the factor's columns so far, d_m = ||z_m'||^2 and
+    B = Zs'^T Y (N0 x C, the residual columns' correlations with the labels), keeping p
+    adds l = (G[:, p] - L^T L[:, p]) / sqrt(d_p) to L, d -= l^2 and B -= l (B_p / sqrt(d_p)).
+    Ties go to the lower column number.  A column of no variance, or one already in the
+    span (d_m <= 1e-9 n), is never picked by the greedy step; if fewer than k columns
+    are left that way, the rest are the others by ``corr``'s score."""
+    G = st.gram
+    if G is None:
+        raise UsageError("greedy selection needs the pool's Gram matrix (pool_statistics(..., gram=True))")
+    n = float(st.rows)
+    N0 = G.shape[0]
+    mean = st.total / n
+    mean_square = st.squares / n
+    var = np.maximum(mean_square - mean * mean, 0.0)
+    live = var > 1e-12 * np.maximum(mean_square, 1e-300)
+    inv = np.zeros(N0)
+    inv[live] = 1.0 / np.sqrt(var[live])
+    for a in range(0, N0, BLOCK):  # in place, a slice at a time: sum z z^T - n mu mu^T, scaled by 1 / (sd sd^T)
+        b = min(N0, a + BLOCK)
+        G[a:b] -= (n * mean[a:b])[:, None] * mean[None, :]
+        G[a:b] *= inv[a:b, None] * inv[None, :]
+    if st.class_rows is not None:
+        p = st.class_rows / n
+        B = ((st.by_class - p[:, None] * st.total[None, :]) * inv[None, :]).T.copy()
+    else:
+        B = ((st.by_class - (st.y_sum / n) * st.total[None, :]) * inv[None, :]).T.copy()
+    d = np.diagonal(G).copy()
+    L = np.zeros((k, N0))  # the factor's columns as rows: each step reads a contiguous j x N0 block
+    picked = np.zeros(N0, dtype=bool)
+    floor = 1e-9 * n
+    lam = float(ridge) * n
+    order = []
+    for j in range(k):
+        s = np.einsum("mc,mc->m", B, B) / (d + lam)
+        s[picked | (d <= floor)] = -np.inf
+        q = int(np.argmax(s))
+        if s[q] == -np.inf:
+            break
+        order.append(q)
+        picked[q] = True
+        r = math.sqrt(d[q])
+        col = (G[:, q] - L[:j, q] @ L[:j]) / r
+        L[j] = col
+        d -= col * col
+        B -= np.outer(col, B[q] / r)
+    if len(order) < k:  # the span is exhausted: the rest by corr's score
+        v = scores(st, "corr")
+        v[picked] = -np.inf
+        order.extend(_top(v, k - len(order)).tolist())
+    return np.asarray(order, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- LKRF
@@ -618,8 +706,8 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
     ``rows``: training rows, float ``(n, width)`` or anything :func:`rfsgen.open_input` reads
     (streamed in chunks of ``chunk_rows``); ``labels``: one per row, an array-like or a
     labels file (:func:`read_labels`), or None with ``label_column`` (that column of
-    ``rows``, removed from the features' input).  ``method``: ``eerf``, ``lkrf``, ``corr``
-    or ``eerf-norm`` (module docstring); ``rho``: LKRF's divergence bound (default
+    ``rows``, removed from the features' input).  ``method``: ``eerf``, ``lkrf``, ``corr``,
+    ``eerf-norm`` or ``greedy`` (module docstring); ``rho``: LKRF's divergence bound (default
     N0 / D - 1); ``task``: ``auto``, ``classification`` or ``regression``.
     Returns an ordinary :class:`FeatureSet` of ``n_features`` columns, in the pool's
     order, with the selection's provenance in ``stats["selection"]``.
@@ -653,8 +741,9 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         raise UsageError(f"the pool has {count(N0, 'column')}, fewer than the {n_features} to keep; sample a pool of "
                          f"{k} x D = {k * n_features} columns ('rfsgen sample SKELETON -n {k * n_features}')")
     st = pool_statistics(fs, rows, task, codes, classes.size if classes is not None else 1, chunk_rows=chunk_rows,
-                         progress=progress, label_column=None if label_column is None else int(label_column))
-    v = scores(st, method)
+                         progress=progress, label_column=None if label_column is None else int(label_column),
+                         gram=method == "greedy")
+    v = scores(st, "corr" if method == "greedy" else method)
     weight = None
     record = {"method": method, "columns": n_features, "pool_columns": N0, "task": task, "rows": st.rows,
               "pool_digest": pool_digest(fs), **provenance}
@@ -670,6 +759,11 @@ def select(pool, rows, labels, n_features: int, *, method: str = "eerf", rho: fl
         if not kind_of(fs).weights_add_up:  # an EOF column's weight multiplies its (unit) feature: mean 1, as unweighted
             weight = weight * keep.size
         record.update(rho=r, divergence=chi2_divergence(q, p), kept_mass=float(kept.sum()))
+    elif method == "greedy":
+        order = greedy_order(st, n_features)
+        st.gram = None
+        keep = np.sort(order)
+        record.update(ridge=GREEDY_RIDGE, order=order.tolist())
     else:
         keep = np.sort(_top(v, n_features))
     record["kept"] = keep.tolist()  # the pool's column numbers, increasing

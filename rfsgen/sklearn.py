@@ -114,11 +114,11 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     layer : str or None
         For ``anndata.AnnData`` inputs: the layer the rows are read from (None: ``X``).
         An AnnData (backed too) may be passed wherever ``X`` is.
-    select : {None, "eerf", "lkrf", "corr", "eerf-norm"}
+    select : {None, "eerf", "lkrf", "corr", "eerf-norm", "greedy"}
         None: the sampled features as they are.  Otherwise ``fit`` uses ``y``: it samples a
         pool of ``pool_factor * n_components`` columns and keeps ``n_components`` of them by
-        their alignment with ``y`` (:func:`rfsgen.select`; ``corr`` suits standardised
-        linear models best).
+        their alignment with ``y`` (:func:`rfsgen.select`; ``greedy`` and ``corr`` suit
+        standardised linear models, ``greedy`` best on mnist-conv).
     pool_factor : int
         With ``select``: the pool's size as a multiple of ``n_components``.
     device : {"cpu", "cuda", "auto"}

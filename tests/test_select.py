@@ -580,3 +580,116 @@ def test_class_names_counted_at_the_longest_width(tmp_path):
     (tmp_path / "y.txt").write_text("a\n" * 20_000 + "bb\n")
     with budget.limited("64M"):
         assert read_labels(tmp_path / "y.txt").size == 20_001
+
+
+# ----------------------------------------------------------------------------- greedy
+def _forward_selection(z, Y, k, ridge):
+    """Forward selection written out: standardise, and at each step project every other
+    column off the kept ones (least squares) and keep the best damped residual score."""
+    zs = (z - z.mean(axis=0)) / z.std(axis=0)
+    Y = Y - Y.mean(axis=0)
+    n = len(zs)
+    chosen = []
+    for _ in range(k):
+        best = None
+        for m in range(zs.shape[1]):
+            if m in chosen:
+                continue
+            col = zs[:, m]
+            if chosen:
+                q = zs[:, chosen]
+                col = col - q @ np.linalg.lstsq(q, col, rcond=None)[0]
+            s = np.sum((Y.T @ col) ** 2) / (col @ col + ridge * n)
+            if best is None or s > best[0] * (1 + 1e-9):
+                best = (s, m)
+        chosen.append(best[1])
+    return chosen
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_greedy_is_forward_selection_written_out(gauss, task):
+    from rfsgen.select import GREEDY_RIDGE
+
+    _, x, y, fs = gauss
+    if task == "regression":
+        y = x[:, 0] * 0.7 + np.sin(x[:, 2])
+    z = rfsgen.transform(_unit(fs), x, layout="dense", dtype="float64")
+    Y = (y[:, None] == np.unique(y)[None, :]).astype(float) if task == "classification" else y[:, None]
+    want = _forward_selection(z, Y, 15, GREEDY_RIDGE)
+    sel = select(fs, x, y, 15, method="greedy", task=task)
+    rec = sel.stats["selection"]
+    assert rec["order"] == want and rec["kept"] == sorted(want) and rec["ridge"] == GREEDY_RIDGE
+    assert _kept_columns(fs, sel).tolist() == sorted(want)
+    assert sel.column_weight is None and np.array_equal(sel.count, fs.count[sorted(want)])
+
+
+def test_greedy_skips_a_redundant_column(gauss):
+    """Columns 0 and 1 are the same feature z_a, column 2 is z_b; the label is z_a + 0.6 z_b.
+    Alone, each copy of z_a explains the label better than z_b (r^2 0.74 against 0.26), so
+    corr keeps both copies; after one copy is kept the other adds nothing (its residual is 0) and
+    greedy keeps z_b."""
+    _, x, _, fs = gauss
+    z = rfsgen.transform(_unit(fs), x, layout="dense", dtype="float64")
+    r = np.corrcoef(z.T)
+    a, b = divmod(int(np.argmin(np.abs(r) + np.eye(fs.columns))), fs.columns)  # two nearly uncorrelated columns
+    pool = subset(fs, np.array([a, a, b]))
+    za, zb = (z[:, j] - z[:, j].mean() for j in (a, b))
+    y = za / za.std() + 0.6 * zb / zb.std()
+    assert _kept_columns(pool, select(pool, x, y, 2, method="corr", task="regression")).tolist() == [0, 1]
+    g = select(pool, x, y, 2, method="greedy", task="regression")
+    assert g.stats["selection"]["order"] == [0, 2]
+    # A third column when only two are independent: the span is exhausted, the rest by corr.
+    assert select(pool, x, y, 3, method="greedy", task="regression").stats["selection"]["order"] == [0, 2, 1]
+
+
+def test_greedy_same_bytes_whatever_the_chunks_and_threads(deep, tmp_path):
+    x, y, fs = deep
+    x = np.concatenate([x] * 9)  # 576 rows: several blocks of 256
+    y = np.arange(576) % 3
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    save(fs, tmp_path / "pool.h5")
+    from rfsgen._threads import most
+
+    files = []
+    two = min(2, most())  # 1 where NUMBA_NUM_THREADS=1
+    for k, (chunk, threads) in enumerate([(None, 1), (1, two), (300, 1), (10**6, two)]):
+        files.append(tmp_path / f"{k}.h5")
+        res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", tmp_path / "y.npy", "-n", 40, "--method",
+                   "greedy", "--threads", threads, "-o", files[-1], "-q"] + (["--chunk-rows", chunk] if chunk else []))
+        assert res.exit_code == 0, res.output
+    assert all(f.read_bytes() == files[0].read_bytes() for f in files)
+    a = select(fs, x, y, 40, method="greedy", chunk_rows=256)
+    b = select(fs, x, y, 40, method="greedy", chunk_rows=512)
+    a.tool_version = b.tool_version = a.command = b.command = "x"
+    save(a, tmp_path / "a.h5")
+    save(b, tmp_path / "b.h5")
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+
+
+def test_greedy_gram_over_the_budget_is_one_line(gauss, tmp_path):
+    from rfsgen import budget
+    from rfsgen.errors import LimitError
+
+    skel, x, y, _ = gauss
+    pool = rfsgen.sample(skel, 3000, seed=1)  # the Gram: 3000^2 float64, twice = 144 MB
+    with budget.limited("100M"), pytest.raises(LimitError, match=r"greedy selection's Gram matrix of a pool of 3000 "
+                                                                   r"columns"):
+        select(pool, x, y, 10, method="greedy")
+    with budget.limited("100M"):  # the other methods fit
+        assert select(pool, x, y, 10, method="corr").columns == 10
+    # Room for the Gram matrix and a block but not a default chunk beside it: the chunk shrinks, same columns
+    want = select(pool, x, y, 10, method="greedy").stats["selection"]["order"]
+    with budget.limited("200M"):
+        assert select(pool, x, y, 10, method="greedy").stats["selection"]["order"] == want
+        with pytest.raises(LimitError, match=r"a chunk of 512 rows .* beside the Gram matrix"):
+            select(pool, x, y, 10, method="greedy", chunk_rows=10**6)
+    save(pool, tmp_path / "pool.h5")
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    res = run(["select", tmp_path / "pool.h5", tmp_path / "x.npy", tmp_path / "y.npy", "-n", 10, "--method", "greedy",
+               "--max-memory", "100M", "-o", tmp_path / "o.h5", "-q"])
+    assert res.exit_code != 0
+    line = res.output.strip()
+    assert "\n" not in line and line.startswith("rfsgen: error: ") and "Gram matrix" in line, res.output
+    assert not (tmp_path / "o.h5").exists()

@@ -13,11 +13,14 @@ from ._budget import max_memory_option, threads_option
 @click.argument("rows", metavar="ROWS")
 @click.argument("labels", required=False, metavar="[LABELS]")
 @click.option("-n", "--columns", type=int, required=True, help="Number of columns D to keep.")
-@click.option("--method", type=click.Choice(["eerf", "lkrf", "corr", "eerf-norm"]), default="eerf", show_default=True,
+@click.option("--method", type=click.Choice(["eerf", "lkrf", "corr", "eerf-norm", "greedy"]), default="eerf", show_default=True,
               help="eerf: top D by alignment with the labels (Shahrampour et al. 2018); lkrf: learned weights "
                    "under a chi-square bound --rho, top D by weight (Sinha and Duchi 2016); corr: top D by the "
-                   "share of each feature's variance the labels explain (best before standardised linear models); "
-                   "eerf-norm: eerf's score over the feature's mean square.")
+                   "share of each feature's variance the labels explain (for standardised linear models); "
+                   "eerf-norm: eerf's score over the feature's mean square; greedy: forward selection, each "
+                   "step the column that best explains the labels' residual after the columns already kept "
+                   "(accounts for redundant columns; the best measured before standardised linear models; needs "
+                   "the pool's N0 x N0 Gram matrix in memory).")
 @click.option("--rho", type=float, help="lkrf: the divergence bound (default: N0/D - 1).")
 @click.option("--task", type=click.Choice(["auto", "classification", "regression"]), default="auto",
               show_default=True, help="auto: classification unless the labels are non-integer numbers.")
@@ -53,6 +56,7 @@ def select_cmd(features, rows, labels, columns, method, rho, task, label_column,
       rfsgen select pool.h5 train.npy labels.npy -n 4096 --method eerf -o eerf.h5
       rfsgen select pool.h5 train.npy labels.csv -n 4096 --method lkrf --rho 9 -o lkrf.h5
       rfsgen select mnist-conv train.npy labels.npy -n 1024 --method corr -o corr.h5
+      rfsgen select mnist-conv train.npy labels.npy -n 1024 --method greedy -o greedy.h5
       rfsgen select pool.h5 table.csv -n 512 --label-column -1 --task regression -o reg.h5
     """
     import sys
