@@ -324,3 +324,49 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
                                 re[r0 + i, k + t] = cb[i * ATOMS + t]
                                 im[r0 + i, k + t] = sb[i * ATOMS + t]
             b0 = b1
+
+
+# ----------------------------------------------------------------------------- angles of CSR rows
+def phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im) -> None:
+    """:func:`phases` of rows given in CSR form, never densified: row ``r`` holds the
+    float32 values ``vals[ptr[r]:ptr[r + 1]]`` at positions ``pos`` (int64, sorted and
+    unique within the row, each below ``G w``: node ``pos // w``, column ``pos % w``),
+    every other value zero.  The angle of atom k (node n) is the fma sum over the row's
+    stored values at node n in ascending column order, from +0.0: the dense loop's order
+    with its zero terms left out.  A term ``0 * pan[c, k]`` (pan finite) changes only
+    the sign of a zero partial sum, and the sign of a zero sum is dropped, so the bits
+    are the dense loop's (the caller checks that ``pan`` is finite).  ``pos`` is read
+    only within each row's ``ptr`` range; positions past ``G w`` are not looked up."""
+    from ._compiled import _rows_for, on_rows
+
+    m = ptr.size - 1
+    per_row = max(1, int(ptr[-1]) // max(m, 1))
+    on_rows(_phases_csr, m, ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im,
+            min_rows=_rows_for(per_row * re.shape[1] + 16 * re.shape[1]))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, start, stop):  # pragma: no cover
+    a = re.shape[1]
+    nb = blk_start.size
+    acc = np.empty(a, np.float32)
+    for r in range(start, stop):
+        for k in range(a):
+            acc[k] = np.float32(0.0)
+        e = ptr[r + 1]
+        q = ptr[r]
+        for b in range(nb):
+            lo = blk_node[b] * w
+            hi = lo + w
+            while q < e and pos[q] < lo:
+                q += 1
+            k0 = blk_start[b]
+            k1 = blk_end[b]
+            qq = q
+            while qq < e and pos[qq] < hi:
+                v = vals[qq]
+                o = pan[pos[qq] - lo]
+                for k in range(k0, k1):
+                    acc[k] = fma32(v, o[k], acc[k])
+                qq += 1
+        sincos_into(acc, a, re[r], im[r])

@@ -839,6 +839,7 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from ._compiled import threads as thread_count
+    from .inputs import chunks_for
 
     threads = thread_count()
     n_rows = 0
@@ -847,7 +848,7 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-hash") as hasher:
         populate = _populator(threads, pool)
         try:
-            for row0, block in src.chunks(chunk_rows, start, stop):
+            for row0, block in chunks_for(src, tr, chunk_rows, start, stop):
                 m = block.shape[0]
                 first = offset + (row0 - start) * row_bytes
                 lo = first - first % mmap.ALLOCATIONGRANULARITY

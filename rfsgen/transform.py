@@ -57,7 +57,7 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
     ``device``: ``cpu`` (the default), ``cuda`` (gaussian and laplace atoms on a GPU, the same
     bytes; :mod:`rfsgen._cuda` says what runs where) or ``auto`` (``cuda`` where numba finds a GPU).
     """
-    from .inputs import check_width, open_input
+    from .inputs import check_width, chunks_for, open_input
 
     _check_options(layout, dtype, "none")
     device, _ = resolve_device(device)
@@ -69,7 +69,7 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
         D = fs.columns
         if layout == "dense" and src.n_rows is not None:
             out = np.empty((src.n_rows, D), dtype=DTYPES[dtype])
-            for row0, block in src.chunks(chunk_rows):
+            for row0, block in chunks_for(src, tr, chunk_rows):
                 tr.chunk(block, row0, src.name, out=out[row0:row0 + block.shape[0]])
                 if progress:
                     progress(block.shape[0])
