@@ -345,14 +345,73 @@ def phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im) -> 
             min_rows=_rows_for(per_row * re.shape[1] + 16 * re.shape[1]))
 
 
+CSR_WIDE = 4  # ATOMS-atom vectors summed together by csr_tile (independent fma chains per stored value)
+
+
+def _csr_tile(nv):
+    @intrinsic
+    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst):
+        """``dst[k0 + t] = fma-sum over q in q0..q1 - 1 of vals[q] * pan[pos[q] - lo, k0 + t]``
+        for t < nv * ATOMS, from +0.0, in the order of q: ``nv`` register tiles of ATOMS
+        atoms.  ``pan`` float32 C-ordered with nv * ATOMS readable columns from ``k0``;
+        ``pos`` int64, ``vals`` float32, ``dst`` float32 1-D with nv * ATOMS values from k0."""
+        f32 = types.float32
+        if not (_matrix(pan, f32) and isinstance(dst, types.Array) and dst.dtype == f32
+                and isinstance(vals, types.Array) and vals.dtype == f32 and isinstance(pos, types.Array)):
+            return None
+        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            intp = types.intp
+
+            def ix(i):
+                return context.cast(builder, args[i], t[i], intp)
+
+            vt = ir.VectorType(ir.FloatType(), ATOMS)
+            fma = _fma_fn(builder, vt)
+            i32 = ir.IntType(32)
+            i8p = ir.IntType(8).as_pointer()
+            pan_arr = context.make_array(t[5])(context, builder, args[5])
+            stride = cgutils.unpack_tuple(builder, pan_arr.strides, 2)[0]
+            base = builder.bitcast(_ptr(context, builder, t[5], args[5], context.get_constant(intp, 0), ix(6)), i8p)
+            pos_base = _ptr(context, builder, t[0], args[0], context.get_constant(intp, 0))
+            val_base = _ptr(context, builder, t[1], args[1], context.get_constant(intp, 0))
+            zero = ir.Constant(vt, [0.0] * ATOMS)
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+            undef = ir.Constant(vt, ir.Undefined)
+            mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
+            lo_ = ix(4)
+            with cgutils.for_range_slice(builder, ix(2), ix(3), context.get_constant(intp, 1), inc=True) as (q, _):
+                c = builder.sub(context.cast(builder, builder.load(builder.gep(pos_base, [q])), t[0].dtype, intp), lo_)
+                row = builder.gep(base, [builder.mul(c, stride)])
+                xv = builder.load(builder.gep(val_base, [q]))
+                xs = builder.shuffle_vector(builder.insert_element(undef, xv, ir.Constant(i32, 0)), undef, mask)
+                for j in range(nv):
+                    ov = builder.load(builder.bitcast(builder.gep(row, [context.get_constant(intp, 4 * ATOMS * j)]),
+                                                      vt.as_pointer()), align=4)
+                    builder.store(builder.call(fma, [xs, ov, builder.load(accs[j])]), accs[j])
+            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(6)), i8p)
+            for j in range(nv):
+                builder.store(builder.load(accs[j]), builder.bitcast(
+                    builder.gep(d, [context.get_constant(intp, 4 * ATOMS * j)]), vt.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return csr_tile
+
+
+csr_tile_wide = _csr_tile(CSR_WIDE)
+csr_tile_one = _csr_tile(1)
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, start, stop):  # pragma: no cover
     a = re.shape[1]
     nb = blk_start.size
-    acc = np.empty(a, np.float32)
+    acc = np.zeros(a + CSR_WIDE * ATOMS, np.float32)
     for r in range(start, stop):
-        for k in range(a):
-            acc[k] = np.float32(0.0)
         e = ptr[r + 1]
         q = ptr[r]
         for b in range(nb):
@@ -360,13 +419,16 @@ def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, st
             hi = lo + w
             while q < e and pos[q] < lo:
                 q += 1
-            k0 = blk_start[b]
-            k1 = blk_end[b]
             qq = q
             while qq < e and pos[qq] < hi:
-                v = vals[qq]
-                o = pan[pos[qq] - lo]
-                for k in range(k0, k1):
-                    acc[k] = fma32(v, o[k], acc[k])
                 qq += 1
+            k = blk_start[b]
+            k1 = blk_end[b]
+            while k + (CSR_WIDE - 1) * ATOMS < k1:  # the last tile starts below k1: readable (pan's padding)
+                csr_tile_wide(pos, vals, q, qq, lo, pan, k, acc)
+                k += CSR_WIDE * ATOMS
+            while k < k1:
+                csr_tile_one(pos, vals, q, qq, lo, pan, k, acc)
+                k += ATOMS
+            q = qq if b + 1 < nb and blk_node[b + 1] != blk_node[b] else q
         sincos_into(acc, a, re[r], im[r])
