@@ -406,29 +406,50 @@ csr_tile_wide = _csr_tile(CSR_WIDE)
 csr_tile_one = _csr_tile(1)
 
 
+CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, start, stop):  # pragma: no cover
+    # Tiles of atoms outside, rows inside, over groups of rows: a tile's frequencies (w x 64
+    # float32) are read by every row of the group while they are in cache.  Each atom's sum
+    # still runs over its row's stored values in ascending column order (one csr_tile call
+    # per row and tile), so the grouping changes no bit.
     a = re.shape[1]
     nb = blk_start.size
-    acc = np.zeros(a + CSR_WIDE * ATOMS, np.float32)
-    for r in range(start, stop):
-        e = ptr[r + 1]
-        q = ptr[r]
+    width = a + CSR_WIDE * ATOMS
+    rb = max(1, min(stop - start, CSR_ACC // width))
+    acc = np.zeros((rb, width), np.float32)
+    qa = np.empty(rb, np.int64)
+    qb = np.empty(rb, np.int64)
+    for g0 in range(start, stop, rb):
+        n = min(rb, stop - g0)
+        for i in range(n):
+            qb[i] = ptr[g0 + i]  # each row's cursor: nodes come in ascending order
         for b in range(nb):
             lo = blk_node[b] * w
             hi = lo + w
-            while q < e and pos[q] < lo:
-                q += 1
-            qq = q
-            while qq < e and pos[qq] < hi:
-                qq += 1
+            if b == 0 or blk_node[b] != blk_node[b - 1]:  # (the same node: the same ranges)
+                for i in range(n):
+                    e = ptr[g0 + i + 1]
+                    q = qb[i]
+                    while q < e and pos[q] < lo:
+                        q += 1
+                    qq = q
+                    while qq < e and pos[qq] < hi:
+                        qq += 1
+                    qa[i] = q
+                    qb[i] = qq
             k = blk_start[b]
             k1 = blk_end[b]
             while k + (CSR_WIDE - 1) * ATOMS < k1:  # the last tile starts below k1: readable (pan's padding)
-                csr_tile_wide(pos, vals, q, qq, lo, pan, k, acc)
+                for i in range(n):
+                    csr_tile_wide(pos, vals, qa[i], qb[i], lo, pan, k, acc[i])
                 k += CSR_WIDE * ATOMS
             while k < k1:
-                csr_tile_one(pos, vals, q, qq, lo, pan, k, acc)
+                for i in range(n):
+                    csr_tile_one(pos, vals, qa[i], qb[i], lo, pan, k, acc[i])
                 k += ATOMS
-            q = qq if b + 1 < nb and blk_node[b + 1] != blk_node[b] else q
-        sincos_into(acc, a, re[r], im[r])
+        for i in range(n):
+            sincos_into(acc[i], a, re[g0 + i], im[g0 + i])
+

@@ -176,3 +176,16 @@ def test_transform_file_reads_csr_rows_sparse(tmp_path, counted):
             for key in ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr"):
                 assert a[key][...].tobytes() == b[key][...].tobytes()
     assert counted and all(counted)
+
+
+@pytest.mark.parametrize("D", [1, 17, 100, 20_000])
+def test_csr_rows_any_number_of_atoms(D, counted):
+    """Atom counts off the 64- and 16-atom tiles, and enough atoms (20,000) that one thread's
+    rows are summed in several groups (rfsgen._sincos32.CSR_ACC)."""
+    fs = sample(load_shipped(skeleton_path("laplace"), auto_width=300), D, seed=5)
+    x = _rows(300, 130, 0.1, 7)
+    want = transform(fs, _dense_of(x), layout="dense")
+    with using(1):
+        assert transform(fs, x, layout="dense", chunk_rows=130).tobytes() == want.tobytes()
+    assert transform(fs, x, layout="dense", chunk_rows=50).tobytes() == want.tobytes()
+    assert counted and all(counted)
