@@ -327,21 +327,22 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
 
 
 # ----------------------------------------------------------------------------- angles of CSR rows
-def phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im) -> None:
+def phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im) -> None:
     """:func:`phases` of rows given in CSR form, never densified: row ``r`` holds the
     float32 values ``vals[ptr[r]:ptr[r + 1]]`` at positions ``pos`` (int64, sorted and
     unique within the row, each below ``G w``: node ``pos // w``, column ``pos % w``),
-    every other value zero.  The angle of atom k (node n) is the fma sum over the row's
-    stored values at node n in ascending column order, from +0.0: the dense loop's order
-    with its zero terms left out.  A term ``0 * pan[c, k]`` (pan finite) changes only
-    the sign of a zero partial sum, and the sign of a zero sum is dropped, so the bits
-    are the dense loop's (the caller checks that ``pan`` is finite).  ``pos`` is read
-    only within each row's ``ptr`` range; positions past ``G w`` are not looked up."""
+    every other value zero; the frequencies as :func:`pack_csr_tiles` packs them.  The
+    angle of atom k (node n) is the fma sum over the row's stored values at node n in
+    ascending column order, from +0.0: the dense loop's order with its zero terms left
+    out.  A term ``0 * pan[c, k]`` (pan finite) changes only the sign of a zero partial
+    sum, and the sign of a zero sum is dropped, so the bits are the dense loop's (the
+    caller checks that ``pan`` is finite).  ``pos`` is read only within each row's
+    ``ptr`` range."""
     from ._compiled import _rows_for, on_rows
 
     m = ptr.size - 1
     per_row = max(1, int(ptr[-1]) // max(m, 1))
-    on_rows(_phases_csr, m, ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im,
+    on_rows(_phases_csr, m, ptr, pos, vals, w, tile_k, tile_node, tiles, re, im,
             min_rows=_rows_for(per_row * re.shape[1] + 16 * re.shape[1]))
 
 
@@ -350,16 +351,16 @@ CSR_WIDE = 4  # ATOMS-atom vectors summed together by csr_tile (independent fma 
 
 def _csr_tile(nv):
     @intrinsic
-    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst):
-        """``dst[k0 + t] = fma-sum over q in q0..q1 - 1 of vals[q] * pan[pos[q] - lo, k0 + t]``
+    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst, kd):
+        """``dst[kd + t] = fma-sum over q in q0..q1 - 1 of vals[q] * pan[pos[q] - lo, k0 + t]``
         for t < nv * ATOMS, from +0.0, in the order of q: ``nv`` register tiles of ATOMS
         atoms.  ``pan`` float32 C-ordered with nv * ATOMS readable columns from ``k0``;
-        ``pos`` int64, ``vals`` float32, ``dst`` float32 1-D with nv * ATOMS values from k0."""
+        ``pos`` int64, ``vals`` float32, ``dst`` float32 1-D with nv * ATOMS values from kd."""
         f32 = types.float32
         if not (_matrix(pan, f32) and isinstance(dst, types.Array) and dst.dtype == f32
                 and isinstance(vals, types.Array) and vals.dtype == f32 and isinstance(pos, types.Array)):
             return None
-        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst)
+        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst, kd)
 
         def codegen(context, builder, signature, args):
             t = signature.args
@@ -391,7 +392,7 @@ def _csr_tile(nv):
                     ov = builder.load(builder.bitcast(builder.gep(row, [context.get_constant(intp, 4 * ATOMS * j)]),
                                                       vt.as_pointer()), align=4)
                     builder.store(builder.call(fma, [xs, ov, builder.load(accs[j])]), accs[j])
-            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(6)), i8p)
+            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(8)), i8p)
             for j in range(nv):
                 builder.store(builder.load(accs[j]), builder.bitcast(
                     builder.gep(d, [context.get_constant(intp, 4 * ATOMS * j)]), vt.as_pointer()), align=4)
@@ -403,20 +404,59 @@ def _csr_tile(nv):
 
 
 csr_tile_wide = _csr_tile(CSR_WIDE)
-csr_tile_one = _csr_tile(1)
 
 
 CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group
 
 
+def pack_csr_tiles(pan, starts, ends, nodes):
+    """The frequencies of :func:`pack_panels` again, tile-major for :func:`phases_csr`: tile j
+    is ``CSR_WIDE * ATOMS`` atoms of one node from ``tile_k[j]`` (a node's atoms ``s:e``
+    from its blocks, in tiles from ``s``; zeros past ``e``), ``tiles[j]`` its ``(w,
+    CSR_WIDE * ATOMS)`` frequencies, contiguous (a tile's 64 frequencies of one input column
+    are 256 bytes in a row, the tile's w rows one after another).  Returns ``(tile_k,
+    tile_node, tiles)``."""
+    tw = CSR_WIDE * ATOMS
+    run_s, run_e, run_n = [], [], []
+    for s0, e0, n0 in zip(starts.tolist(), ends.tolist(), nodes.tolist()):
+        if run_n and run_n[-1] == n0 and run_e[-1] == s0:
+            run_e[-1] = e0
+        else:
+            run_s.append(s0)
+            run_e.append(e0)
+            run_n.append(n0)
+    tile_k, tile_node = [], []
+    for s0, e0, n0 in zip(run_s, run_e, run_n):
+        for k in range(s0, e0, tw):
+            tile_k.append(k)
+            tile_node.append(n0)
+    tile_k = np.array(tile_k, np.int64)
+    tile_node = np.array(tile_node, np.int64)
+    ends_of = np.repeat(np.array(run_e, np.int64), [len(range(s0, e0, tw)) for s0, e0 in zip(run_s, run_e)])
+    tiles = np.zeros((tile_k.size, pan.shape[0], tw), np.float32)
+    _pack_tiles(pan, tile_k, ends_of, tiles)
+    return tile_k, tile_node, tiles
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, start, stop):  # pragma: no cover
+def _pack_tiles(pan, tile_k, tile_end, tiles):  # pragma: no cover - compiled
+    for j in range(tile_k.size):
+        n = min(tiles.shape[2], tile_end[j] - tile_k[j])
+        for c in range(pan.shape[0]):
+            for t in range(n):
+                tiles[j, c, t] = pan[c, tile_k[j] + t]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im, start, stop):  # pragma: no cover
     # Tiles of atoms outside, rows inside, over groups of rows: a tile's frequencies (w x 64
-    # float32) are read by every row of the group while they are in cache.  Each atom's sum
-    # still runs over its row's stored values in ascending column order (one csr_tile call
-    # per row and tile), so the grouping changes no bit.
+    # float32, contiguous) are read by every row of the group while they are in cache.
+    # Each atom's sum still runs over its row's stored values in ascending column order
+    # (one csr_tile call per row and tile), so the grouping changes no bit.  A tile's
+    # values past its node's atoms (zero frequencies) land on the next node's atoms,
+    # which its own tiles overwrite afterwards, or on the padding past a.
     a = re.shape[1]
-    nb = blk_start.size
+    nt = tile_k.size
     width = a + CSR_WIDE * ATOMS
     rb = max(1, min(stop - start, CSR_ACC // width))
     acc = np.zeros((rb, width), np.float32)
@@ -426,10 +466,10 @@ def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, st
         n = min(rb, stop - g0)
         for i in range(n):
             qb[i] = ptr[g0 + i]  # each row's cursor: nodes come in ascending order
-        for b in range(nb):
-            lo = blk_node[b] * w
+        for j in range(nt):
+            lo = tile_node[j] * w
             hi = lo + w
-            if b == 0 or blk_node[b] != blk_node[b - 1]:  # (the same node: the same ranges)
+            if j == 0 or tile_node[j] != tile_node[j - 1]:  # (the same node: the same ranges)
                 for i in range(n):
                     e = ptr[g0 + i + 1]
                     q = qb[i]
@@ -440,16 +480,9 @@ def _phases_csr(ptr, pos, vals, w, blk_start, blk_end, blk_node, pan, re, im, st
                         qq += 1
                     qa[i] = q
                     qb[i] = qq
-            k = blk_start[b]
-            k1 = blk_end[b]
-            while k + (CSR_WIDE - 1) * ATOMS < k1:  # the last tile starts below k1: readable (pan's padding)
-                for i in range(n):
-                    csr_tile_wide(pos, vals, qa[i], qb[i], lo, pan, k, acc[i])
-                k += CSR_WIDE * ATOMS
-            while k < k1:
-                for i in range(n):
-                    csr_tile_one(pos, vals, qa[i], qb[i], lo, pan, k, acc[i])
-                k += ATOMS
+            tile = tiles[j]
+            k = tile_k[j]
+            for i in range(n):
+                csr_tile_wide(pos, vals, qa[i], qb[i], lo, tile, 0, acc[i], k)
         for i in range(n):
             sincos_into(acc[i], a, re[g0 + i], im[g0 + i])
-

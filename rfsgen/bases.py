@@ -574,8 +574,16 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     re, im = out
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        phases_csr(ptr, pos, vals.astype(np.float32), base.width, plan.starts, plan.ends, plan.nodes, plan.pan,
-                   re_s, im_s)
+        if plan.csr is None:  # made once per plan, on the first CSR rows
+            from . import budget
+            from ._sincos32 import pack_csr_tiles
+
+            budget.check(4.0 * base.width * (a + 64 * plan.starts.size),
+                         f"the CSR-ordered frequencies of {a} atoms of width {base.width}",
+                         "sample fewer features (-n), split the columns into several feature files, or pass "
+                         "dense rows")
+            plan.csr = pack_csr_tiles(plan.pan, plan.starts, plan.ends, plan.nodes)
+        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *plan.csr, re_s, im_s)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return True
@@ -592,6 +600,7 @@ class _PhasePlan:
     tile0: np.ndarray  # tiles and float32 scaled frequencies (rfsgen._sincos32.pack_panels)
     pan: np.ndarray
     l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
+    csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
 
 
 _PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)
