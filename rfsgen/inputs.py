@@ -370,6 +370,17 @@ class SparseRows:
         return out
 
 
+def chunk_row_bytes(tr, src: InputSource) -> int:
+    """Bytes one row of ``src``'s chunks takes in transformer ``tr`` (for
+    :func:`rfsgen.output.default_chunk_rows`): ``tr.row_bytes``, or where the rows stay CSR
+    (:func:`chunks_for`) ``tr.sparse_row_bytes(stored)`` for twice the input's mean
+    stored values a row (no dense row is made: chunks of more rows fit the same bytes)."""
+    rb = int(getattr(tr, "row_bytes", 0))
+    if getattr(src, "sparse_chunks", None) is None or not getattr(tr, "reads_sparse", False):
+        return rb
+    return min(rb, int(tr.sparse_row_bytes(2 * src.stored_per_row())))
+
+
 def chunks_for(src: InputSource, tr, chunk_rows: int, start: int = 0, stop: int | None = None):
     """``src``'s chunks for transformer ``tr``: :class:`SparseRows` where ``tr`` reads them
     (``tr.reads_sparse``) and ``src`` gives them (``src.sparse_chunks``), else dense rows."""
@@ -412,13 +423,19 @@ class CsrRowsSource(InputSource):
         if (first.size and first[0] != 0) or (ends.size and not 0 <= ends[0] <= data.shape[0]):
             raise InputError(f"{name}: the sparse matrix's indptr is not increasing from 0 or points past its data "
                              f"(it runs {int(first[0])}..{int(ends[0])} over {data.shape[0]} values); the file is damaged")
+        self._stored = int(ends[0]) if ends.size else 0
 
-    def _parts(self, chunk_rows, start, stop):
+    def stored_per_row(self) -> float:
+        """The mean number of stored values a row holds (from ``indptr``'s last entry)."""
+        return self._stored / max(self.n_rows, 1)
+
+    def _parts(self, chunk_rows, start, stop, dense=True):
         """``(a, b, ptr, cols, vals, dtype)`` for each chunk of rows ``a:b``: its slice of
         ``indptr`` (int64, absolute), column indices (int64) and stored values, validated
         (indptr increasing and within the data, every column index within the width)."""
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
-        check_chunk(self, chunk_rows, start, stop)
+        if dense:  # (CSR chunks: their stored values are checked below, chunk by chunk)
+            check_chunk(self, chunk_rows, start, stop)
         dtype = np.float32 if self.data.dtype == np.float32 else np.float64
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
@@ -450,7 +467,7 @@ class CsrRowsSource(InputSource):
     def sparse_chunks(self, chunk_rows, start=0, stop=None):
         """The chunks of :meth:`chunks` as :class:`SparseRows`, never densified: the same
         values (``SparseRows.toarray`` gives the dense chunk's bits)."""
-        for a, b, ptr, cols, vals, dtype in self._parts(chunk_rows, start, stop):
+        for a, b, ptr, cols, vals, dtype in self._parts(chunk_rows, start, stop, dense=False):
             yield a, SparseRows.canonical(ptr - ptr[0], cols, vals, dtype, self.width)
 
     def close(self):
@@ -532,6 +549,9 @@ class SparseSource(InputSource):
         if self._coo is not None:
             return self._coo_sparse_chunks
         return None
+
+    def stored_per_row(self) -> float:
+        return int(self.matrix.nnz) / max(self.n_rows, 1)
 
     def _coo_sparse_chunks(self, chunk_rows, start=0, stop=None):
         for a, piece in self._coo_pieces(chunk_rows, start, stop):

@@ -586,8 +586,9 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
 
     from ._signals import deferred
     from .atomic import SafeFile, atomic_path
+    from .inputs import chunk_row_bytes
 
-    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    chunk_rows = default_chunk_rows(tr.columns, chunk_row_bytes(tr, src), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
     # (a stream's header is not checked: it may promise rows it never sends, the stream's end decides)
@@ -985,7 +986,9 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
 
     D, n = tr.columns, src.n_rows
     _check_obsm_key(adata_path, key, n)
-    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    from .inputs import chunk_row_bytes
+
+    chunk_rows = default_chunk_rows(tr.columns, chunk_row_bytes(tr, src), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     check_space(output, n, D, layout, np_dtype.itemsize, compression, extra=os.path.getsize(adata_path))
     if progress is not None and hasattr(progress, "phase"):

@@ -209,6 +209,15 @@ class Transformer:
         prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
         return 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
 
+    def sparse_row_bytes(self, stored: float) -> int:
+        """:attr:`row_bytes` of a CSR row holding ``stored`` values (:meth:`_source_sparse`):
+        the stored values and their positions, the densified columns of the groups that are
+        not read as CSR, the atoms and the output values; no dense row."""
+        skel = self.skeleton
+        dense = sum(ids.size * base.width for g, (base, ids, _) in enumerate(skel.input_groups)
+                    if g not in self._csr_groups)
+        return int(32 * stored) + 8 * (2 * dense + self.source_width) + 3 * self.dtype.itemsize * self.columns
+
     @property
     def what(self) -> str:
         return f"the transform by '{self.fs.skeleton.path}' features ({self.columns} columns)"
