@@ -351,16 +351,16 @@ CSR_WIDE = 4  # ATOMS-atom vectors summed together by csr_tile (independent fma 
 
 def _csr_tile(nv):
     @intrinsic
-    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst, kd):
+    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst, kd, init):
         """``dst[kd + t] = fma-sum over q in q0..q1 - 1 of vals[q] * pan[pos[q] - lo, k0 + t]``
-        for t < nv * ATOMS, from +0.0, in the order of q: ``nv`` register tiles of ATOMS
-        atoms.  ``pan`` float32 C-ordered with nv * ATOMS readable columns from ``k0``;
+        for t < nv * ATOMS, continued from ``dst`` (from +0.0 when ``init``), in the order of
+        q: ``nv`` register tiles of ATOMS atoms.  ``pan`` float32 C-ordered with nv * ATOMS readable columns from ``k0``;
         ``pos`` int64, ``vals`` float32, ``dst`` float32 1-D with nv * ATOMS values from kd."""
         f32 = types.float32
         if not (_matrix(pan, f32) and isinstance(dst, types.Array) and dst.dtype == f32
                 and isinstance(vals, types.Array) and vals.dtype == f32 and isinstance(pos, types.Array)):
             return None
-        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst, kd)
+        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst, kd, init)
 
         def codegen(context, builder, signature, args):
             t = signature.args
@@ -379,7 +379,12 @@ def _csr_tile(nv):
             pos_base = _ptr(context, builder, t[0], args[0], context.get_constant(intp, 0))
             val_base = _ptr(context, builder, t[1], args[1], context.get_constant(intp, 0))
             zero = ir.Constant(vt, [0.0] * ATOMS)
-            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+            first = context.cast(builder, args[9], t[9], types.boolean)
+            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(8)), i8p)
+            dvec = [builder.bitcast(builder.gep(d, [context.get_constant(intp, 4 * ATOMS * j)]), vt.as_pointer())
+                    for j in range(nv)]
+            accs = [cgutils.alloca_once_value(builder, builder.select(first, zero, builder.load(dvec[j], align=4)))
+                    for j in range(nv)]
             undef = ir.Constant(vt, ir.Undefined)
             mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
             lo_ = ix(4)
@@ -392,10 +397,8 @@ def _csr_tile(nv):
                     ov = builder.load(builder.bitcast(builder.gep(row, [context.get_constant(intp, 4 * ATOMS * j)]),
                                                       vt.as_pointer()), align=4)
                     builder.store(builder.call(fma, [xs, ov, builder.load(accs[j])]), accs[j])
-            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(8)), i8p)
             for j in range(nv):
-                builder.store(builder.load(accs[j]), builder.bitcast(
-                    builder.gep(d, [context.get_constant(intp, 4 * ATOMS * j)]), vt.as_pointer()), align=4)
+                builder.store(builder.load(accs[j]), dvec[j], align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -407,6 +410,7 @@ csr_tile_wide = _csr_tile(CSR_WIDE)
 
 
 CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group
+CSR_COLS = 1024  # input columns per run of a tile (1024 x 64 float32 frequencies: 256 KiB, in L2)
 
 
 def pack_csr_tiles(pan, starts, ends, nodes):
@@ -462,6 +466,7 @@ def _phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im, start, stop
     acc = np.zeros((rb, width), np.float32)
     qa = np.empty(rb, np.int64)
     qb = np.empty(rb, np.int64)
+    cur = np.empty(rb, np.int64)
     for g0 in range(start, stop, rb):
         n = min(rb, stop - g0)
         for i in range(n):
@@ -482,7 +487,23 @@ def _phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im, start, stop
                     qb[i] = qq
             tile = tiles[j]
             k = tile_k[j]
-            for i in range(n):
-                csr_tile_wide(pos, vals, qa[i], qb[i], lo, tile, 0, acc[i], k)
+            if w <= CSR_COLS:
+                for i in range(n):
+                    csr_tile_wide(pos, vals, qa[i], qb[i], lo, tile, 0, acc[i], k, True)
+            else:
+                # the node's columns in runs of CSR_COLS (a run's frequencies stay in L2), each
+                # sum continued exactly from its float32 partial sum: the same order
+                for i in range(n):
+                    cur[i] = qa[i]
+                for c0 in range(0, w, CSR_COLS):
+                    end = lo + min(w, c0 + CSR_COLS)
+                    for i in range(n):
+                        q = cur[i]
+                        qq = q
+                        e = qb[i]
+                        while qq < e and pos[qq] < end:
+                            qq += 1
+                        csr_tile_wide(pos, vals, q, qq, lo, tile, 0, acc[i], k, c0 == 0)
+                        cur[i] = qq
         for i in range(n):
             sincos_into(acc[i], a, re[g0 + i], im[g0 + i])

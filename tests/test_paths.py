@@ -189,3 +189,19 @@ def test_csr_rows_any_number_of_atoms(D, counted):
         assert transform(fs, x, layout="dense", chunk_rows=130).tobytes() == want.tobytes()
     assert transform(fs, x, layout="dense", chunk_rows=50).tobytes() == want.tobytes()
     assert counted and all(counted)
+
+
+@pytest.mark.parametrize("width", [1023, 1024, 1025, 3000])
+def test_csr_rows_wider_than_a_column_run(width, counted):
+    """Nodes wider than rfsgen._sincos32.CSR_COLS: each tile's sums run over the columns in
+    runs, continued exactly from the float32 partial sums: still the dense bytes."""
+    fs = sample(load_shipped(skeleton_path("rbf"), auto_width=width), 150, seed=6)
+    x = _rows(width, 40, 0.05, 8)
+    # a few rows with values right at the run boundaries
+    x = sp.csr_matrix(x.toarray() + sp.csr_matrix(([1.25, -3.5, 2.0, 0.75], ([1, 1, 2, 3], [1023 % width, 1024 % width,
+                                                                                           width - 1, 0])),
+                                                       shape=(40, width)).toarray())
+    want = transform(fs, _dense_of(x), layout="dense", dtype="float64")
+    for chunk_rows in (3, 40):
+        assert transform(fs, x, layout="dense", dtype="float64", chunk_rows=chunk_rows).tobytes() == want.tobytes()
+    assert counted and all(counted)
