@@ -324,3 +324,186 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
                                 re[r0 + i, k + t] = cb[i * ATOMS + t]
                                 im[r0 + i, k + t] = sb[i * ATOMS + t]
             b0 = b1
+
+
+# ----------------------------------------------------------------------------- angles of CSR rows
+def phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im) -> None:
+    """:func:`phases` of rows given in CSR form, never densified: row ``r`` holds the
+    float32 values ``vals[ptr[r]:ptr[r + 1]]`` at positions ``pos`` (int64, sorted and
+    unique within the row, each below ``G w``: node ``pos // w``, column ``pos % w``),
+    every other value zero; the frequencies as :func:`pack_csr_tiles` packs them.  The
+    angle of atom k (node n) is the fma sum over the row's stored values at node n in
+    ascending column order, from +0.0: the dense loop's order with its zero terms left
+    out.  A term ``0 * pan[c, k]`` (pan finite) changes only the sign of a zero partial
+    sum, and the sign of a zero sum is dropped, so the bits are the dense loop's (the
+    caller checks that ``pan`` is finite).  ``pos`` is read only within each row's
+    ``ptr`` range."""
+    from ._compiled import _rows_for, on_rows
+
+    m = ptr.size - 1
+    per_row = max(1, int(ptr[-1]) // max(m, 1))
+    on_rows(_phases_csr, m, ptr, pos, vals, w, tile_k, tile_node, tiles, re, im,
+            min_rows=_rows_for(per_row * re.shape[1] + 16 * re.shape[1]))
+
+
+CSR_WIDE = 4  # ATOMS-atom vectors summed together by csr_tile (independent fma chains per stored value)
+
+
+def _csr_tile(nv):
+    @intrinsic
+    def csr_tile(typingctx, pos, vals, q0, q1, lo, pan, k0, dst, kd, init):
+        """``dst[kd + t] = fma-sum over q in q0..q1 - 1 of vals[q] * pan[pos[q] - lo, k0 + t]``
+        for t < nv * ATOMS, continued from ``dst`` (from +0.0 when ``init``), in the order of
+        q: ``nv`` register tiles of ATOMS atoms.  ``pan`` float32 C-ordered with nv * ATOMS readable columns from ``k0``;
+        ``pos`` int64, ``vals`` float32, ``dst`` float32 1-D with nv * ATOMS values from kd."""
+        f32 = types.float32
+        if not (_matrix(pan, f32) and isinstance(dst, types.Array) and dst.dtype == f32
+                and isinstance(vals, types.Array) and vals.dtype == f32 and isinstance(pos, types.Array)):
+            return None
+        sig = types.void(pos, vals, q0, q1, lo, pan, k0, dst, kd, init)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            intp = types.intp
+
+            def ix(i):
+                return context.cast(builder, args[i], t[i], intp)
+
+            vt = ir.VectorType(ir.FloatType(), ATOMS)
+            fma = _fma_fn(builder, vt)
+            i32 = ir.IntType(32)
+            i8p = ir.IntType(8).as_pointer()
+            pan_arr = context.make_array(t[5])(context, builder, args[5])
+            stride = cgutils.unpack_tuple(builder, pan_arr.strides, 2)[0]
+            base = builder.bitcast(_ptr(context, builder, t[5], args[5], context.get_constant(intp, 0), ix(6)), i8p)
+            pos_base = _ptr(context, builder, t[0], args[0], context.get_constant(intp, 0))
+            val_base = _ptr(context, builder, t[1], args[1], context.get_constant(intp, 0))
+            zero = ir.Constant(vt, [0.0] * ATOMS)
+            first = context.cast(builder, args[9], t[9], types.boolean)
+            d = builder.bitcast(_ptr(context, builder, t[7], args[7], ix(8)), i8p)
+            dvec = [builder.bitcast(builder.gep(d, [context.get_constant(intp, 4 * ATOMS * j)]), vt.as_pointer())
+                    for j in range(nv)]
+            accs = [cgutils.alloca_once_value(builder, builder.select(first, zero, builder.load(dvec[j], align=4)))
+                    for j in range(nv)]
+            undef = ir.Constant(vt, ir.Undefined)
+            mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
+            lo_ = ix(4)
+            with cgutils.for_range_slice(builder, ix(2), ix(3), context.get_constant(intp, 1), inc=True) as (q, _):
+                c = builder.sub(context.cast(builder, builder.load(builder.gep(pos_base, [q])), t[0].dtype, intp), lo_)
+                row = builder.gep(base, [builder.mul(c, stride)])
+                xv = builder.load(builder.gep(val_base, [q]))
+                xs = builder.shuffle_vector(builder.insert_element(undef, xv, ir.Constant(i32, 0)), undef, mask)
+                for j in range(nv):
+                    ov = builder.load(builder.bitcast(builder.gep(row, [context.get_constant(intp, 4 * ATOMS * j)]),
+                                                      vt.as_pointer()), align=4)
+                    builder.store(builder.call(fma, [xs, ov, builder.load(accs[j])]), accs[j])
+            for j in range(nv):
+                builder.store(builder.load(accs[j]), dvec[j], align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return csr_tile
+
+
+csr_tile_wide = _csr_tile(CSR_WIDE)
+
+
+CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group
+CSR_COLS = 1024  # input columns per run of a tile (1024 x 64 float32 frequencies: 256 KiB, in L2)
+
+
+def pack_csr_tiles(pan, starts, ends, nodes):
+    """The frequencies of :func:`pack_panels` again, tile-major for :func:`phases_csr`: tile j
+    is ``CSR_WIDE * ATOMS`` atoms of one node from ``tile_k[j]`` (a node's atoms ``s:e``
+    from its blocks, in tiles from ``s``; zeros past ``e``), ``tiles[j]`` its ``(w,
+    CSR_WIDE * ATOMS)`` frequencies, contiguous (a tile's 64 frequencies of one input column
+    are 256 bytes in a row, the tile's w rows one after another).  Returns ``(tile_k,
+    tile_node, tiles)``."""
+    tw = CSR_WIDE * ATOMS
+    run_s, run_e, run_n = [], [], []
+    for s0, e0, n0 in zip(starts.tolist(), ends.tolist(), nodes.tolist()):
+        if run_n and run_n[-1] == n0 and run_e[-1] == s0:
+            run_e[-1] = e0
+        else:
+            run_s.append(s0)
+            run_e.append(e0)
+            run_n.append(n0)
+    tile_k, tile_node = [], []
+    for s0, e0, n0 in zip(run_s, run_e, run_n):
+        for k in range(s0, e0, tw):
+            tile_k.append(k)
+            tile_node.append(n0)
+    tile_k = np.array(tile_k, np.int64)
+    tile_node = np.array(tile_node, np.int64)
+    ends_of = np.repeat(np.array(run_e, np.int64), [len(range(s0, e0, tw)) for s0, e0 in zip(run_s, run_e)])
+    tiles = np.zeros((tile_k.size, pan.shape[0], tw), np.float32)
+    _pack_tiles(pan, tile_k, ends_of, tiles)
+    return tile_k, tile_node, tiles
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _pack_tiles(pan, tile_k, tile_end, tiles):  # pragma: no cover - compiled
+    for j in range(tile_k.size):
+        n = min(tiles.shape[2], tile_end[j] - tile_k[j])
+        for c in range(pan.shape[0]):
+            for t in range(n):
+                tiles[j, c, t] = pan[c, tile_k[j] + t]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im, start, stop):  # pragma: no cover
+    # Tiles of atoms outside, rows inside, over groups of rows: a tile's frequencies (w x 64
+    # float32, contiguous) are read by every row of the group while they are in cache.
+    # Each atom's sum still runs over its row's stored values in ascending column order
+    # (one csr_tile call per row and tile), so the grouping changes no bit.  A tile's
+    # values past its node's atoms (zero frequencies) land on the next node's atoms,
+    # which its own tiles overwrite afterwards, or on the padding past a.
+    a = re.shape[1]
+    nt = tile_k.size
+    width = a + CSR_WIDE * ATOMS
+    rb = max(1, min(stop - start, CSR_ACC // width))
+    acc = np.zeros((rb, width), np.float32)
+    qa = np.empty(rb, np.int64)
+    qb = np.empty(rb, np.int64)
+    cur = np.empty(rb, np.int64)
+    for g0 in range(start, stop, rb):
+        n = min(rb, stop - g0)
+        for i in range(n):
+            qb[i] = ptr[g0 + i]  # each row's cursor: nodes come in ascending order
+        for j in range(nt):
+            lo = tile_node[j] * w
+            hi = lo + w
+            if j == 0 or tile_node[j] != tile_node[j - 1]:  # (the same node: the same ranges)
+                for i in range(n):
+                    e = ptr[g0 + i + 1]
+                    q = qb[i]
+                    while q < e and pos[q] < lo:
+                        q += 1
+                    qq = q
+                    while qq < e and pos[qq] < hi:
+                        qq += 1
+                    qa[i] = q
+                    qb[i] = qq
+            tile = tiles[j]
+            k = tile_k[j]
+            if w <= CSR_COLS:
+                for i in range(n):
+                    csr_tile_wide(pos, vals, qa[i], qb[i], lo, tile, 0, acc[i], k, True)
+            else:
+                # the node's columns in runs of CSR_COLS (a run's frequencies stay in L2), each
+                # sum continued exactly from its float32 partial sum: the same order
+                for i in range(n):
+                    cur[i] = qa[i]
+                for c0 in range(0, w, CSR_COLS):
+                    end = lo + min(w, c0 + CSR_COLS)
+                    for i in range(n):
+                        q = cur[i]
+                        qq = q
+                        e = qb[i]
+                        while qq < e and pos[qq] < end:
+                            qq += 1
+                        csr_tile_wide(pos, vals, q, qq, lo, tile, 0, acc[i], k, c0 == 0)
+                        cur[i] = qq
+        for i in range(n):
+            sincos_into(acc[i], a, re[g0 + i], im[g0 + i])

@@ -550,6 +550,45 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     return re, im
 
 
+def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
+    """The values of a continuous base's atoms (nodes ``gi``, frequencies ``omega``) on rows
+    given in CSR form (:func:`rfsgen._sincos32.phases_csr`: ``ptr``, ``pos`` positions in
+    the group's flattened ``(G, width)`` values, sorted and unique within each row,
+    ``vals`` float32 or float64), written into ``out = (re, im)``, float64 ``(m, a)`` each:
+    the bits of :func:`_values_continuous` on the densified rows (a base whose
+    preparation leaves the values alone: no ``normalize_blocks``).  False, with nothing
+    written, where only the dense path gives those bits: an infinite frequency (``0 * inf``
+    is NaN there), or a value so large that an angle could overflow float32 (such rows
+    are recomputed with scaling there)."""
+    from ._sincos32 import phases_csr
+
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    plan = _phase_plan(gi, omega, base.param("scale"))
+    if not np.isfinite(plan.l1):
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = float(np.abs(vals).max()) if vals.size else 0.0
+        if not (top * plan.l1 < SAFE_ANGLE and top <= F32_MAX):
+            return False
+    m, a = ptr.size - 1, plan.order.size
+    re, im = out
+    re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
+    if m and a:
+        if plan.csr is None:  # made once per plan, on the first CSR rows
+            from . import budget
+            from ._sincos32 import pack_csr_tiles
+
+            budget.check(4.0 * base.width * (a + 64 * plan.starts.size),
+                         f"the CSR-ordered frequencies of {a} atoms of width {base.width}",
+                         "sample fewer features (-n), split the columns into several feature files, or pass "
+                         "dense rows")
+            plan.csr = pack_csr_tiles(plan.pan, plan.starts, plan.ends, plan.nodes)
+        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *plan.csr, re_s, im_s)
+    if not plan.in_order:
+        re[:, plan.order], im[:, plan.order] = re_s, im_s
+    return True
+
+
 @dataclass
 class _PhasePlan:
     """What :func:`phases_of` needs besides the rows, built once per (atoms, frequencies)."""
@@ -561,6 +600,7 @@ class _PhasePlan:
     tile0: np.ndarray  # tiles and float32 scaled frequencies (rfsgen._sincos32.pack_panels)
     pan: np.ndarray
     l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
+    csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
 
 
 _PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)

@@ -365,9 +365,12 @@ def _attr(p, attrs, key, kind=str):
 
 def buffered_chunks(tr, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
     """``tr.chunk`` over the chunks of ``src`` into ``buffers`` reused arrays (the
-    ``chunks`` of every kind's transformer)."""
+    ``chunks`` of every kind's transformer); CSR rows stay CSR where ``tr`` reads them
+    (:func:`rfsgen.inputs.chunks_for`)."""
     bufs = [None] * buffers
-    for i, (row0, block) in enumerate(src.chunks(chunk_rows, start, stop)):
+    from .inputs import chunks_for
+
+    for i, (row0, block) in enumerate(chunks_for(src, tr, chunk_rows, start, stop)):
         m = block.shape[0]
         k = i % buffers
         if bufs[k] is None or bufs[k].shape[0] < m:

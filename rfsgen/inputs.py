@@ -312,6 +312,84 @@ def _is_number(s: str) -> bool:
         return False
 
 
+class SparseRows:
+    """A chunk of rows in canonical CSR form, as :meth:`CsrRowsSource.sparse_chunks` yields
+    it: ``indptr`` int64 ``(m + 1,)`` from 0, ``indices`` int64 sorted and unique within each
+    row (every one within ``0..width - 1``), ``data`` of ``dtype`` (float32 or float64, the
+    dense chunk's dtype).  The values are the dense chunk's, bit for bit: duplicates added
+    up in their stored order from +0.0 (as the dense chunk adds them), explicit zeros and
+    -0.0 kept as stored.  :meth:`toarray` gives the dense chunk."""
+
+    ndim = 2
+
+    def __init__(self, indptr, indices, data, width: int):
+        self.indptr, self.indices, self.data = indptr, indices, data
+        self.shape = (int(indptr.size) - 1, int(width))
+        self.dtype = data.dtype
+
+    @classmethod
+    def canonical(cls, ptr, cols, vals, dtype, width: int) -> "SparseRows":
+        """From a validated chunk (``ptr`` from 0, columns within the width) in any order,
+        with duplicates: the dense chunk's values at its stored positions."""
+        vals = vals.astype(dtype, copy=False)
+        if not _has_duplicates(ptr, cols):
+            if cols.size > 1:
+                d = np.diff(cols)
+                inner = np.ones(cols.size - 1, dtype=bool)
+                cut = ptr[1:-1]
+                cut = cut[(cut > 0) & (cut < cols.size)]
+                inner[cut - 1] = False
+                if not (d[inner] > 0).all():  # unsorted: sort each row (no ties)
+                    rows = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+                    order = np.lexsort((cols, rows))
+                    cols, vals = cols[order], vals[order]
+            return cls(ptr, cols, vals, width)
+        # Duplicates: the dense chunk adds every stored value into zeros, in stored order.
+        rows = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+        order = np.lexsort((cols, rows))  # stable: equal (row, column) keep their stored order
+        r, c = rows[order], cols[order]
+        new = np.ones(r.size, dtype=bool)
+        new[1:] = (r[1:] != r[:-1]) | (c[1:] != c[:-1])
+        sums = np.zeros(int(new.sum()), dtype=dtype)
+        np.add.at(sums, np.cumsum(new) - 1, vals[order])
+        r, c = r[new], c[new]
+        indptr = np.zeros(ptr.size, dtype=np.int64)
+        np.cumsum(np.bincount(r, minlength=ptr.size - 1), out=indptr[1:])
+        return cls(indptr, c, sums, width)
+
+    def toarray(self, rows=None) -> np.ndarray:
+        """The dense chunk (or its rows ``rows``, an int array), the bits the dense path reads."""
+        ptr = self.indptr
+        if rows is None:
+            rows = np.arange(self.shape[0])
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.zeros((rows.size, self.shape[1]), dtype=self.dtype)
+        counts = ptr[rows + 1] - ptr[rows]
+        take = np.repeat(ptr[rows] - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
+        out[np.repeat(np.arange(rows.size), counts), self.indices[take]] = self.data[take]
+        return out
+
+
+def chunk_row_bytes(tr, src: InputSource) -> int:
+    """Bytes one row of ``src``'s chunks takes in transformer ``tr`` (for
+    :func:`rfsgen.output.default_chunk_rows`): ``tr.row_bytes``, or where the rows stay CSR
+    (:func:`chunks_for`) ``tr.sparse_row_bytes(stored)`` for twice the input's mean
+    stored values a row (no dense row is made: chunks of more rows fit the same bytes)."""
+    rb = int(getattr(tr, "row_bytes", 0))
+    if getattr(src, "sparse_chunks", None) is None or not getattr(tr, "reads_sparse", False):
+        return rb
+    return min(rb, int(tr.sparse_row_bytes(2 * src.stored_per_row())))
+
+
+def chunks_for(src: InputSource, tr, chunk_rows: int, start: int = 0, stop: int | None = None):
+    """``src``'s chunks for transformer ``tr``: :class:`SparseRows` where ``tr`` reads them
+    (``tr.reads_sparse``) and ``src`` gives them (``src.sparse_chunks``), else dense rows."""
+    sparse = getattr(src, "sparse_chunks", None)
+    if sparse is not None and getattr(tr, "reads_sparse", False):
+        return sparse(chunk_rows, start, stop)
+    return src.chunks(chunk_rows, start, stop)
+
+
 class CsrRowsSource(InputSource):
     """Rows of a CSR matrix held as three sliceable parts (numpy arrays, h5py datasets,
     or members of a ``.npz`` read in order): each chunk reads its slice of ``indptr``,
@@ -345,10 +423,19 @@ class CsrRowsSource(InputSource):
         if (first.size and first[0] != 0) or (ends.size and not 0 <= ends[0] <= data.shape[0]):
             raise InputError(f"{name}: the sparse matrix's indptr is not increasing from 0 or points past its data "
                              f"(it runs {int(first[0])}..{int(ends[0])} over {data.shape[0]} values); the file is damaged")
+        self._stored = int(ends[0]) if ends.size else 0
 
-    def chunks(self, chunk_rows, start=0, stop=None):
+    def stored_per_row(self) -> float:
+        """The mean number of stored values a row holds (from ``indptr``'s last entry)."""
+        return self._stored / max(self.n_rows, 1)
+
+    def _parts(self, chunk_rows, start, stop, dense=True):
+        """``(a, b, ptr, cols, vals, dtype)`` for each chunk of rows ``a:b``: its slice of
+        ``indptr`` (int64, absolute), column indices (int64) and stored values, validated
+        (indptr increasing and within the data, every column index within the width)."""
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
-        check_chunk(self, chunk_rows, start, stop)
+        if dense:  # (CSR chunks: their stored values are checked below, chunk by chunk)
+            check_chunk(self, chunk_rows, start, stop)
         dtype = np.float32 if self.data.dtype == np.float32 else np.float64
         for a in range(start, stop, chunk_rows):
             b = min(a + chunk_rows, stop)
@@ -365,6 +452,10 @@ class CsrRowsSource(InputSource):
                 r = a + int(np.searchsorted(ptr, lo + int(np.argmax((cols < 0) | (cols >= self.width))), "right")) - 1
                 raise InputError(f"{self.name}: row {r}: a column index is outside 0..{self.width - 1}; "
                                  "the file is damaged")
+            yield a, b, ptr, cols, vals, dtype
+
+    def chunks(self, chunk_rows, start=0, stop=None):
+        for a, b, ptr, cols, vals, dtype in self._parts(chunk_rows, start, stop):
             block = np.zeros((b - a, self.width), dtype=dtype)
             rows = np.repeat(np.arange(b - a), np.diff(ptr))
             if _has_duplicates(ptr, cols):
@@ -372,6 +463,12 @@ class CsrRowsSource(InputSource):
             else:
                 block[rows, cols] = vals
             yield a, block
+
+    def sparse_chunks(self, chunk_rows, start=0, stop=None):
+        """The chunks of :meth:`chunks` as :class:`SparseRows`, never densified: the same
+        values (``SparseRows.toarray`` gives the dense chunk's bits)."""
+        for a, b, ptr, cols, vals, dtype in self._parts(chunk_rows, start, stop, dense=False):
+            yield a, SparseRows.canonical(ptr - ptr[0], cols, vals, dtype, self.width)
 
     def close(self):
         if self._closer:
@@ -443,10 +540,33 @@ class SparseSource(InputSource):
             b = min(a + chunk_rows, stop)
             yield a, _float(self.matrix[a:b].toarray())
 
+    @property
+    def sparse_chunks(self):
+        """:meth:`CsrRowsSource.sparse_chunks` for CSR and COO-like matrices (None for the
+        formats converted a chunk at a time)."""
+        if self._csr is not None:
+            return self._csr.sparse_chunks
+        if self._coo is not None:
+            return self._coo_sparse_chunks
+        return None
+
+    def stored_per_row(self) -> float:
+        return int(self.matrix.nnz) / max(self.n_rows, 1)
+
+    def _coo_sparse_chunks(self, chunk_rows, start=0, stop=None):
+        for a, piece in self._coo_pieces(chunk_rows, start, stop):
+            for _, rows in piece.sparse_chunks(piece.n_rows):
+                yield a, rows
+
     def _coo_chunks(self, chunk_rows, start, stop):
         """Chunks of the row-sorted coordinates: each chunk's entries, in their stored
         order, made CSR by scipy (duplicates summed as a whole-matrix conversion sums
         them) and densified as every CSR chunk is."""
+        for a, piece in self._coo_pieces(chunk_rows, start, stop):
+            for _, block in piece.chunks(piece.n_rows):
+                yield a, block
+
+    def _coo_pieces(self, chunk_rows, start, stop):
         import scipy.sparse as sp
 
         stop = self.n_rows if stop is None else min(stop, self.n_rows)
@@ -457,9 +577,7 @@ class SparseSource(InputSource):
             b = min(a + chunk_rows, stop)
             lo, hi = (int(i) for i in np.searchsorted(row, [a, b]))
             part = sp.coo_matrix((val[lo:hi], (row[lo:hi] - a, col[lo:hi])), shape=(b - a, self.width)).tocsr()
-            piece = CsrRowsSource(self.name, part.shape, part.indptr, part.data, part.indices)
-            for _, block in piece.chunks(b - a):
-                yield a, block
+            yield a, CsrRowsSource(self.name, part.shape, part.indptr, part.data, part.indices)
 
     def _check_stored(self, start, stop):
         """Every stored value of rows ``start:stop`` finite (:class:`DataError` naming the

@@ -642,8 +642,9 @@ def write_output(output, tr, src, start, stop, *, layout, dtype, compression, ch
 
     from ._signals import deferred
     from .atomic import SafeFile, atomic_path
+    from .inputs import chunk_row_bytes
 
-    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    chunk_rows = default_chunk_rows(tr.columns, chunk_row_bytes(tr, src), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     D = tr.columns
     # (a stream's header is not checked: it may promise rows it never sends, the stream's end decides)
@@ -895,6 +896,7 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from ._compiled import threads as thread_count
+    from .inputs import chunks_for
 
     threads = thread_count()
     n_rows = 0
@@ -903,7 +905,7 @@ def _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progre
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="rfsgen-hash") as hasher:
         populate = _populator(threads, pool)
         try:
-            for row0, block in src.chunks(chunk_rows, start, stop):
+            for row0, block in chunks_for(src, tr, chunk_rows, start, stop):
                 m = block.shape[0]
                 first = offset + (row0 - start) * row_bytes
                 lo = first - first % mmap.ALLOCATIONGRANULARITY
@@ -1051,7 +1053,9 @@ def write_obsm(output, tr, src, adata_path, key: str, *, layout, dtype, compress
 
     D, n = tr.columns, src.n_rows
     _check_obsm_key(adata_path, key, n)
-    chunk_rows = default_chunk_rows(tr.columns, getattr(tr, "row_bytes", 0), getattr(tr, "what", ""), chunk_rows)
+    from .inputs import chunk_row_bytes
+
+    chunk_rows = default_chunk_rows(tr.columns, chunk_row_bytes(tr, src), getattr(tr, "what", ""), chunk_rows)
     np_dtype = np.dtype(DTYPES[dtype])
     check_space(output, n, D, layout, np_dtype.itemsize, compression, extra=os.path.getsize(adata_path))
     if progress is not None and hasattr(progress, "phase"):

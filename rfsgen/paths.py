@@ -36,8 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bases import csr_phases
 from .errors import DataError
 from .featureset import FORMAT_VERSION, ColumnKind, FeatureSet, buffered_chunks
+from .inputs import SparseRows, check_finite
 from .recurrence import prepare_inputs
 from .skeleton import InputNode
 
@@ -114,6 +116,14 @@ class Transformer:
                 self.groups.append(_GroupAtoms(g, gi, codes, width, False))
                 width += 2 * sel.size
         self.source_width = width
+        # Groups whose atoms read CSR rows without densifying them (:meth:`_source_sparse`):
+        # gaussian and laplace nodes (angles w.x) whose preparation leaves the values alone.
+        self._csr_groups = {ga.group for ga in self.groups if not ga.linear
+                            and skel.input_groups[ga.group][0].continuous
+                            and not dict(skel.input_groups[ga.group][0].params).get("normalize_blocks", 0)}
+        #: chunks may come as rfsgen.inputs.SparseRows (rfsgen.inputs.chunks_for); the CPU only
+        self.reads_sparse = bool(self._csr_groups) and device == "cpu"
+        self._inverse = {}  # group -> where each input column sits in the group's values
         self.ir, self.cr, self.ii, self.ci = ir, cr, ii, ci
         power = fs.power.astype(np.int64)
         imag = fs.kind == 2  # cos(theta + pi/2) = -Im
@@ -199,12 +209,27 @@ class Transformer:
         prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
         return 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
 
+    def sparse_row_bytes(self, stored: float) -> int:
+        """:attr:`row_bytes` of a CSR row holding ``stored`` values (:meth:`_source_sparse`):
+        the stored values and their positions, the densified columns of the groups that are
+        not read as CSR, the atoms and the output values; no dense row."""
+        skel = self.skeleton
+        dense = sum(ids.size * base.width for g, (base, ids, _) in enumerate(skel.input_groups)
+                    if g not in self._csr_groups)
+        return int(32 * stored) + 8 * (2 * dense + self.source_width) + 3 * self.dtype.itemsize * self.columns
+
     @property
     def what(self) -> str:
         return f"the transform by '{self.fs.skeleton.path}' features ({self.columns} columns)"
 
     def source(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
-        """Validated, prepared rows as the compiled loop reads them: float64 ``(m, s)``."""
+        """Validated, prepared rows as the compiled loop reads them: float64 ``(m, s)``.
+        ``x`` may be :class:`rfsgen.inputs.SparseRows` (the same bits as its dense rows)."""
+        if isinstance(x, SparseRows):
+            src = self._source_sparse(x, row0, source) if self.reads_sparse else None
+            if src is not None:
+                return src
+            x = x.toarray()
         xp = prepare_inputs(self.skeleton, x, row0, source)
         m = x.shape[0]
         if len(self.groups) == 1 and self.groups[0].linear:
@@ -221,6 +246,83 @@ class Transformer:
                 base.values(xp[ga.group], ga.gi, ga.codes,
                             out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
                             where=(row0, source, labels), device=self.device)
+        return src
+
+    def _group_entries(self, g: int, x):
+        """The stored values of CSR rows ``x`` that fall in input group ``g``, as CSR rows
+        over the group's flattened ``(G, width)`` values: ``(ptr, pos, take)`` with
+        ``pos`` sorted and unique within each row and ``x.data[take]`` the values (an input
+        column read by several nodes, as overlapping patches are, appears once per node)."""
+        inv = self._inverse.get(g)
+        if inv is None:
+            flat = np.asarray(self.skeleton.input_groups[g][2], dtype=np.int64).reshape(-1)
+            width = self.skeleton.width
+            if flat.size == width and np.array_equal(flat, np.arange(width)):
+                inv = None, None, True, True
+            else:
+                order = np.argsort(flat, kind="stable")
+                ptr = np.zeros(width + 1, np.int64)
+                np.cumsum(np.bincount(flat, minlength=width), out=ptr[1:])
+                inv = ptr, order, False, bool(np.all(np.diff(flat) > 0))
+            self._inverse[g] = inv
+        iptr, ipos, identity, monotone = inv
+        if identity:
+            return x.indptr, x.indices, None
+        ind = x.indices
+        cnt = iptr[ind + 1] - iptr[ind]
+        total = int(cnt.sum())
+        q = np.repeat(np.arange(ind.size), cnt)
+        pos = ipos[np.repeat(iptr[ind] - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)]
+        row = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))[q]
+        if not monotone:
+            order = np.lexsort((pos, row))
+            pos, q, row = pos[order], q[order], row[order]
+        ptr = np.zeros(x.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(row, minlength=x.shape[0]), out=ptr[1:])
+        return ptr, pos, q
+
+    def _source_sparse(self, x, row0: int, source: str):
+        """:meth:`source` of CSR rows without densifying the gaussian and laplace groups'
+        values; the other groups' values (a few columns, or rows that a sphere node
+        normalises as a whole) are densified and prepared as today.  None where the dense
+        path must run (:func:`rfsgen.bases.csr_phases`)."""
+        skel = self.skeleton
+        m = x.shape[0]
+        if x.shape[1] != skel.width:
+            return None  # the dense path's width error
+        if x.data.dtype.kind == "f":
+            bad = np.flatnonzero(~np.isfinite(x.data))
+            if bad.size:  # the first by row, then column: the dense check's message, from that row
+                r = int(np.searchsorted(x.indptr, int(bad[0]), "right")) - 1
+                check_finite(x.toarray([r]), row0 + r, source)
+        prepared = {}
+        for g, (base, ids, cols) in enumerate(skel.input_groups):
+            if g in self._csr_groups:
+                continue
+            labels = [skel.nodes[i].label for i in ids]
+            ptr, pos, take = self._group_entries(g, x)
+            gathered = np.zeros((m, ids.size * base.width))
+            vals = x.data if take is None else x.data[take]
+            gathered[np.repeat(np.arange(m), np.diff(ptr)), pos] = vals
+            prepared[g] = base.prepare(gathered.reshape(m, ids.size, base.width), labels, row0, source,
+                                       overwrite=True)
+        src = np.empty((m, self.source_width))
+        for ga in self.groups:
+            base = skel.input_groups[ga.group][0]
+            a = ga.gi.size
+            re, im = src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]
+            if ga.group in self._csr_groups:
+                ptr, pos, take = self._group_entries(ga.group, x)
+                vals = x.data if take is None else x.data[take]
+                if not csr_phases(base, ptr, pos, vals, ga.gi, ga.codes, (re, im)):
+                    return None
+            elif ga.linear:
+                flat = prepared[ga.group].reshape(m, -1)
+                src[:, ga.offset:ga.offset + flat.shape[1]] = flat
+            else:
+                labels = [skel.nodes[i].label for i in skel.input_groups[ga.group][1]]
+                base.values(prepared[ga.group], ga.gi, ga.codes, out=(re, im), where=(row0, source, labels),
+                            device=self.device)
         return src
 
     def chunk(self, x: np.ndarray, row0: int = 0, source: str = "<array>", out: np.ndarray | None = None) -> np.ndarray:
@@ -273,7 +375,8 @@ class Transformer:
             return
         if self._wide is None:
             self._wide = Transformer(self.fs, np.float64)
-        peak = np.abs(self._wide.chunk(np.ascontiguousarray(x[suspect]), row0, source)).max(axis=1, initial=0.0)
+        rows = x.toarray(suspect) if isinstance(x, SparseRows) else np.ascontiguousarray(x[suspect])
+        peak = np.abs(self._wide.chunk(rows, row0, source)).max(axis=1, initial=0.0)
         lost = np.flatnonzero(peak > 0)
         if lost.size:
             r = int(suspect[lost[0]])

@@ -69,19 +69,22 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
     ``device``: ``cpu`` (the default), ``cuda`` (gaussian and laplace atoms on a GPU, the same
     bytes; :mod:`rfsgen._cuda` says what runs where) or ``auto`` (``cuda`` where numba finds a GPU).
     """
-    from .inputs import check_width, open_input
+    from .inputs import check_width, chunk_row_bytes, chunks_for, open_input
 
     _check_options(layout, dtype, "none")
     device, _ = resolve_device(device)
     layout = resolve_layout(layout, fs)
     tr = Transformer(fs, DTYPES[dtype], device)
-    chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
+    if chunk_rows is not None:
+        chunk_rows = default_chunk_rows(fs.columns, tr.row_bytes, tr.what, chunk_rows)
     with open_input(x, layer=layer) as src:
         check_width(src, fs.skeleton.width, fs.skeleton.path, fs.skeleton.shape, **_bound_by(fs, "the feature set", src))
+        if chunk_rows is None:  # (CSR rows read as CSR: more rows a chunk for the same bytes)
+            chunk_rows = default_chunk_rows(fs.columns, chunk_row_bytes(tr, src), tr.what, None)
         D = fs.columns
         if layout == "dense" and src.n_rows is not None:
             out = np.empty((src.n_rows, D), dtype=DTYPES[dtype])
-            for row0, block in src.chunks(chunk_rows):
+            for row0, block in chunks_for(src, tr, chunk_rows):
                 tr.chunk(block, row0, src.name, out=out[row0:row0 + block.shape[0]])
                 if progress:
                     progress(block.shape[0])

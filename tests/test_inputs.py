@@ -518,3 +518,60 @@ def test_coo_coordinates_outside_the_shape_are_an_input_error():
     m.row[1] = 10  # scipy checks the coordinates when the matrix is made, not after
     with pytest.raises(InputError, match=r"row 10, column 2 lies outside the declared shape \(10, 4\)"):
         open_input(m)
+
+
+# ----------------------------------------------------------------------------- CSR rows read as CSR
+def test_sparse_chunks_are_the_dense_chunks_and_refuse_what_chunks_refuse():
+    """CsrRowsSource.sparse_chunks: the same validation as the dense chunks (column indices
+    within the width, indptr increasing within the data), and SparseRows.toarray gives each
+    dense chunk's bits (unsorted and duplicate entries, -0.0, int data)."""
+    from rfsgen.inputs import CsrRowsSource, SparseRows
+
+    indptr = np.array([0, 3, 3, 7, 9])
+    indices = np.array([4, 1, 2, 3, 3, 0, 5, 5, 1])
+    for data in (np.array([1.5, -2.0, -0.0, 0.5, -0.5, 0.0, 3.0, 1e-3, 2.0]),
+                 np.array([1.5, -2.0, -0.0, 0.5, -0.5, 0.0, 3.0, 1e-3, 2.0], np.float32),
+                 np.arange(9, dtype=np.int32)):
+        src = CsrRowsSource("x", (4, 6), indptr, data, indices)
+        for rows in (1, 3, 4):
+            dense = list(src.chunks(rows))
+            sparse = list(src.sparse_chunks(rows))
+            assert [a for a, _ in dense] == [a for a, _ in sparse]
+            for (_, d), (_, s) in zip(dense, sparse):
+                assert isinstance(s, SparseRows) and s.shape == d.shape and s.dtype == d.dtype
+                assert s.toarray().tobytes() == d.tobytes()
+                for r in range(s.shape[0]):  # canonical: sorted, unique
+                    cols = s.indices[s.indptr[r]:s.indptr[r + 1]]
+                    assert (np.diff(cols) > 0).all()
+    bad_col = CsrRowsSource("x", (4, 6), indptr, np.ones(9), np.where(indices == 5, 6, indices))
+    bad_ptr = CsrRowsSource("x", (4, 6), np.array([0, 3, 2, 7, 9]), np.ones(9), indices)
+    for src, msg in ((bad_col, r"row 2: a column index is outside 0..5"), (bad_ptr, "not increasing")):
+        for read_with in (src.chunks, src.sparse_chunks):
+            with pytest.raises(InputError, match=msg):
+                list(read_with(4))
+
+
+def test_csr_rows_read_as_csr_take_larger_chunks():
+    """A CSR input through a gaussian node is read in chunks sized by what a CSR row takes
+    (no dense row); a dense input, or a skeleton that takes no CSR rows, as before."""
+    import scipy.sparse as sp
+
+    from rfsgen import parse_skeleton, sample
+    from rfsgen.inputs import chunk_row_bytes, chunks_for
+    from rfsgen.transform import Transformer
+
+    sk = parse_skeleton("rfsgen: 1\ninput: {width: 5000}\nnodes:\n  - {name: x, base: gaussian, scale: 0.1}\n"
+                        "output: x\n", "g.yaml")
+    tr = Transformer(sample(sk, 64, seed=1))
+    x = sp.random(10, 5000, density=0.01, format="csr", random_state=0)
+    with open_input(x) as src:
+        assert chunk_row_bytes(tr, src) < tr.row_bytes / 10
+        assert [c.shape[0] for _, c in chunks_for(src, tr, 4)] == [4, 4, 2]  # a given chunk size is kept
+        assert type(next(chunks_for(src, tr, 4))[1]).__name__ == "SparseRows"
+    with open_input(x.toarray()) as src:
+        assert chunk_row_bytes(tr, src) == tr.row_bytes
+        assert isinstance(next(chunks_for(src, tr, 4))[1], np.ndarray)
+    tr.reads_sparse = False
+    with open_input(x) as src:
+        assert chunk_row_bytes(tr, src) == tr.row_bytes
+        assert isinstance(next(chunks_for(src, tr, 4))[1], np.ndarray)

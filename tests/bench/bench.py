@@ -16,6 +16,9 @@ suite.  Measures, on the machine it runs on:
   (d = 1e4, 1% stored, D = 2048; RBFSampler on the same CSR matrix), mnist-conv and
   cifar-patches (D = 4096), with the profile of rfsgen's time (angles and cos/sin,
   products into columns);
+* sparse rows: CSR rows (d = 1e4, 1% stored, D = 2048, 2e4 rows) through one gaussian node,
+  read as CSR by the angle loop, against the same rows densified per chunk and against
+  RBFSampler on the same CSR matrix, alternately (ratio peer / rfsgen);
 * heavy-tailed columns (issue 26): ``step`` against ``relu`` over the same sphere
   ``coordinate`` node at equal D (2048, 1e4 rows, d = 64 and 784), alternately, with
   the product loop's and the log-domain loop's shares;
@@ -82,7 +85,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_exact_subs
 SKELETONS = {name: ROOT / "skeletons" / f"{name}.yaml" for name in ("cifar-deep", "shallow-gaussian")}
 PY = sys.executable
 RFSGEN = [PY, "-m", "rfsgen"]
-SECTIONS = ("sample", "startup", "gaussian", "rks", "heavy", "threads", "memory", "peak", "e2e", "storage", "kernel", "floor",
+SECTIONS = ("sample", "startup", "gaussian", "rks", "sparse", "heavy", "threads", "memory", "peak", "e2e", "storage", "kernel", "floor",
             "rss", "fixed_order", "eof", "checks", "dask", "gpu")
 
 
@@ -341,6 +344,58 @@ def bench_rks(args, tmp, res):
               f"({', '.join(f'{v:.2f}' for v in times['rbfsampler'])}), peer/rfsgen = {r['speedup']:.2f}x; profile: "
               + ", ".join(f"{k} {v:.2f} s" for k, v in r["profile_s"].items()), flush=True)
     res["rks"] = out
+
+
+def bench_sparse(args, tmp, res):
+    """CSR rows (d = 1e4, 1% stored, ``args.sparse_rows`` rows, float32) through one gaussian
+    node at D = 2048, in memory, alternately: rfsgen reading the CSR rows as they are (the
+    angle loop sums the stored values only), rfsgen with each chunk densified first (the
+    path before: ``rfsgen.inputs.chunks_for`` made to give dense chunks), and RBFSampler fit
+    + transform on the same CSR matrix; the same bytes both ways (checked)."""
+    import scipy.sparse as sp
+    from sklearn.kernel_approximation import RBFSampler
+
+    import rfsgen.inputs as inputs
+    from rfsgen import parse_skeleton, sample, transform
+
+    d, D = 10_000, 2048
+    xs = sp.random(args.sparse_rows, d, density=0.01, format="csr", dtype=np.float32, random_state=1)
+    sk = parse_skeleton(f"rfsgen: 1\ninput: {{width: {d}}}\nnodes:\n  - {{name: x, base: gaussian, scale: 0.1}}\n"
+                        "output: x\n", "sparse.yaml")
+    fs = sample(sk, D, seed=1)
+    real = inputs.chunks_for
+
+    def densified(src, tr, chunk_rows, start=0, stop=None):
+        return src.chunks(chunk_rows, start, stop)
+
+    def dense_chunks():
+        inputs.chunks_for = densified
+        try:
+            return transform(fs, xs, layout="dense")
+        finally:
+            inputs.chunks_for = real
+
+    a, b = transform(fs, xs[:500], layout="dense"), None  # compile / load the cache
+    inputs.chunks_for = densified
+    try:
+        b = transform(fs, xs[:500], layout="dense")
+    finally:
+        inputs.chunks_for = real
+    assert a.tobytes() == b.tobytes(), "the CSR path's bytes differ from the densified path's"
+    times = alternate({"rfsgen": lambda: transform(fs, xs, layout="dense"), "rfsgen_densified": dense_chunks,
+                       "rbfsampler": lambda: RBFSampler(n_components=D, gamma=0.005, random_state=0).fit(xs)
+                       .transform(xs)}, args.repeats)
+    r = {"rows": args.sparse_rows, "width": d, "density": 0.01, "columns": D, "runs": times}
+    for k, v in times.items():
+        r[f"{k}_s"], r[f"{k}_range_s"] = min(v), [min(v), max(v)]
+    r["speedup"] = r["rbfsampler_s"] / r["rfsgen_s"]
+    r["speedup_densified"] = r["rbfsampler_s"] / r["rfsgen_densified_s"]
+    res["sparse"] = r
+    print(f"  CSR rows d=1e4 1% D={D}, {r['rows']} rows: rfsgen {r['rfsgen_s']:.3f} s "
+          f"({', '.join(f'{v:.2f}' for v in times['rfsgen'])}), densified per chunk {r['rfsgen_densified_s']:.3f} s "
+          f"({', '.join(f'{v:.2f}' for v in times['rfsgen_densified'])}), RBFSampler {r['rbfsampler_s']:.3f} s "
+          f"({', '.join(f'{v:.2f}' for v in times['rbfsampler'])}); peer/rfsgen = {r['speedup']:.2f}x "
+          f"(densified: {r['speedup_densified']:.2f}x)", flush=True)
 
 
 def _sphere_activation(d, act):
@@ -1124,6 +1179,11 @@ def table(res) -> str:
     for r in res.get("rks", []):
         lines.append(f"| in-memory {r['case']}, {r['rows']} rows | {r['rfsgen_s']:.3f} s | RBFSampler "
                      f"{r['rbfsampler_s']:.3f} s | {r['speedup']:.2f} |")
+    if "sparse" in res:
+        r = res["sparse"]
+        lines.append(f"| in-memory CSR rows d=1e4 1% D={r['columns']}, {r['rows']} rows | {r['rfsgen_s']:.3f} s "
+                     f"(densified per chunk {r['rfsgen_densified_s']:.3f} s) | RBFSampler {r['rbfsampler_s']:.3f} s | "
+                     f"{r['speedup']:.2f} |")
     for r in res.get("heavy", []):
         lines.append(f"| in-memory step over sphere d = {r['d']}, {r['rows']} rows, D = {r['columns']} | "
                      f"{r['step_s']:.3f} s | relu, same node {r['relu_s']:.3f} s | {1 / r['ratio']:.2f} |")
@@ -1238,9 +1298,11 @@ def main(argv=None):
     args.check_rows, args.check_columns, args.check_repeats, args.check_processes = 10_000, 10_000, 7, 6
     args.dask_rows, args.dask_columns, args.dask_repeats = 20_000, 10_000, 3
     args.heavy_widths, args.heavy_rows, args.heavy_columns = (64, 784), 10_000, 2048
+    args.sparse_rows = 20_000
     args.peak_rows, args.peak_columns = 10_000, 4096
     if args.quick:
         args.heavy_rows, args.heavy_columns = 1000, 512
+        args.sparse_rows = 1000
         args.peak_rows, args.peak_columns = 1000, 512
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2

@@ -1,7 +1,7 @@
 """Print, as JSON, SHA-256 hashes of output definition 3's angles (rfsgen._sincos32 through
 rfsgen.bases.phases_of: dense tiles, runs of terms, several nodes, sparse rows) and of a
-whole transform of gaussian and laplace nodes, and whether the compiled angle loop uses
-hardware FMA instructions or calls the C library's fmaf.  tests/test_reproducible.py runs
+whole transform of gaussian and laplace nodes (dense rows, and CSR rows read as CSR), and
+whether the compiled angle loops use hardware FMA instructions or call the C library's fmaf.  tests/test_reproducible.py runs
 it with the default CPU and with NUMBA_CPU_NAME=generic (no FMA), each with an empty
 numba cache, and compares.  Run: python tests/tools/fma_bytes.py
 """
@@ -40,7 +40,16 @@ def main() -> dict:
     fs = sample(skel, 500, seed=2)
     x = rows_for(skel, 37, seed=1)
     h["transform gauss-laplace float32"] = hashlib.sha256(transform(fs, x, layout="dense").tobytes()).hexdigest()
-    asm = "\n".join(_sincos32._phases.inspect_asm().values()) + "\n".join(_sincos32._phases_sparse.inspect_asm().values())
+    # CSR rows read as CSR (rfsgen._sincos32.phases_csr): the bytes of the same rows dense
+    import scipy.sparse as sp
+
+    xc = x.copy()
+    xc[rng.random(xc.shape) < 0.6] = 0.0
+    csr = transform(fs, sp.csr_matrix(xc), layout="dense").tobytes()
+    assert csr == transform(fs, xc, layout="dense").tobytes(), "CSR rows differ from the same rows dense"
+    h["transform gauss-laplace CSR rows float32"] = hashlib.sha256(csr).hexdigest()
+    asm = "\n".join("\n".join(f.inspect_asm().values())
+                    for f in (_sincos32._phases, _sincos32._phases_sparse, _sincos32._phases_csr))
     return {"hashes": h, "vfmadd": "vfmadd" in asm, "calls fmaf": "fmaf" in asm}
 
 

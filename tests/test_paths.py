@@ -1,0 +1,207 @@
+"""rfsgen.paths: CSR rows through the gaussian and laplace angle loop without densifying them
+(Transformer._source_sparse, rfsgen._sincos32.phases_csr): the bytes of the dense path."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import SMALL_SKELETONS, load_shipped, skeleton_path
+from rfsgen import parse_skeleton, sample, transform
+from rfsgen._threads import using
+from rfsgen.errors import DataError
+from rfsgen.inputs import SparseRows, open_input
+from rfsgen.paths import Transformer
+
+MIXED = """
+rfsgen: 1
+input: {width: 24}
+nodes:
+  - {name: g, base: gaussian, scale: 0.4, columns: "0:8"}
+  - {name: h, base: gaussian, scale: 0.3, columns: "5:13"}
+  - {name: s, base: sphere, scheme: coordinate, zero: uniform, columns: "13:19"}
+  - {name: l, base: laplace, scale: 0.5, per: column, columns: "19:24"}
+  - {name: mid, activation: tanh, inputs: [g, h, s]}
+  - {name: out, activation: {name: exp, beta: 1.0}, inputs: [mid, l]}
+"""
+
+SPHERE_GAUSS = """
+rfsgen: 1
+input: {width: 12}
+nodes:
+  - {name: s, base: sphere, scheme: pair, zero: uniform, columns: "0:6"}
+  - {name: g, base: gaussian, scale: 0.7, columns: "6:12"}
+  - {name: out, activation: {name: exp, beta: 1.0}, inputs: [s, g]}
+"""
+
+
+def _skeleton(name):
+    if name in ("rbf", "laplace", "mnist-conv"):
+        return load_shipped(skeleton_path(name), auto_width=40)
+    text = {"mixed": MIXED, "sphere-gauss": SPHERE_GAUSS}.get(name) or SMALL_SKELETONS[name]
+    return parse_skeleton(text, f"{name}.yaml")
+
+
+def _rows(width, n, density, seed, dtype=np.float64):
+    """CSR rows with empty rows, explicit zeros, -0.0, tiny values (products that underflow
+    to -0.0 in float32) and large ones."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, width, density=density, format="csr", random_state=seed, dtype=np.float64)
+    x.data = rng.standard_normal(x.data.size) * rng.choice([1.0, 1e-30, 1e-45, 30.0], x.data.size, p=[.85, .05, .05, .05])
+    pick = rng.random(x.data.size)
+    x.data[pick < 0.05] = 0.0
+    x.data[(pick >= 0.05) & (pick < 0.1)] = -0.0
+    x = x.astype(dtype)
+    for r in (0, n // 2, n - 1):  # empty rows
+        x.data[x.indptr[r]:x.indptr[r + 1]] = 0.0
+    x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=x.shape)
+    x.eliminate_zeros() if seed % 3 == 0 else None  # some inputs with their stored zeros dropped
+    return x
+
+
+def _dense_of(x):
+    with open_input(x) as src:
+        return src.read()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the chunks that took the CSR angle loop (a silent fall back to dense fails)."""
+    import rfsgen.paths as paths
+
+    calls = []
+    real = paths.csr_phases
+
+    def spy(*a, **k):
+        ok = real(*a, **k)
+        calls.append(ok)
+        return ok
+
+    monkeypatch.setattr(paths, "csr_phases", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["rbf", "laplace", "mnist-conv", "mixed", "sphere-gauss", "gauss-laplace"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_csr_rows_give_the_dense_bytes(name, dtype, counted):
+    skel = _skeleton(name)
+    fs = sample(skel, 256, seed=3)
+    assert Transformer(fs).reads_sparse
+    n = 24 if name == "mnist-conv" else 40
+    for seed, density in ((1, 0.3), (2, 0.05), (3, 0.6)):
+        x = _rows(skel.width, n, density, seed, np.float32 if seed == 2 else np.float64)
+        want = transform(fs, _dense_of(x), layout="dense", dtype=dtype)
+        for chunk_rows in (1, 7, 64):
+            for threads in (1, 2):
+                with using(min(threads, _most())):
+                    got = transform(fs, x, layout="dense", dtype=dtype, chunk_rows=chunk_rows)
+                assert got.tobytes() == want.tobytes(), (seed, chunk_rows, threads)
+        got = transform(fs, x, layout="csr", dtype=dtype)
+        assert got.toarray().tobytes() == transform(fs, _dense_of(x), layout="csr", dtype=dtype).toarray().tobytes()
+    assert counted and all(counted)
+
+
+def _most():
+    from rfsgen._threads import most
+
+    return most()
+
+
+def test_unsorted_and_duplicate_indices_add_up_as_the_dense_chunk(counted):
+    skel = load_shipped(skeleton_path("rbf"), auto_width=6)
+    fs = sample(skel, 128, seed=1)
+    # row 0: unsorted; row 1: a duplicate (0.5 + -0.5 = +0.0) and -0.0; row 2: empty; row 3: duplicates
+    indptr = np.array([0, 3, 7, 7, 10])
+    indices = np.array([4, 1, 2, 3, 3, 0, 5, 2, 2, 1])
+    data = np.array([1.5, -2.0, 0.25, 0.5, -0.5, -0.0, 3.0, 1e-3, 2.0, -1.0])
+    x = sp.csr_matrix((data, indices, indptr), shape=(4, 6))
+    dense = _dense_of(x)
+    assert dense[1, 3] == 0 and not np.signbit(dense[1, 3]) and dense[3, 2] == 1e-3 + 2.0
+    for dtype in ("float32", "float64"):
+        assert transform(fs, x, layout="dense", dtype=dtype).tobytes() == \
+            transform(fs, dense, layout="dense", dtype=dtype).tobytes()
+    coo = sp.coo_matrix((data, (np.repeat(np.arange(4), np.diff(indptr)), indices)), shape=(4, 6))
+    assert transform(fs, coo, layout="dense").tobytes() == transform(fs, dense, layout="dense").tobytes()
+    assert counted and all(counted)
+
+
+def test_non_finite_values_are_refused_as_the_dense_path_refuses_them():
+    fs = sample(load_shipped(skeleton_path("rbf"), auto_width=6), 64, seed=1)
+    x = sp.csr_matrix(np.array([[0, 1.0, 0, 0, 0, 0], [0, 0, 0, 2.0, np.inf, np.nan]]))
+    with open_input(x) as src:
+        rows = next(src.sparse_chunks(2))[1]
+    assert isinstance(rows, SparseRows)
+    with pytest.raises(DataError) as sparse_err:
+        Transformer(fs).chunk(rows, 10, "x.npz")
+    with pytest.raises(DataError) as dense_err:
+        Transformer(fs).chunk(x.toarray(), 10, "x.npz")
+    assert str(sparse_err.value) == str(dense_err.value)
+    assert "row 11, column 4" in str(sparse_err.value)
+
+
+def test_values_that_could_overflow_an_angle_take_the_dense_path(counted):
+    fs = sample(load_shipped(skeleton_path("rbf"), auto_width=6), 64, seed=1)
+    x = sp.csr_matrix(np.array([[0, 1.0, 0, 0, 0, 0], [0, 0, 0, 1e36, 0, 0], [3e38, 0, 0, 0, 0, 1.0]]))
+    assert transform(fs, x, layout="dense").tobytes() == transform(fs, x.toarray(), layout="dense").tobytes()
+    assert counted == [False]
+
+
+def test_sparse_rows_toarray_and_canonical_form():
+    ptr = np.array([0, 2, 2, 5])
+    cols = np.array([3, 0, 1, 1, 4])
+    vals = np.array([1.0, -0.0, 2.0, 3.0, 4.0])
+    rows = SparseRows.canonical(ptr, cols, vals, np.float64, 5)
+    assert rows.indptr.tolist() == [0, 2, 2, 4] and rows.indices.tolist() == [0, 3, 1, 4]
+    assert rows.data.tolist() == [0.0, 1.0, 5.0, 4.0]
+    assert not np.signbit(rows.data[0])  # a chunk with duplicates adds every value into +0.0
+    no_dup = SparseRows.canonical(np.array([0, 2]), np.array([3, 0]), np.array([1.0, -0.0]), np.float64, 5)
+    assert no_dup.indices.tolist() == [0, 3] and np.signbit(no_dup.data[0])
+    assert rows.toarray([2, 0]).tolist() == [[0, 5.0, 0, 0, 4.0], [0, 0, 0, 1.0, 0]]
+
+
+def test_transform_file_reads_csr_rows_sparse(tmp_path, counted):
+    import h5py
+
+    from rfsgen import save_features
+    from rfsgen.transform import transform_file
+
+    fs = sample(load_shipped(skeleton_path("rbf"), auto_width=30), 96, seed=2)
+    save_features(fs, tmp_path / "f.h5")
+    x = _rows(30, 50, 0.2, 4)
+    sp.save_npz(tmp_path / "x.npz", x)
+    np.save(tmp_path / "x.npy", _dense_of(x))
+    for layout in ("dense", "csr"):
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npz", tmp_path / f"a-{layout}.h5", layout=layout, chunk_rows=9)
+        transform_file(tmp_path / "f.h5", tmp_path / "x.npy", tmp_path / f"b-{layout}.h5", layout=layout, chunk_rows=9)
+        with h5py.File(tmp_path / f"a-{layout}.h5") as a, h5py.File(tmp_path / f"b-{layout}.h5") as b:
+            for key in ("X",) if layout == "dense" else ("X/data", "X/indices", "X/indptr"):
+                assert a[key][...].tobytes() == b[key][...].tobytes()
+    assert counted and all(counted)
+
+
+@pytest.mark.parametrize("D", [1, 17, 100, 20_000])
+def test_csr_rows_any_number_of_atoms(D, counted):
+    """Atom counts off the 64- and 16-atom tiles, and enough atoms (20,000) that one thread's
+    rows are summed in several groups (rfsgen._sincos32.CSR_ACC)."""
+    fs = sample(load_shipped(skeleton_path("laplace"), auto_width=300), D, seed=5)
+    x = _rows(300, 130, 0.1, 7)
+    want = transform(fs, _dense_of(x), layout="dense")
+    with using(1):
+        assert transform(fs, x, layout="dense", chunk_rows=130).tobytes() == want.tobytes()
+    assert transform(fs, x, layout="dense", chunk_rows=50).tobytes() == want.tobytes()
+    assert counted and all(counted)
+
+
+@pytest.mark.parametrize("width", [1023, 1024, 1025, 3000])
+def test_csr_rows_wider_than_a_column_run(width, counted):
+    """Nodes wider than rfsgen._sincos32.CSR_COLS: each tile's sums run over the columns in
+    runs, continued exactly from the float32 partial sums: still the dense bytes."""
+    fs = sample(load_shipped(skeleton_path("rbf"), auto_width=width), 150, seed=6)
+    x = _rows(width, 40, 0.05, 8)
+    # a few rows with values right at the run boundaries
+    x = sp.csr_matrix(x.toarray() + sp.csr_matrix(([1.25, -3.5, 2.0, 0.75], ([1, 1, 2, 3], [1023 % width, 1024 % width,
+                                                                                           width - 1, 0])),
+                                                       shape=(40, width)).toarray())
+    want = transform(fs, _dense_of(x), layout="dense", dtype="float64")
+    for chunk_rows in (3, 40):
+        assert transform(fs, x, layout="dense", dtype="float64", chunk_rows=chunk_rows).tobytes() == want.tobytes()
+    assert counted and all(counted)
