@@ -235,6 +235,8 @@ class ClusterTransformer:
         self.clipped = 0 if kind_of(fs).counts_clipped else None
 
     def _guard(self, fn, what):
+        from concurrent.futures import CancelledError
+
         from distributed.scheduler import KilledWorker
 
         from .errors import RfsgenError
@@ -246,6 +248,9 @@ class ClusterTransformer:
         except KilledWorker as e:
             raise RfsgenError(f"a Dask worker died while {what} (scheduler {self.address}): {e}; nothing was "
                               "written; check the workers' memory and logs, then run again") from None
+        except CancelledError as e:  # the scheduler forgot the task (a worker lost under load)
+            raise RfsgenError(f"the Dask scheduler at {self.address} cancelled the task while {what} ({e}); nothing "
+                              "was written; run again") from None
         except (OSError, TimeoutError) as e:
             raise RfsgenError(f"lost the Dask scheduler at {self.address} while {what} ({type(e).__name__}: {e}); "
                               "nothing was written") from None
@@ -723,12 +728,14 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                              "sending the feature set")
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("transform", stop - start)
-        futures = [_guarded(address, lambda a=a, b=b, p=p: client.submit(
-            write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
-            device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
-            for (a, b), p in zip(ranges, paths)]
-        for fut, (a, b) in zip(futures, ranges):  # in order: the progress bar counts whole ranges
-            _guarded(address, fut.result, f"transforming rows {a}:{b}")
+        def submit(a, b, p):
+            return _guarded(address, lambda: client.submit(
+                write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
+                device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
+
+        futures = [submit(a, b, p) for (a, b), p in zip(ranges, paths)]
+        for i, ((a, b), p) in enumerate(zip(ranges, paths)):  # in order: the progress bar counts whole ranges
+            _shard_result(address, futures, i, lambda a=a, b=b, p=p: submit(a, b, p), f"transforming rows {a}:{b}")
             if progress:
                 progress(b - a)
         info = merge_files(paths, final, overwrite=True, progress=progress)
@@ -741,6 +748,31 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
             f.cancel()
         shutil.rmtree(run_dir, ignore_errors=True)
     return info, len(ranges)
+
+
+#: Times a range whose task the scheduler cancelled is submitted again.
+RESUBMITS = 2
+
+
+def _shard_result(address, futures, i, resubmit, what):
+    """Wait for ``futures[i]``.  When a worker dies mid-task, the scheduler sometimes
+    forgets the task instead of running it elsewhere (``FutureCancelledError: ...
+    already forgotten``, seen under load): the range is deterministic, so it is
+    submitted again (``resubmit()``, at most :data:`RESUBMITS` times) before that is an
+    error."""
+    from concurrent.futures import CancelledError
+
+    from .errors import RfsgenError
+
+    for attempt in range(RESUBMITS + 1):
+        try:
+            return _guarded(address, futures[i].result, what)
+        except CancelledError as e:
+            if attempt == RESUBMITS:
+                raise RfsgenError(f"the Dask scheduler at {address} cancelled the task {what} {RESUBMITS + 1} times "
+                                  f"({type(e).__name__}: {e}); nothing was written; check the workers and the "
+                                  "scheduler's logs, then run again") from None
+            futures[i] = resubmit()
 
 
 def _guarded(address, fn, what):

@@ -587,3 +587,35 @@ def test_device_cuda_on_a_worker_without_a_gpu_is_one_line_and_leaves_nothing(ga
                    "--device", "auto", "--dask-scheduler", c.scheduler_address, "--shard-dir", tmp_path])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "a.h5").read_bytes() == (d / "local.h5").read_bytes()
+
+
+def test_a_cancelled_shard_task_is_submitted_again_then_one_line():
+    """The scheduler may forget a task whose worker died (FutureCancelledError, 'already
+    forgotten', seen under load): the range is submitted again, at most RESUBMITS times,
+    then the run ends with one line."""
+    from concurrent.futures import CancelledError
+
+    from rfsgen.errors import RfsgenError
+
+    class Fut:
+        def __init__(self, ok):
+            self.ok = ok
+
+        def result(self):
+            if not self.ok:
+                raise CancelledError("rfsgen-shard-0-75 cancelled for reason: already forgotten.")
+            return 75
+
+    made = []
+
+    def resubmit(ok):
+        made.append(ok)
+        return Fut(ok)
+
+    futures = [Fut(False)]
+    assert rd._shard_result("tcp://127.0.0.1:1", futures, 0, lambda: resubmit(True), "transforming rows 0:75") == 75
+    assert made == [True]
+    futures = [Fut(False)]
+    with pytest.raises(RfsgenError, match=r"cancelled the task transforming rows 0:75 3 times .*run again"):
+        rd._shard_result("tcp://127.0.0.1:1", futures, 0, lambda: resubmit(False), "transforming rows 0:75")
+    assert len(made) == 1 + rd.RESUBMITS
