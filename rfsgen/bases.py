@@ -82,6 +82,12 @@ class Base:
         """C = sup |psi| of the base scheme."""
         return self.kind.norm_bound(self)
 
+    @property
+    def walk_problem(self) -> str | None:
+        """Why nodes of this base have no compositional features or exact kernel (a
+        message with its fix), or None."""
+        return self.kind.walk_problem(self)
+
     # ------------------------------------------------------------------ numerics
     def prepare(self, x: np.ndarray, nodes: list[str], row0: int, source: str, overwrite: bool = False) -> np.ndarray:
         """Validate and transform raw values.
@@ -173,6 +179,9 @@ class BaseKind:
     uniform_codes: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
+    #: why a node of this base has no compositional features or exact kernel (the walked schemes,
+    #: ``rfsgen kernel`` without ``--eof``): a message with its fix, or None where it has them
+    walk_problem: Callable = lambda base: None
 
 
 # ---------------------------------------------------------------------- validation
@@ -768,10 +777,17 @@ def _prepare_box(base, x, nodes, row0, source):
     return x
 
 
-def _free_brownian_elsewhere(base):
+def _free_brownian_problem(base):
     if boundary_of(base) == "free":
-        raise UsageError("a brownian node with 'boundary: free' has features only under --scheme eof (and its kernel "
-                         "only as 'rfsgen kernel --eof'); use --scheme eof, or drop 'boundary: free'")
+        return ("a brownian node with 'boundary: free' has features only under --scheme eof (and its kernel only as "
+                "'rfsgen kernel --eof'); use --scheme eof, or drop 'boundary: free'")
+    return None
+
+
+def _free_brownian_elsewhere(base):
+    problem = _free_brownian_problem(base)
+    if problem:  # callers name the node first (Skeleton.walk_problem); this guards direct use of the base
+        raise UsageError(problem)
 
 
 def _gram_brownian(base, xp, yp):
@@ -998,7 +1014,7 @@ _register(BaseKind(
     "brownian", "prod_j (min(u_j, u'_j) - u_j u'_j), u = (x - lo) / (hi - lo) on the node's domain (default [0, 1])",
     {"domain": (OPTIONAL, _domain), "boundary": (OPTIONAL, _boundary)}, None, False,
     _prepare_box, _gram_brownian, _sample_brownian, _conj_identity, _values_brownian,
-    norm_bound=lambda b: 3.0 ** (-b.width / 2),
+    norm_bound=lambda b: 3.0 ** (-b.width / 2), walk_problem=_free_brownian_problem,
 ))
 
 

@@ -127,6 +127,7 @@ def kernel(
     y = None if y is None else _rows(y)
     if not skeleton.bound:
         skeleton = skeleton.bind(x.shape[1])
+    skeleton.check_walkable()
     same = y is None
     if np.asarray(x).shape[0] == 0 or (y is not None and np.asarray(y).shape[0] == 0):
         m, n = np.asarray(x).shape[0], np.asarray(x if y is None else y).shape[0]

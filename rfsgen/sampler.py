@@ -819,6 +819,7 @@ def sample(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise UsageError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     seed = int(seed)
+    skeleton.check_walkable()
     if threads is None:
         from ._compiled import threads as thread_count
 

@@ -156,6 +156,15 @@ class Skeleton:
     def input_nodes(self) -> tuple:
         return tuple(n for n in self.nodes if isinstance(n, InputNode))
 
+    def check_walkable(self) -> None:
+        """Raise :class:`SkeletonError` naming the file and the first input node whose base
+        has no compositional features or exact kernel (``Base.walk_problem``: a brownian node
+        with ``boundary: free``).  The walked schemes and the exact kernel call it before any work."""
+        for n in self.input_nodes:
+            problem = n.base.walk_problem
+            if problem:
+                raise SkeletonError(f"{self.path}: node '{n.label}': {problem}")
+
     @cached_property
     def internal_nodes(self) -> tuple:
         return tuple(n for n in self.nodes if isinstance(n, InternalNode))

@@ -221,11 +221,35 @@ def test_skeleton_validates_boundary():
 
 
 def test_free_brownian_has_no_random_features():
+    from rfsgen.bases import make_base
+    from rfsgen.recurrence import kernel
     from rfsgen.sampler import sample
 
     skel = skeleton("brownian", 2)
+    for call in (lambda: sample(skel, 10, seed=0), lambda: kernel(skel, np.full((2, 2), 0.5))):
+        with pytest.raises(SkeletonError) as err:
+            call()
+        assert "node 'x'" in str(err.value) and "only under --scheme eof" in str(err.value)
+    base = make_base("brownian", {"boundary": "free"}, 2)  # the base alone still refuses, without a node to name
     with pytest.raises(UsageError, match="only under --scheme eof"):
-        sample(skel, 10, seed=0)
+        base.sample(np.random.default_rng(0), np.array([1]))
+
+
+def test_cli_names_the_file_and_node_of_a_free_brownian_outside_eof(tmp_path):
+    sk = tmp_path / "b.yaml"
+    sk.write_text("rfsgen: 1\ninput: {width: 3}\nnodes:\n  - {name: b, base: brownian, boundary: free}\n")
+    np.save(tmp_path / "x.npy", np.full((4, 3), 0.25))
+    r = CliRunner()
+    for argv in (["sample", str(sk), "-n", "10", "-o", str(tmp_path / "f.h5")],
+                 ["kernel", str(sk), str(tmp_path / "x.npy"), "-o", str(tmp_path / "k.npy")],
+                 ["approx", str(sk), str(tmp_path / "x.npy"), "-n", "8", "--subset", "4", "--trials", "1"]):
+        res = r.invoke(main, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and f"{sk}: node 'b':" in lines[0] and "--scheme eof" in lines[0], res.output
+    assert not (tmp_path / "f.h5").exists() and not (tmp_path / "k.npy").exists()
+    res = r.invoke(main, ["sample", str(sk), "-n", "10", "--scheme", "eof", "-o", str(tmp_path / "f.h5")])
+    assert res.exit_code == 0, res.output
 
 
 def test_file_records_the_boundary_and_refuses_forged_values(tmp_path):

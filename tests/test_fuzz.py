@@ -295,6 +295,42 @@ def test_oracle_brownian_kernel_and_zero_rows_in_a_box():
     assert harness._zero_rows_in_box(z, x, box, whole_grid=False) is None
 
 
+def test_oracle_eof_limit_kernels_by_hand():
+    import numpy as np
+
+    lo, hi = [0.0, -1.0], [1.0, 3.0]  # unit coordinates u = x for column 0, (x + 1) / 4 for column 1
+    x = np.array([[0.25, 0.0], [0.75, 2.0], [0.5, 7.0]])  # the last row's column 1 lies outside (clipped to u = 1)
+    free_b = harness.eof_kernel(x, x, lo, hi, "brownian", "free", None)
+    assert free_b[0, 0] == 1.25 * 1.25 and free_b[0, 1] == 1.0 and free_b[1, 2] == 1.0 * 1.25
+    free_l = harness.eof_kernel(x, x, lo, hi, "laplace", "free", 0.7)
+    assert np.isclose(free_l[0, 1], np.exp(-0.7 * (0.5 + 2.0)), rtol=1e-15, atol=0)
+    assert np.isclose(free_l[1, 2], np.exp(-0.7 * (0.25 + 1.0)), rtol=1e-15, atol=0)  # clipped to x = 3
+    pinned_l = harness.eof_kernel(x, x, lo, hi, "laplace", "pinned", 0.7)
+    assert np.allclose(pinned_l[:, 2], 0.0, atol=1e-16) and np.allclose(pinned_l[2], 0.0, atol=1e-16)  # on a face
+
+    def one(u, v, s):  # the closed form (Brownian-bridge-like) of the pinned laplace kernel on [0, 1]
+        a, b = min(u, v), max(u, v)
+        return np.exp(-s * (b - a)) * -np.expm1(-2 * s * a) * -np.expm1(-2 * s * (1 - b)) / -np.expm1(-2 * s)
+
+    assert np.isclose(pinned_l[0, 1], one(0.25, 0.75, 0.7) * one(0.25, 0.75, 2.8), rtol=1e-12)
+
+
+def test_generators_draw_the_free_boundary_and_greedy_selection():
+    import numpy as np
+
+    from tests.fuzz import gen_eof, gen_labels
+
+    texts, methods = [], []
+    for i in range(300):
+        case = gen_eof.generate(np.random.default_rng([7, i]), f"eof-{i}")
+        texts += [str(f.get("text", "")) + str(f.get("skeleton", "")) + str(f.get("fixture", ""))
+                  for f in case["files"].values()]
+        case = gen_labels.generate(np.random.default_rng([7, i]), f"labels-{i}")
+        methods.append(case["argv"][case["argv"].index("--method") + 1])
+    assert any("free" in t for t in texts) and any("pinned" not in t and "free" not in t and t for t in texts)
+    assert "greedy" in methods
+
+
 def test_exact_counts_of_binary_inputs():
     from tests.fuzz.gen_exact import distinct_features
 

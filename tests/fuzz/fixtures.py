@@ -28,6 +28,12 @@ SKELETONS = {
                  "  - {name: b, base: brownian, columns: '1:4', domain: [-2, 2]}\n",
     "laplacebox3": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
                    "  - {name: l, base: laplace, scale: 0.7, columns: '1:4', domain: [[-2, -1, -3], [2, 1, 3]]}\n",
+    # the same nodes with 'boundary: free' (EOF's unpinned kernels)
+    "brownian3free": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
+                     "  - {name: b, base: brownian, columns: '1:4', domain: [-2, 2], boundary: free}\n",
+    "laplacebox3free": "rfsgen: 1\ninput: {width: 4}\nnodes:\n"
+                       "  - {name: l, base: laplace, scale: 0.7, columns: '1:4', domain: [[-2, -1, -3], [2, 1, 3]], "
+                       "boundary: free}\n",
     # EOF over 8,000 columns (level 1: one column): a transform's per-row work grows with d^2
     "brownianwide": "rfsgen: 1\ninput: {width: 8000}\nnodes:\n  - {name: b, base: brownian, domain: [0, 1]}\n",
     # A skeleton with a parameter: its feature file records the value (attribute 'params').
@@ -60,11 +66,15 @@ FEATURES = {
 SCHEMES = {"exact-circle": "exact"}
 
 #: EOF feature fixtures (``rfsgen.eof.sample``): name -> (skeleton, level); their columns are the grid's.
-EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4), "eof-brownian-wide": ("brownianwide", 1)}
+EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4), "eof-brownian-wide": ("brownianwide", 1),
+       "eof-brownian3-free": ("brownian3free", 3), "eof-laplace3-free": ("laplacebox3free", 4)}
+#: the EOF fixtures whose node says 'boundary: free'
+EOF_FREE = {"eof-brownian3-free", "eof-laplace3-free"}
 
 #: Which fixture feature file a skeleton name's rows cases use, and the skeleton's row width.
 WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
           "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8, "eof-brownian3": 4, "eof-laplace3": 4,
+          "eof-brownian3-free": 4, "eof-laplace3-free": 4,
           "exact-circle": 8, "params8": 8}
 #: Skeletons whose kernel and features do not change when a row is multiplied by a positive scale.
 SCALE_INVARIANT = {"shallow-gaussian", "cifar-deep", "sphere8"}
@@ -82,7 +92,7 @@ def columns_of(feat: str) -> int:
         from rfsgen.eof import grid_counts
 
         skel, level = EOF[feat]
-        return grid_counts(level, 8000 if skel == "brownianwide" else 3)[1]  # brownian3, laplacebox3: 3 of 4
+        return grid_counts(level, 8000 if skel == "brownianwide" else 3, free=feat in EOF_FREE)[1]  # 3 of 4 columns
     return FEATURES[feat][1]
 
 

@@ -28,7 +28,7 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
                  "rows.npy": {"rows": {"seed": seed, "n": n, "width": 8, "mode": "normal", "fmt": "npy"}},
                  "y.npy": {"labels": _labels(n, seed)}}
         argv = ["select", "pool.h5", "rows.npy", "y.npy", "-n", str(int(rng.choice([16, 256]))), "--method",
-                str(rng.choice(["eerf", "lkrf", "corr"])), "-o", "out.h5", "-q"]
+                str(rng.choice(["eerf", "lkrf", "corr", "greedy"])), "-o", "out.h5", "-q"]  # greedy: a 200k x 200k Gram
         out, check = "out.h5", {"type": "sample", "columns": int(argv[5])}
     elif k == 1:  # kernel --eof of many rows
         n = int(rng.choice([3000, 4000, 8000]))

@@ -124,7 +124,7 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
     lab = f"y.{ext}"
     files[lab] = {"labels": p}
     arg = f"{lab}:/y" if ext == "h5" and rng.random() < 0.7 else lab
-    method = str(rng.choice(["eerf", "lkrf", "lkrf", "corr", "eerf-norm"]))
+    method = str(rng.choice(["eerf", "lkrf", "lkrf", "corr", "eerf-norm", "greedy"]))
     d = int(rng.choice([1, 4, 8, 16]))
     argv = ["select", "pool.h5", "rows.npy", arg, "-n", str(d), "--method", method, "-o", "out.h5", "-q"]
     rho = str(rng.choice(RHOS)) if method == "lkrf" and rng.random() < 0.7 else None

@@ -360,6 +360,8 @@ def generate(rng: np.random.Generator, cid: str) -> dict:
     if p.get("bad_cat") is not None and skel == "categorical-poly" and p.get("shape") != "empty" \
             and p.get("dtype") not in ("bool", "complex128") and _has_bad_category(p):
         must_fail = "a category out of range"
+    if cmd == "kernel" and skel == "eof-brownian3-free":  # no exact kernel outside --eof (the error names the node)
+        must_fail = "a brownian node with 'boundary: free' outside --scheme eof"
     if must_fail:
         check["must_fail"] = must_fail
     out = "out.h5" if cmd == "transform" else "K.npy"
