@@ -1,4 +1,5 @@
-"""``--device cuda``: gaussian and laplace atoms on a GPU with the CPU's bits (a first slice).
+"""``--device cuda``: gaussian and laplace atoms, and the products into columns, on a GPU with
+the CPU's bits.
 
 What runs on the GPU: the angles of output definition 3 (:mod:`rfsgen._sincos32`) and their
 cos and sin, one thread per (row, atom): ``theta = fma(x[c], w[c], ...)`` for c = 0, 1, ...,
@@ -10,11 +11,20 @@ with the CPU's float64 Cody-Waite reduction and polynomials (the constants of
 compiled for the device).  The CPU's fixed order is a sequential sum (its register tiles and
 runs only choose which independent sums run together), so one thread per sum gives its bits.
 
+The products into columns (:func:`columns`, the GPU's :func:`rfsgen._compiled.columns`): each
+row's factors (atoms read from the chunk's source values and their powers by repeated
+squaring), then one thread per (row, output column) multiplies the column's factors left to
+right in float64 and stores its scale (the activations' weights) times the real or imaginary
+part in the output dtype, as the CPU's vector loop does lane by lane.
+
 What stays on the CPU: everything else.  Angles beyond ``FAST_LIMIT`` (about 8.2e5), inf and
 NaN are redone by the CPU's Payne-Hanek routine (:func:`rfsgen._sincos.redo_slow`) from the
 float32 angles the GPU returns; rows over the float32 overflow bound are redone by
-:func:`rfsgen.bases._careful_angles` as on the CPU; preparing the rows, other bases, the
-products, activations, weights, EOF columns and the writer all run on the CPU.
+:func:`rfsgen.bases._careful_angles` as on the CPU; preparing the rows, the other bases'
+atoms (sphere, circle, categorical, binary, brownian: cheap next to the products), the
+log-domain columns of heavy-tailed activations, the overflow and underflow checks, EOF
+columns and the writer run on the CPU.  Each chunk's source values go to the GPU and its
+output comes back (no streams or pinned buffers yet).
 
 **No contraction.**  NVVM contracts ``a * b + c`` into a fused multiply-add by default
 (``-fma=1``) even without fast-math, which would change the float64 reduction and
@@ -146,7 +156,64 @@ def _build():
             re[r, k] = cc
             im[r, k] = ss
 
-    _KERNEL = phases_kernel
+    @cuda.jit
+    def factors_kernel(src, ir, cr, ii, ci, xatom, xpow, fr, fi):
+        # rfsgen._compiled._columns' gather and _power for one (row, factor), in their order
+        r, f = cuda.grid(2)
+        a = ir.shape[0]
+        if r < src.shape[0] and f < fr.shape[1]:
+            k = f if f < a else xatom[f - a]
+            zr = _dmul(cr[k], src[r, ir[k]])
+            zi = _dmul(ci[k], src[r, ii[k]]) if ii[k] >= 0 else 0.0
+            if f < a:
+                fr[r, f] = zr
+                fi[r, f] = zi
+                return
+            p = xpow[f - a]
+            sign = 1.0
+            if p < 0:
+                p = -p
+                sign = -1.0
+            ar = zr
+            ai = _dmul(sign, zi)
+            rr = 1.0
+            ri = 0.0
+            while p > 0:
+                if p & 1:
+                    x = _dadd(_dmul(rr, ar), -_dmul(ri, ai))
+                    ri = _dadd(_dmul(rr, ai), _dmul(ri, ar))
+                    rr = x
+                p >>= 1
+                if p > 0:
+                    x = _dadd(_dmul(ar, ar), -_dmul(ai, ai))
+                    ai = _dmul(_dmul(2.0, ar), ai)
+                    ar = x
+            fr[r, f] = rr
+            fi[r, f] = ri
+
+    @cuda.jit
+    def columns_kernel(fr, fi, fidx, fptr, sc, imag, pos, out):
+        # rfsgen._vector.product for one (row, output column): the complex product of the
+        # column's factors left to right, then sc times its real or imaginary part
+        r, j = cuda.grid(2)
+        if r < out.shape[0] and j < out.shape[1]:
+            p = pos[j]
+            q0 = fptr[p]
+            q1 = fptr[p + 1]
+            xr = 1.0
+            xi = 0.0
+            if q1 > q0:
+                xr = fr[r, fidx[q0]]
+                xi = fi[r, fidx[q0]]
+                for q in range(q0 + 1, q1):
+                    u = fr[r, fidx[q]]
+                    w = fi[r, fidx[q]]
+                    x = _dadd(_dmul(xr, u), -_dmul(xi, w))
+                    xi = _dadd(_dmul(xr, w), _dmul(xi, u))
+                    xr = x
+            out[r, j] = _dmul(sc[p], xi if imag[p] else xr)
+
+    _KERNEL = (phases_kernel, factors_kernel, columns_kernel)
     return _KERNEL
 
 
@@ -180,7 +247,7 @@ def phases(x2, w, plan, re, im) -> None:
     (views allowed), with the CPU path's bits."""
     from ._sincos import redo_slow
 
-    kernel = _build()
+    kernel = _build()[0]
     m, a = re.shape
     node = np.repeat(plan.nodes, plan.ends - plan.starts).astype(np.int64)
     pan = np.ascontiguousarray(plan.pan[:, :a])
@@ -197,3 +264,45 @@ def phases(x2, w, plan, re, im) -> None:
     redo_slow(theta.reshape(-1), m * a, hre.reshape(-1), him.reshape(-1))
     re[...] = hre
     im[...] = him
+
+
+class ColumnsPlan:
+    """The static arrays of :func:`rfsgen._compiled.columns` (``ir, cr, ii, ci, xatom,
+    xpow, fidx, fptr, sc, imag, pos``: how atoms are read, raised and multiplied into
+    columns), copied to the GPU once, on first use.  Pickles without its device copies."""
+
+    def __init__(self, *static):
+        self.static = static
+        self._device = None
+
+    def __getstate__(self):
+        return {"static": self.static, "_device": None}
+
+    def device_arrays(self):
+        if self._device is None:
+            _build()
+            self._device = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.static)
+        return self._device
+
+
+def columns(src, plan: ColumnsPlan, out) -> None:
+    """The GPU's :func:`rfsgen._compiled.columns` with its bits: the factor values of each
+    row (atoms ``cr * src[:, ir] + i ci * src[:, ii]`` and their powers by repeated
+    squaring), then each output column's complex product, left to right, times its scale,
+    real or imaginary part, into ``out`` (float32 or float64 ``(m, D)``, C order) from
+    ``src`` (float64 ``(m, s)``).  Every float64 operation is an uncontracted
+    ``__nv_dmul_rn``/``__nv_dadd_rn`` in the CPU's order (the CPU loop's 8-row lanes and
+    tiles only choose which independent products run together)."""
+    _, factors_kernel, columns_kernel = _build()
+    ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos = plan.device_arrays()
+    m, d = out.shape
+    n_factors = plan.static[0].size + plan.static[4].size
+    d_src = cuda.to_device(np.ascontiguousarray(src))
+    d_fr = cuda.device_array((m, max(n_factors, 1)), np.float64)
+    d_fi = cuda.device_array((m, max(n_factors, 1)), np.float64)
+    d_out = cuda.device_array((m, d), out.dtype)
+    tpb = (8, 32)
+    if n_factors:
+        factors_kernel[(-(-m // tpb[0]), -(-n_factors // tpb[1])), tpb](d_src, ir, cr, ii, ci, xatom, xpow, d_fr, d_fi)
+    columns_kernel[(-(-m // tpb[0]), -(-d // tpb[1])), tpb](d_fr, d_fi, fidx, fptr, sc, imag, pos, d_out)
+    d_out.copy_to_host(out)

@@ -64,8 +64,9 @@ class Transformer:
     def __init__(self, fs: FeatureSet, dtype=np.float32, device="cpu"):
         self.fs = fs
         self.dtype = np.dtype(dtype)
-        #: where the gaussian and laplace atoms are computed: cpu, or cuda (rfsgen._cuda; the
-        #: same bits); everything else runs on the CPU either way
+        #: where the gaussian and laplace atoms and the products into columns (with the
+        #: activations' weights) are computed: cpu, or cuda (rfsgen._cuda; the same bits); the
+        #: other atoms, the log-domain columns and the checks run on the CPU either way
         self.device = device
         skel = fs.walk_skeleton
         self.skeleton = skel
@@ -75,6 +76,7 @@ class Transformer:
         self._may_underflow = self.dtype.itemsize < 8 and any(
             n.base.name in ("brownian", "sphere") for n in skel.nodes if isinstance(n, InputNode))
         self._wide = None  # the float64 transformer that decides a suspect row, made on first use
+        self._gpu_columns = None  # device == "cuda": the product loop's arrays on the GPU (rfsgen._cuda.ColumnsPlan)
         n_nodes = len(skel.nodes)
         cont = np.array([isinstance(n, InputNode) and n.base.continuous for n in skel.nodes])
         group_of = np.full(n_nodes, -1)
@@ -340,8 +342,16 @@ class Transformer:
         elif out.shape != (m, self.columns) or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if m and self.columns:
-            columns(src, self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr,
-                    self.sc, self.imag, self.pos, out)
+            static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
+                      self.imag, self.pos)
+            if self.device == "cuda":
+                from . import _cuda
+
+                if self._gpu_columns is None:
+                    self._gpu_columns = _cuda.ColumnsPlan(*static)
+                _cuda.columns(src, self._gpu_columns, out)
+            else:
+                columns(src, *static, out)
             if self.huge.size:
                 from ._compiled import log_domain_columns
 

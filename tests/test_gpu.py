@@ -126,6 +126,63 @@ def test_simulator_bytes_equal_cpu(tmp_path):
             assert outs["cpu"] == outs["cuda"], (name, layout)
 
 
+def test_simulator_products_equal_cpu_for_every_node_kind(tmp_path):
+    """The products into columns (factors, powers, activations' weights) on the GPU: every
+    small skeleton (brownian, binary, categorical, circle under step, gaussian and laplace,
+    sphere, a deep relu net) and the shipped cifar-deep and mnist-conv give the CPU's bytes,
+    dense and CSR, float32 and float64.  The same run with the GPU's product order reversed
+    differs, so the comparison sees the order."""
+    shipped = {name: (ROOT / "skeletons" / f"{name}.yaml").read_text() for name in ("cifar-deep", "mnist-conv")}
+    (tmp_path / "sk.json").write_text(json.dumps({**SMALL_SKELETONS, **shipped}))
+    res = _python("""
+        import json
+        import numpy as np
+        from rfsgen import _cuda
+        from rfsgen.sampler import sample
+        from rfsgen.skeleton import parse_skeleton
+        from rfsgen.transform import transform
+
+        rng = np.random.default_rng(0)
+        sk = json.load(open("sk.json"))
+        for name, text in sk.items():
+            skel = parse_skeleton(text)
+            if not skel.bound:
+                skel = skel.bind(6)
+            x = rng.uniform(-0.9, 0.9, (4, skel.width))
+            if name.startswith("categorical"):
+                x = rng.integers(0, 4, x.shape).astype(float)
+            elif name.startswith("binary"):
+                x = rng.choice([-1.0, 1.0], x.shape)
+            fs = sample(skel, 24, 1)
+            for layout in ("dense", "csr"):
+                for dtype in ("float32", "float64"):
+                    a = transform(fs, x, layout=layout, dtype=dtype)
+                    b = transform(fs, x, layout=layout, dtype=dtype, device="cuda")
+                    if layout == "csr":
+                        a, b = a.toarray(), b.toarray()
+                    assert a.tobytes() == b.tobytes(), (name, layout, dtype)
+                    print("same", name, layout, dtype)
+        # the order is seen: the GPU's products reversed (right to left) give other bits
+        src = rng.uniform(-1, 1, (64, 6))
+        ir, ii = np.arange(6), np.full(6, -1)
+        cr, ci = rng.uniform(0.5, 2, 6), np.zeros(6)
+        none = np.zeros(0, np.int64)
+        fidx = np.arange(6)
+        plan = lambda f: _cuda.ColumnsPlan(ir, cr, ii, ci, none, none, f, np.array([0, 6]), np.array([1.0]),
+                                           np.array([False]), np.array([0]))
+        fwd, rev = np.empty((64, 1)), np.empty((64, 1))
+        _cuda.columns(src, plan(fidx), fwd)
+        _cuda.columns(src, plan(fidx[::-1].copy()), rev)
+        want = np.ones((64, 1))
+        for k in range(6):
+            want[:, 0] = want[:, 0] * (cr[k] * src[:, k]) if k else cr[k] * src[:, k]
+        print("forward exact:", fwd.tobytes() == want.tobytes(), "reversed differs:", fwd.tobytes() != rev.tobytes())
+    """, sim=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("same ") == 4 * (len(SMALL_SKELETONS) + 2), res.stdout
+    assert "forward exact: True reversed differs: True" in res.stdout
+
+
 @pytest.fixture(scope="module")
 def features(tmp_path_factory):
     from rfsgen import save_features
