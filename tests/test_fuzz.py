@@ -220,6 +220,24 @@ def test_forging_never_reads_a_bomb_whole(tmp_path):
                      "dtype": "<u8", "index": "all"}, tmp_path)
 
 
+def test_forging_over_an_external_fifo_does_not_block(tmp_path):
+    """features-s47-1208 (external storage in a FIFO, then a virtual dataset made of it)
+    blocked the case builder on the FIFO until the runner gave up: a later operation now
+    takes zeros of the dataset's shape where its external storage is not a regular file."""
+    import h5py
+    import numpy as np
+
+    from tests.fuzz import forge
+
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("term_code", data=np.arange(6, dtype=np.int64))
+    forge.apply({"op": "mkfifo", "file": "fifo"}, tmp_path)
+    forge.apply({"op": "dataset", "file": "f.h5", "name": "term_code", "how": "external", "target": "fifo"}, tmp_path)
+    forge.apply({"op": "dataset", "file": "f.h5", "name": "term_code", "how": "virtual"}, tmp_path)
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert f["term_code"].is_virtual and f["term_code"].shape == (6,)
+
+
 def test_forging_writes_uint64_values_past_int64(tmp_path):
     """features-s41-182 was skipped ('OverflowError: Python int too large to convert to C
     long'): entries went through int64 on their way to a '<u8' dataset, so 2^63 could not
