@@ -193,6 +193,31 @@ def compress_rows(vals, data, indices, counts):  # pragma: no cover - compiled
     return k
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def first_nonfinite(out, cols):  # pragma: no cover - compiled
+    """The first ``(row, k)`` (rows in order, then ``k`` in order) where ``out[row, cols[k]]``
+    is not finite, or ``(-1, -1)``: what ``np.argwhere(~np.isfinite(out[:, cols]))[0]`` finds,
+    in one pass over the rows without the ``(m, cols.size)`` copy and mask (a bit test per
+    value: a float's exponent bits all ones).  ``out`` float32 or float64 ``(m, D)``, ``cols``
+    int64 indices in ``[0, D)``."""
+    m = out.shape[0]
+    d = out.shape[1]
+    for r in range(m):
+        row = out[r]
+        bad = False
+        for k in range(cols.size):
+            c = cols[k]
+            if c >= 0 and c < d:
+                v = row[c]
+                bad |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite v - v is 0
+        if bad:
+            for k in range(cols.size):
+                c = cols[k]
+                if c >= 0 and c < d and not math.isfinite(row[c]):
+                    return r, k
+    return -1, -1
+
+
 # ----------------------------------------------------------------------------- input preparation
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _gather_columns(x, cols, out, start, stop):  # pragma: no cover - compiled

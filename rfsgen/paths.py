@@ -349,9 +349,10 @@ class Transformer:
                                    self.huge_local, self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag,
                                    out)
             if self.checked.size:
-                bad = ~np.isfinite(out[:, self.checked])
-                if bad.any():
-                    r, c = np.argwhere(bad)[0]
+                from ._compiled import first_nonfinite
+
+                r, c = first_nonfinite(out, self.checked)
+                if r >= 0:
                     raise DataError(
                         f"{source}: row {row0 + int(r)}, column {int(self.checked[c])}: the feature's value is too "
                         f"large for {self.dtype.name} (a high power of a sphere factor); "
