@@ -221,3 +221,37 @@ def log_sums(typingctx, la, ag, local, power, q0, q1, lg0, acc):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def log_moduli(typingctx, la, local, power, q0, q1, lg0, acc):
+    """:func:`log_sums` without the phases: ``acc[b] = lg0 + sum_q power[q] * la[local[q] *
+    LOG_BLOCKS + b]`` for lane rows ``b < LOG_BLOCKS``, term by term from ``q0`` to ``q1``:
+    the same operations in the same order as :func:`log_sums`' log-moduli, so the same bits."""
+    if not (_is_matrix(la, types.float64) and _is_matrix(acc, types.float64)
+            and isinstance(local, types.Array) and local.ndim == 1 and isinstance(local.dtype, types.Integer)
+            and isinstance(power, types.Array) and power.ndim == 1 and power.dtype == types.float64):
+        return None
+    sig = types.void(la, local, power, q0, q1, lg0, acc)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        intp = types.intp
+        nb = context.get_constant(intp, LOG_BLOCKS)
+        init = _splat(builder, context.cast(builder, args[5], t[5], types.float64))
+        acc_l = [cgutils.alloca_once_value(builder, init) for _ in range(LOG_BLOCKS)]
+        lo = _index(context, builder, args[3], t[3])
+        hi = _index(context, builder, args[4], t[4])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(intp, 1), inc=True) as (q, _):
+            j = _index(context, builder, builder.load(_item_ptr(context, builder, t[1], args[1], q)), t[1].dtype)
+            pv = _splat(builder, builder.load(_item_ptr(context, builder, t[2], args[2], q)))
+            row = builder.mul(j, nb)
+            for b in range(LOG_BLOCKS):
+                k = builder.add(row, context.get_constant(intp, b))
+                u = _load_row(context, builder, t[0], args[0], k)
+                builder.store(builder.fadd(builder.load(acc_l[b]), builder.fmul(pv, u)), acc_l[b])
+        for b in range(LOG_BLOCKS):
+            _store_row(context, builder, t[6], args[6], context.get_constant(intp, b), builder.load(acc_l[b]))
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -195,6 +195,9 @@ class Transformer:
         self.huge_log_sc = np.log(fs.scale.astype(np.float64)[huge])
         self.huge_sign = np.where(imag[huge], -1.0, 1.0)
         self.huge_imag = np.ascontiguousarray(imag[huge])
+        # columns of real atoms whose values' signs need no phase sums (log_domain_columns)
+        self.huge_odd, self.huge_easy = easy_columns(self.ii, self.huge_uatom, self.huge_ptr, self.huge_local,
+                                                     self.huge_power, self.huge_imag)
 
     @property
     def columns(self) -> int:
@@ -347,7 +350,7 @@ class Transformer:
 
                 log_domain_columns(src, self.ir, self.cr, self.ii, self.ci, self.huge_uatom, self.huge, self.huge_ptr,
                                    self.huge_local, self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag,
-                                   out)
+                                   out, self.huge_odd, self.huge_easy)
             if self.checked.size:
                 from ._compiled import first_nonfinite
 
@@ -390,6 +393,39 @@ class Transformer:
         """Yield ``(row0, values)`` over an input source.  ``values`` cycles through
         ``buffers`` reused arrays: it stays valid for ``buffers - 1`` further steps."""
         return buffered_chunks(self, src, chunk_rows, start, stop, buffers)
+
+
+def easy_columns(ii, uatom, ptr, local, power, imag):
+    """``(odd, easy)`` for :func:`rfsgen._compiled.log_domain_columns`.
+
+    A column is easy when its atoms are all real (``ii < 0``: log|z| and an argument of 0
+    or pi), it takes the cosine (not ``imag``), its powers are integers below 2^53, and
+    its phase, summed in float64 from the terms' ``p * pi``, stays within 0.5 of the exact
+    ``K pi`` (``K``: the sum of the powers of the row's negative atoms): the rounding of
+    ``n`` products and ``n`` additions is at most ``(n + 2) sum|p| pi 2^-52`` (generous),
+    required below 0.5.  Then cos(phase) is at least cos(0.5) = 0.88 in magnitude with
+    the sign ``(-1)^K``, which rfsgen's cosine (under an ulp) keeps; ``K``'s parity is that
+    of the number of the row's negative atoms among those of odd power (``odd``)."""
+    na = uatom.size
+    nw = (na + 63) // 64
+    n_cols = ptr.size - 1
+    odd = np.zeros((n_cols, nw), np.uint64)
+    easy = np.zeros(n_cols, np.bool_)
+    if not n_cols:
+        return odd, easy
+    lengths = np.diff(ptr)
+    col = np.repeat(np.arange(n_cols), lengths)
+    whole = power == np.floor(power)
+    small = np.abs(power) < 2.0**53
+    real = ii[uatom][local] < 0
+    good = whole & small & real
+    ok_terms = np.bincount(col, good, n_cols) == lengths
+    total = np.bincount(col, np.abs(np.where(small, power, 0.0)), n_cols)
+    easy[:] = ok_terms & ~np.asarray(imag, bool) & ((lengths + 2) * total * math.pi * 2.0**-52 < 0.5)
+    odd_term = good & (np.fmod(np.abs(np.where(good, power, 0.0)), 2.0) == 1.0)
+    bit = np.left_shift(np.uint64(1), (local[odd_term] & 63).astype(np.uint64))
+    np.bitwise_xor.at(odd, (col[odd_term], local[odd_term] >> 6), bit)
+    return odd, easy
 
 
 def _unique_columns(keys: np.ndarray):
