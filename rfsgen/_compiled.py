@@ -31,7 +31,7 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from ._sincos import sincos, sincos_into
-from ._vector import LOG_BLOCKS, gather, log_moduli, log_sums, product, transpose_out
+from ._vector import LOG_BLOCKS, gather, log_moduli, log_sums, product, product_real, transpose_out
 
 
 def threads() -> int:
@@ -65,7 +65,7 @@ def on_rows(kernel, m: int, *args, align: int = 1, min_rows: int = 1) -> None:
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, start, stop):  # pragma: no cover - compiled
+def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, start, stop):  # pragma: no cover - compiled
     """Products of factor values into output columns, for rows ``start:stop`` of ``src``.
 
     Inputs (the static ones built once by :class:`rfsgen.transform.Transformer`):
@@ -81,6 +81,11 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
       real part, or the imaginary part when ``imag[p]``; ``pos[j]`` is the position
       of output column ``j``.  int64 ``fidx (nnz,)``, ``fptr (D + 1,)``, ``pos (D,)``;
       float64 ``sc (D,)``; bool ``imag (D,)``;
+    * ``real`` bool ``(D,)`` by position: the column's factors are all real (their
+      imaginary parts zeros: atoms with ``ii < 0`` and their powers) and it takes the
+      real part; its product is then taken one multiply a factor
+      (:func:`rfsgen._vector.product_real`), and again as a complex product in the rare
+      tiles where a lane is zero, so the bits are the complex product's;
     * ``out`` float32 or float64 ``(m, D)`` C order, overwritten;
     * ``start, stop``: the rows to compute (``start`` a multiple of 8).
 
@@ -127,6 +132,8 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
             q0 = fptr[p]
             q1 = fptr[p + 1]
             if q1 > q0:
+                if real[p] and not product_real(fr, fidx[q0], fidx, q0 + 1, q1, sc[p], tile, p):
+                    continue
                 product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
             else:
                 product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
@@ -142,9 +149,12 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
                     out[r0 + t, j] = tile[pos[j], t]
 
 
-def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out) -> None:
-    """:func:`_columns` over all rows of ``src``, on :func:`threads` threads."""
-    on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out,
+def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, real=None) -> None:
+    """:func:`_columns` over all rows of ``src``, on :func:`threads` threads (``real``: by
+    default no column takes the real-factor path)."""
+    if real is None:
+        real = np.zeros(fptr.size - 1, np.bool_)
+    on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out,
             align=TILE, min_rows=TILE)
 
 

@@ -134,6 +134,41 @@ def product(typingctx, fr, fi, first, fidx, q0, q1, imag, s, dst, k):
     return sig, codegen
 
 
+@intrinsic
+def product_real(typingctx, fr, first, fidx, q0, q1, s, dst, k):
+    """:func:`product`'s real part for factors whose imaginary parts are all zeros:
+    ``P = fr[first] * fr[fidx[q0]] * ... * fr[fidx[q1 - 1]]`` (left to right, one multiply
+    a factor), ``dst[k] = s * P`` in ``dst``'s dtype; returns whether a lane of ``P`` is zero.
+
+    With every imaginary part a zero (of either sign), :func:`product`'s real part at each
+    step is ``x * u - (a zero)``, which is ``x * u`` exactly unless ``x * u`` is itself a
+    zero: so where no lane of ``P`` is zero (no step was), the stored values have
+    :func:`product`'s bits; otherwise the caller computes the column with :func:`product`
+    (the sign of a zero may differ)."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(dst) and dst.dtype in (types.float32, types.float64)
+            and isinstance(fidx, types.Array) and fidx.ndim == 1 and isinstance(fidx.dtype, types.Integer)):
+        return None
+    sig = types.boolean(fr, first, fidx, q0, q1, s, dst, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        start = _index(context, builder, args[1], t[1])
+        acc = cgutils.alloca_once_value(builder, _load_row(context, builder, t[0], args[0], start))
+        lo = _index(context, builder, args[3], t[3])
+        hi = _index(context, builder, args[4], t[4])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(types.intp, 1), inc=True) as (q, _):
+            f = _index(context, builder, builder.load(_item_ptr(context, builder, t[2], args[2], q)), t[2].dtype)
+            builder.store(builder.fmul(builder.load(acc), _load_row(context, builder, t[0], args[0], f)), acc)
+        v = builder.load(acc)
+        sv = _splat(builder, context.cast(builder, args[5], t[5], types.float64))
+        _store_row(context, builder, t[6], args[6], _index(context, builder, args[7], t[7]), builder.fmul(sv, v))
+        zeros = builder.fcmp_ordered("==", v, ir.Constant(_V64, [0.0] * LANES))
+        any_zero = builder.icmp_unsigned("!=", builder.bitcast(zeros, ir.IntType(LANES)), ir.Constant(ir.IntType(LANES), 0))
+        return any_zero
+
+    return sig, codegen
+
+
 def _transpose(builder, rows):
     """Transpose a square block held as a list of vectors (log2(n) rounds of shuffles)."""
     n = len(rows)

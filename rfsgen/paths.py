@@ -157,6 +157,12 @@ class Transformer:
         starts = fs.ptr[:-1].astype(np.int64)[order]
         self.fidx = factor[np.repeat(starts - self.fptr[:-1], counts[order]) + np.arange(self.fptr[-1])]
         self.imag = np.ascontiguousarray(imag[order])
+        # Columns whose factors are all real (atoms without an imaginary part, and their
+        # powers) and that take the real part: a multiply a factor (rfsgen._compiled.columns)
+        real_term = ii[term_atom] < 0 if n_terms else np.zeros(0, dtype=bool)
+        col_of_term = np.repeat(np.arange(fs.columns), np.diff(fs.ptr.astype(np.int64)))
+        all_real = np.bincount(col_of_term, real_term, fs.columns) == np.diff(fs.ptr.astype(np.int64))
+        self.real = np.ascontiguousarray((all_real & ~imag)[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
 
     def _plan_huge(self, fs, term_atom, power, imag):
@@ -344,7 +350,7 @@ class Transformer:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if m and self.columns:
             columns(src, self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr,
-                    self.sc, self.imag, self.pos, out)
+                    self.sc, self.imag, self.pos, out, self.real)
             if self.huge.size:
                 from ._compiled import log_domain_columns
 
