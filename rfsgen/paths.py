@@ -142,8 +142,8 @@ class Transformer:
         factor = term_atom.copy()
         odd = (power != 1) & in_loop
         if odd.any():
-            pairs, inverse = np.unique(np.stack([term_atom[odd], power[odd]]), axis=1, return_inverse=True)
-            factor[odd] = n_atoms + inverse.ravel()
+            pairs, _, inverse = _unique_columns(np.stack([term_atom[odd].astype(np.int64), power[odd]]))
+            factor[odd] = n_atoms + inverse
             self.xatom, self.xpow = pairs[0].copy(), pairs[1].copy()
         else:
             self.xatom, self.xpow = np.zeros(0, np.int64), np.zeros(0, np.int64)
