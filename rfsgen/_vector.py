@@ -169,6 +169,76 @@ def product_real(typingctx, fr, first, fidx, q0, q1, s, dst, k):
     return sig, codegen
 
 
+@intrinsic
+def cmul_row(typingctx, fr, fi, a, b):
+    """``F[a] = F[a] * F[b]`` for the 8 lanes (``F = fr + i fi``), as
+    ``re = ar * br - ai * bi`` and ``im = ar * bi + ai * br``: :func:`rfsgen._compiled._power`'s
+    step, lane for lane."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, a, b)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ia = _index(context, builder, args[2], t[2])
+        ib = _index(context, builder, args[3], t[3])
+        ar = _load_row(context, builder, t[0], args[0], ia)
+        ai = _load_row(context, builder, t[1], args[1], ia)
+        br = _load_row(context, builder, t[0], args[0], ib)
+        bi = _load_row(context, builder, t[1], args[1], ib)
+        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, br), builder.fmul(ai, bi)))
+        _store_row(context, builder, t[1], args[1], ia, builder.fadd(builder.fmul(ar, bi), builder.fmul(ai, br)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def power_start(typingctx, fr, fi, k, sign, dst, base):
+    """The start of raising lane row ``k`` to a power: ``F[base] = fr[k] + i (sign * fi[k])``
+    and ``F[dst] = 1 + 0i`` for the 8 lanes."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, k, sign, dst, base)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ik = _index(context, builder, args[2], t[2])
+        idst = _index(context, builder, args[4], t[4])
+        ibase = _index(context, builder, args[5], t[5])
+        sv = _splat(builder, context.cast(builder, args[3], t[3], types.float64))
+        zr = _load_row(context, builder, t[0], args[0], ik)
+        zi = _load_row(context, builder, t[1], args[1], ik)
+        _store_row(context, builder, t[0], args[0], ibase, zr)
+        _store_row(context, builder, t[1], args[1], ibase, builder.fmul(sv, zi))
+        _store_row(context, builder, t[0], args[0], idst, ir.Constant(_V64, [1.0] * LANES))
+        _store_row(context, builder, t[1], args[1], idst, ir.Constant(_V64, [0.0] * LANES))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def csquare_row(typingctx, fr, fi, a):
+    """``F[a] = F[a]^2`` for the 8 lanes, as ``re = ar * ar - ai * ai`` and
+    ``im = (2 * ar) * ai``: :func:`rfsgen._compiled._power`'s squaring, lane for lane."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, a)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ia = _index(context, builder, args[2], t[2])
+        ar = _load_row(context, builder, t[0], args[0], ia)
+        ai = _load_row(context, builder, t[1], args[1], ia)
+        two = ir.Constant(_V64, [2.0] * LANES)
+        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, ar), builder.fmul(ai, ai)))
+        _store_row(context, builder, t[1], args[1], ia, builder.fmul(builder.fmul(two, ar), ai))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _transpose(builder, rows):
     """Transpose a square block held as a list of vectors (log2(n) rounds of shuffles)."""
     n = len(rows)

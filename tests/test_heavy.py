@@ -220,3 +220,21 @@ def test_first_nonfinite_finds_what_numpy_finds():
         out[10, 6] = np.nan  # not a checked column
         want = tuple(np.argwhere(~np.isfinite(out[:, cols]))[0])
         assert first_nonfinite(out, cols) == want == (30, 1)
+
+
+def test_powers_of_lane_rows_have_the_scalar_powers_bits():
+    """_power_rows (8 lanes at once) against _power (lane by lane), negative powers,
+    zeros of either sign, tiny and large values."""
+    from rfsgen._compiled import _power, _power_rows
+
+    rng = np.random.default_rng(0)
+    vals = np.concatenate([rng.standard_normal(64), [0.0, -0.0, 1e-200, -1e-200, 1e200, 3.0, -1.5, 1.0]])
+    for p in [0, 1, 2, 3, 5, 8, 13, 64, 1001, -1, -2, -7, -64]:
+        fr = rng.choice(vals, (4, 8))
+        fi = rng.choice(vals, (4, 8))
+        fi[1] = 0.0  # a real atom
+        for k in (0, 1):
+            _power_rows(fr, fi, k, p, 2, 3)
+            wr, wi = np.empty(8), np.empty(8)
+            _power(fr[k].copy(), fi[k].copy(), p, wr, wi)
+            assert fr[2].tobytes() == wr.tobytes() and fi[2].tobytes() == wi.tobytes(), (p, k)
