@@ -22,7 +22,9 @@ coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of row
 * the rare columns whose factors could overflow (high powers of sphere factors, as
   ``step`` draws: heavy-tailed degree laws) skip that loop and are computed in the log
   domain instead, over blocks of rows: each atom's log-modulus and argument once per
-  row, shared by every term that uses it.
+  row, shared by every term that uses it.  Almost all of their values round to a signed
+  zero, written without exp, sin or cos where the sign is certain (columns of real atoms
+  take it from the parity of the negative atoms' odd powers, without their phases).
 
 Apart from those columns, no cosine or logarithm is evaluated per output value.  The output is deterministic
 from the feature file: identical whatever the chunk size or thread count,
