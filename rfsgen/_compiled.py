@@ -31,7 +31,8 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from ._sincos import sincos, sincos_into
-from ._vector import LOG_BLOCKS, gather, log_sums, product, transpose_out
+from ._vector import (LOG_BLOCKS, cmul_row, csquare_row, gather, log_moduli, log_sums, power_start, product, product_real,
+                      transpose_out)
 
 
 def threads() -> int:
@@ -65,7 +66,7 @@ def on_rows(kernel, m: int, *args, align: int = 1, min_rows: int = 1) -> None:
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, start, stop):  # pragma: no cover - compiled
+def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, start, stop):  # pragma: no cover - compiled
     """Products of factor values into output columns, for rows ``start:stop`` of ``src``.
 
     Inputs (the static ones built once by :class:`rfsgen.transform.Transformer`):
@@ -81,6 +82,11 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
       real part, or the imaginary part when ``imag[p]``; ``pos[j]`` is the position
       of output column ``j``.  int64 ``fidx (nnz,)``, ``fptr (D + 1,)``, ``pos (D,)``;
       float64 ``sc (D,)``; bool ``imag (D,)``;
+    * ``real`` bool ``(D,)`` by position: the column's factors are all real (their
+      imaginary parts zeros: atoms with ``ii < 0`` and their powers) and it takes the
+      real part; its product is then taken one multiply a factor
+      (:func:`rfsgen._vector.product_real`), and again as a complex product in the rare
+      tiles where a lane is zero, so the bits are the complex product's;
     * ``out`` float32 or float64 ``(m, D)`` C order, overwritten;
     * ``start, stop``: the rows to compute (``start`` a multiple of 8).
 
@@ -96,9 +102,10 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
     n_atoms = ir.size
     n_factors = n_atoms + xatom.size
     one = n_factors  # an extra lane row holding the factor 1 (columns without terms)
+    base = n_factors + 1  # and one for the base being squared while raising a power
     d8 = d - d % TILE
-    fr = np.empty((n_factors + 1, TILE))
-    fi = np.empty((n_factors + 1, TILE))
+    fr = np.empty((n_factors + 2, TILE))
+    fi = np.empty((n_factors + 2, TILE))
     for t in range(TILE):
         fr[one, t] = 1.0
         fi[one, t] = 0.0
@@ -122,11 +129,13 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
                 for t in range(TILE):
                     fi[k, t] = 0.0
         for e in range(xatom.size):
-            _power(fr[xatom[e]], fi[xatom[e]], xpow[e], fr[n_atoms + e], fi[n_atoms + e])
+            _power_rows(fr, fi, xatom[e], xpow[e], n_atoms + e, base)
         for p in range(d):
             q0 = fptr[p]
             q1 = fptr[p + 1]
             if q1 > q0:
+                if real[p] and not product_real(fr, fidx[q0], fidx, q0 + 1, q1, sc[p], tile, p):
+                    continue
                 product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
             else:
                 product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
@@ -142,10 +151,32 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, s
                     out[r0 + t, j] = tile[pos[j], t]
 
 
-def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out) -> None:
-    """:func:`_columns` over all rows of ``src``, on :func:`threads` threads."""
-    on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out,
+def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, real=None) -> None:
+    """:func:`_columns` over all rows of ``src``, on :func:`threads` threads (``real``: by
+    default no column takes the real-factor path)."""
+    if real is None:
+        real = np.zeros(fptr.size - 1, np.bool_)
+    on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out,
             align=TILE, min_rows=TILE)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _power_rows(fr, fi, k, p, dst, base):  # pragma: no cover - compiled
+    """Lane row ``dst`` of ``(fr, fi)`` = lane row ``k`` raised to ``p``, with lane row
+    ``base`` as scratch: :func:`_power`'s operations in its order, for the 8 lanes at once
+    (:func:`rfsgen._vector.cmul_row`, :func:`rfsgen._vector.csquare_row`), so the same bits."""
+    sign = 1.0
+    if p < 0:
+        p = -p
+        sign = -1.0
+    power_start(fr, fi, k, sign, dst, base)
+    e = p
+    while e > 0:
+        if e & 1:
+            cmul_row(fr, fi, dst, base)
+        e >>= 1
+        if e > 0:
+            csquare_row(fr, fi, base)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -191,6 +222,31 @@ def compress_rows(vals, data, indices, counts):  # pragma: no cover - compiled
             k += v != 0
         counts[r] = k - start
     return k
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def first_nonfinite(out, cols):  # pragma: no cover - compiled
+    """The first ``(row, k)`` (rows in order, then ``k`` in order) where ``out[row, cols[k]]``
+    is not finite, or ``(-1, -1)``: what ``np.argwhere(~np.isfinite(out[:, cols]))[0]`` finds,
+    in one pass over the rows without the ``(m, cols.size)`` copy and mask (a bit test per
+    value: a float's exponent bits all ones).  ``out`` float32 or float64 ``(m, D)``, ``cols``
+    int64 indices in ``[0, D)``."""
+    m = out.shape[0]
+    d = out.shape[1]
+    for r in range(m):
+        row = out[r]
+        bad = False
+        for k in range(cols.size):
+            c = cols[k]
+            if c >= 0 and c < d:
+                v = row[c]
+                bad |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite v - v is 0
+        if bad:
+            for k in range(cols.size):
+                c = cols[k]
+                if c >= 0 and c < d and not math.isfinite(row[c]):
+                    return r, k
+    return -1, -1
 
 
 # ----------------------------------------------------------------------------- input preparation
@@ -1045,7 +1101,8 @@ def orthonormal_rows(g):  # pragma: no cover - compiled
 LOG_ROWS = TILE * LOG_BLOCKS
 
 
-def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out) -> None:
+def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out,
+                       odd=None, easy=None) -> None:
     """Columns whose factors could overflow (high powers of sphere factors > 1), in the
     log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
 
@@ -1062,18 +1119,84 @@ def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_
     reports.  C-library hypot/log/atan2/exp and rfsgen's own sin/cos in a fixed order,
     without fused multiply-add, so the bits do not depend on the CPU, the block or the
     threads.
+
+    Values that the dtype rounds to a signed zero (the log-modulus below
+    :func:`zero_below`: almost every value of these columns) are written as that zero
+    without exp, sin or cos, when the sign of the cosine (sine) is certain
+    (:func:`_certain_sign`).  ``easy`` (bool per column, :func:`rfsgen.paths.easy_columns`) marks
+    columns of real atoms whose phase is a multiple of pi to well within pi/2: their sign
+    is the parity of ``sum p`` over the row's negative atoms (``odd``: uint64 bit masks
+    over ``uatom`` of the atoms with odd powers, one row per column), so their phases are
+    summed only for the rows (of a block) that need them.  Either way each value has the
+    bits the definition above gives it.
     """
+    na = uatom.size
+    nw = (na + 63) // 64
+    if odd is None or easy is None:
+        odd = np.zeros((cols.size, nw), np.uint64)
+        easy = np.zeros(cols.size, np.bool_)
     on_rows(_log_domain_columns, src.shape[0], src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign,
-            imag, out, align=LOG_ROWS, min_rows=max(LOG_ROWS, _rows_for(4 * cols.size)))
+            imag, out, odd, easy, zero_below(out.dtype), align=LOG_ROWS,
+            min_rows=max(LOG_ROWS, _rows_for(4 * cols.size)))
+
+
+def zero_below(dtype) -> float:
+    """A log-modulus below which ``sign * exp(lg) * cos`` is a zero in ``dtype``: under
+    ``exp(-105)`` (about 2.5e-46), below half float32's least subnormal 2^-150 (7.0e-46),
+    rounds to a zero of that sign; float64: ``exp(-750)`` is 0 (its least subnormal is
+    4.9e-324 = exp(-744.4))."""
+    return -105.0 if np.dtype(dtype).itemsize == 4 else -750.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _parity(x):  # pragma: no cover - compiled
+    """The parity (0 or 1) of the number of bits set in uint64 ``x``."""
+    x ^= x >> np.uint64(32)
+    x ^= x >> np.uint64(16)
+    x ^= x >> np.uint64(8)
+    x ^= x >> np.uint64(4)
+    x ^= x >> np.uint64(2)
+    x ^= x >> np.uint64(1)
+    return int(x & np.uint64(1))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _certain_sign(ph, imag):  # pragma: no cover - compiled
+    """+1.0 or -1.0: the sign of rfsgen's cos(ph) (sin(ph) when ``imag``) where it is
+    certain without computing it; 0.0 otherwise.  ``ph = k pi + r`` with ``k`` the nearest
+    integer to ph/pi; for ``|ph| < 2^30``, ``r = ph - k pi`` is computed to within 1e-6, so
+    ``|r| < pi/2 - 1e-3`` fixes cos's sign to (-1)^k and ``1e-3 < |r| < pi - 1e-3``
+    fixes sin's to (-1)^k sign(r), at least 1e-3 in magnitude, where an error under an ulp
+    cannot change it.  NaN gives 0.0."""
+    if not (abs(ph) < 1073741824.0):
+        return 0.0
+    k = math.floor(ph / math.pi + 0.5)
+    r = ph - k * math.pi
+    s = -1.0 if int(k) & 1 else 1.0
+    if imag:
+        if 1e-3 < abs(r) < math.pi - 1e-3:
+            return s if r > 0.0 else -s
+        return 0.0
+    if abs(r) < 0.5 * math.pi - 1e-3:
+        return s
+    return 0.0
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out, start, stop):  # pragma: no cover
+def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_sc, sign, imag, out, odd, easy,
+                        below, start, stop):  # pragma: no cover
     na = uatom.size
+    nw = odd.shape[1]
     # log|z| and arg z of each used atom j for row r0 + 8 b + t at [j * LOG_BLOCKS + b, t]
     la = np.empty((na * LOG_BLOCKS, TILE))
     ag = np.empty((na * LOG_BLOCKS, TILE))
     acc = np.empty((2 * LOG_BLOCKS, TILE))  # a column's sums: log-moduli, then phases
+    neg = np.zeros((LOG_ROWS, max(nw, 1)), np.uint64)  # the block's rows' negative real atoms, a bit each
+    zero = np.zeros(LOG_ROWS, np.bool_)  # rows with a zero atom
+    todo = np.zeros(LOG_ROWS, np.bool_)  # rows of an easy column that need their phase
+    any_easy = False
+    for c in range(cols.size):
+        any_easy |= easy[c]
     for r0 in range(start, stop, LOG_ROWS):
         n = min(LOG_ROWS, stop - r0)
         for j in range(na):
@@ -1101,16 +1224,50 @@ def _log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log
                 else:
                     la[i, t % TILE] = math.log(a)
                     ag[i, t % TILE] = math.atan2(zi, zr)
+        if any_easy:  # each row's negative atoms (an argument of pi; only real atoms' bits are read) and zero atoms
+            for t in range(LOG_ROWS):
+                zero[t] = False
+                for w in range(nw):
+                    neg[t, w] = 0
+            for j in range(na):
+                bit = np.uint64(1) << np.uint64(j & 63)
+                w = j >> 6
+                for t in range(n):  # without branches: the signs are random
+                    a = ag[j * LOG_BLOCKS + t // TILE, t % TILE]
+                    zero[t] |= a != a
+                    neg[t, w] |= bit & (np.uint64(0) - np.uint64(a == math.pi))
         for c in range(cols.size):
+            if easy[c]:
+                log_moduli(la, local, power, ptr[c], ptr[c + 1], log_sc[c], acc)
+                rest = False
+                for t in range(n):
+                    lg = acc[t // TILE, t % TILE]
+                    if zero[t] or not (lg < below):
+                        todo[t] = True
+                        rest = True
+                        continue
+                    todo[t] = False
+                    x = np.uint64(0)
+                    for w in range(nw):
+                        x ^= neg[t, w] & odd[c, w]
+                    out[r0 + t, cols[c]] = (-sign[c] if _parity(x) else sign[c]) * 0.0
+                if not rest:
+                    continue
             log_sums(la, ag, local, power, ptr[c], ptr[c + 1], log_sc[c], acc)
             for t in range(n):
+                if easy[c] and not todo[t]:
+                    continue
                 lg = acc[t // TILE, t % TILE]
                 ph = acc[LOG_BLOCKS + t // TILE, t % TILE]
                 if ph != ph:  # a zero factor
                     v = 0.0
                 else:
-                    sp, cp = sincos(ph)
-                    v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
+                    s = _certain_sign(ph, imag[c]) if lg < below else 0.0
+                    if s != 0.0:
+                        v = (sign[c] * s) * 0.0
+                    else:
+                        sp, cp = sincos(ph)
+                        v = sign[c] * math.exp(lg) * (sp if imag[c] else cp)
                 out[r0 + t, cols[c]] = v
 
 

@@ -134,6 +134,111 @@ def product(typingctx, fr, fi, first, fidx, q0, q1, imag, s, dst, k):
     return sig, codegen
 
 
+@intrinsic
+def product_real(typingctx, fr, first, fidx, q0, q1, s, dst, k):
+    """:func:`product`'s real part for factors whose imaginary parts are all zeros:
+    ``P = fr[first] * fr[fidx[q0]] * ... * fr[fidx[q1 - 1]]`` (left to right, one multiply
+    a factor), ``dst[k] = s * P`` in ``dst``'s dtype; returns whether a lane of ``P`` is zero.
+
+    With every imaginary part a zero (of either sign), :func:`product`'s real part at each
+    step is ``x * u - (a zero)``, which is ``x * u`` exactly unless ``x * u`` is itself a
+    zero: so where no lane of ``P`` is zero (no step was), the stored values have
+    :func:`product`'s bits; otherwise the caller computes the column with :func:`product`
+    (the sign of a zero may differ)."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(dst) and dst.dtype in (types.float32, types.float64)
+            and isinstance(fidx, types.Array) and fidx.ndim == 1 and isinstance(fidx.dtype, types.Integer)):
+        return None
+    sig = types.boolean(fr, first, fidx, q0, q1, s, dst, k)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        start = _index(context, builder, args[1], t[1])
+        acc = cgutils.alloca_once_value(builder, _load_row(context, builder, t[0], args[0], start))
+        lo = _index(context, builder, args[3], t[3])
+        hi = _index(context, builder, args[4], t[4])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(types.intp, 1), inc=True) as (q, _):
+            f = _index(context, builder, builder.load(_item_ptr(context, builder, t[2], args[2], q)), t[2].dtype)
+            builder.store(builder.fmul(builder.load(acc), _load_row(context, builder, t[0], args[0], f)), acc)
+        v = builder.load(acc)
+        sv = _splat(builder, context.cast(builder, args[5], t[5], types.float64))
+        _store_row(context, builder, t[6], args[6], _index(context, builder, args[7], t[7]), builder.fmul(sv, v))
+        zeros = builder.fcmp_ordered("==", v, ir.Constant(_V64, [0.0] * LANES))
+        any_zero = builder.icmp_unsigned("!=", builder.bitcast(zeros, ir.IntType(LANES)), ir.Constant(ir.IntType(LANES), 0))
+        return any_zero
+
+    return sig, codegen
+
+
+@intrinsic
+def cmul_row(typingctx, fr, fi, a, b):
+    """``F[a] = F[a] * F[b]`` for the 8 lanes (``F = fr + i fi``), as
+    ``re = ar * br - ai * bi`` and ``im = ar * bi + ai * br``: :func:`rfsgen._compiled._power`'s
+    step, lane for lane."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, a, b)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ia = _index(context, builder, args[2], t[2])
+        ib = _index(context, builder, args[3], t[3])
+        ar = _load_row(context, builder, t[0], args[0], ia)
+        ai = _load_row(context, builder, t[1], args[1], ia)
+        br = _load_row(context, builder, t[0], args[0], ib)
+        bi = _load_row(context, builder, t[1], args[1], ib)
+        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, br), builder.fmul(ai, bi)))
+        _store_row(context, builder, t[1], args[1], ia, builder.fadd(builder.fmul(ar, bi), builder.fmul(ai, br)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def power_start(typingctx, fr, fi, k, sign, dst, base):
+    """The start of raising lane row ``k`` to a power: ``F[base] = fr[k] + i (sign * fi[k])``
+    and ``F[dst] = 1 + 0i`` for the 8 lanes."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, k, sign, dst, base)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ik = _index(context, builder, args[2], t[2])
+        idst = _index(context, builder, args[4], t[4])
+        ibase = _index(context, builder, args[5], t[5])
+        sv = _splat(builder, context.cast(builder, args[3], t[3], types.float64))
+        zr = _load_row(context, builder, t[0], args[0], ik)
+        zi = _load_row(context, builder, t[1], args[1], ik)
+        _store_row(context, builder, t[0], args[0], ibase, zr)
+        _store_row(context, builder, t[1], args[1], ibase, builder.fmul(sv, zi))
+        _store_row(context, builder, t[0], args[0], idst, ir.Constant(_V64, [1.0] * LANES))
+        _store_row(context, builder, t[1], args[1], idst, ir.Constant(_V64, [0.0] * LANES))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def csquare_row(typingctx, fr, fi, a):
+    """``F[a] = F[a]^2`` for the 8 lanes, as ``re = ar * ar - ai * ai`` and
+    ``im = (2 * ar) * ai``: :func:`rfsgen._compiled._power`'s squaring, lane for lane."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+        return None
+    sig = types.void(fr, fi, a)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        ia = _index(context, builder, args[2], t[2])
+        ar = _load_row(context, builder, t[0], args[0], ia)
+        ai = _load_row(context, builder, t[1], args[1], ia)
+        two = ir.Constant(_V64, [2.0] * LANES)
+        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, ar), builder.fmul(ai, ai)))
+        _store_row(context, builder, t[1], args[1], ia, builder.fmul(builder.fmul(two, ar), ai))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _transpose(builder, rows):
     """Transpose a square block held as a list of vectors (log2(n) rounds of shuffles)."""
     n = len(rows)
@@ -218,6 +323,40 @@ def log_sums(typingctx, la, ag, local, power, q0, q1, lg0, acc):
         for b in range(LOG_BLOCKS):
             _store_row(context, builder, t[7], args[7], context.get_constant(intp, b), builder.load(acc_l[b]))
             _store_row(context, builder, t[7], args[7], context.get_constant(intp, LOG_BLOCKS + b), builder.load(acc_p[b]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def log_moduli(typingctx, la, local, power, q0, q1, lg0, acc):
+    """:func:`log_sums` without the phases: ``acc[b] = lg0 + sum_q power[q] * la[local[q] *
+    LOG_BLOCKS + b]`` for lane rows ``b < LOG_BLOCKS``, term by term from ``q0`` to ``q1``:
+    the same operations in the same order as :func:`log_sums`' log-moduli, so the same bits."""
+    if not (_is_matrix(la, types.float64) and _is_matrix(acc, types.float64)
+            and isinstance(local, types.Array) and local.ndim == 1 and isinstance(local.dtype, types.Integer)
+            and isinstance(power, types.Array) and power.ndim == 1 and power.dtype == types.float64):
+        return None
+    sig = types.void(la, local, power, q0, q1, lg0, acc)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        intp = types.intp
+        nb = context.get_constant(intp, LOG_BLOCKS)
+        init = _splat(builder, context.cast(builder, args[5], t[5], types.float64))
+        acc_l = [cgutils.alloca_once_value(builder, init) for _ in range(LOG_BLOCKS)]
+        lo = _index(context, builder, args[3], t[3])
+        hi = _index(context, builder, args[4], t[4])
+        with cgutils.for_range_slice(builder, lo, hi, context.get_constant(intp, 1), inc=True) as (q, _):
+            j = _index(context, builder, builder.load(_item_ptr(context, builder, t[1], args[1], q)), t[1].dtype)
+            pv = _splat(builder, builder.load(_item_ptr(context, builder, t[2], args[2], q)))
+            row = builder.mul(j, nb)
+            for b in range(LOG_BLOCKS):
+                k = builder.add(row, context.get_constant(intp, b))
+                u = _load_row(context, builder, t[0], args[0], k)
+                builder.store(builder.fadd(builder.load(acc_l[b]), builder.fmul(pv, u)), acc_l[b])
+        for b in range(LOG_BLOCKS):
+            _store_row(context, builder, t[6], args[6], context.get_constant(intp, b), builder.load(acc_l[b]))
         return context.get_dummy_value()
 
     return sig, codegen

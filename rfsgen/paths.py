@@ -22,7 +22,9 @@ coordinate, a binary value) or one gaussian/laplace frequency.  Per chunk of row
 * the rare columns whose factors could overflow (high powers of sphere factors, as
   ``step`` draws: heavy-tailed degree laws) skip that loop and are computed in the log
   domain instead, over blocks of rows: each atom's log-modulus and argument once per
-  row, shared by every term that uses it.
+  row, shared by every term that uses it.  Almost all of their values round to a signed
+  zero, written without exp, sin or cos where the sign is certain (columns of real atoms
+  take it from the parity of the negative atoms' odd powers, without their phases).
 
 Apart from those columns, no cosine or logarithm is evaluated per output value.  The output is deterministic
 from the feature file: identical whatever the chunk size or thread count,
@@ -144,8 +146,8 @@ class Transformer:
         factor = term_atom.copy()
         odd = (power != 1) & in_loop
         if odd.any():
-            pairs, inverse = np.unique(np.stack([term_atom[odd], power[odd]]), axis=1, return_inverse=True)
-            factor[odd] = n_atoms + inverse.ravel()
+            pairs, _, inverse = _unique_columns(np.stack([term_atom[odd].astype(np.int64), power[odd]]))
+            factor[odd] = n_atoms + inverse
             self.xatom, self.xpow = pairs[0].copy(), pairs[1].copy()
         else:
             self.xatom, self.xpow = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -159,6 +161,12 @@ class Transformer:
         starts = fs.ptr[:-1].astype(np.int64)[order]
         self.fidx = factor[np.repeat(starts - self.fptr[:-1], counts[order]) + np.arange(self.fptr[-1])]
         self.imag = np.ascontiguousarray(imag[order])
+        # Columns whose factors are all real (atoms without an imaginary part, and their
+        # powers) and that take the real part: a multiply a factor (rfsgen._compiled.columns)
+        real_term = ii[term_atom] < 0 if n_terms else np.zeros(0, dtype=bool)
+        col_of_term = np.repeat(np.arange(fs.columns), np.diff(fs.ptr.astype(np.int64)))
+        all_real = np.bincount(col_of_term, real_term, fs.columns) == np.diff(fs.ptr.astype(np.int64))
+        self.real = np.ascontiguousarray((all_real & ~imag)[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
 
     def _plan_huge(self, fs, term_atom, power, imag):
@@ -197,6 +205,9 @@ class Transformer:
         self.huge_log_sc = np.log(fs.scale.astype(np.float64)[huge])
         self.huge_sign = np.where(imag[huge], -1.0, 1.0)
         self.huge_imag = np.ascontiguousarray(imag[huge])
+        # columns of real atoms whose values' signs need no phase sums (log_domain_columns)
+        self.huge_odd, self.huge_easy = easy_columns(self.ii, self.huge_uatom, self.huge_ptr, self.huge_local,
+                                                     self.huge_power, self.huge_imag)
 
     @property
     def columns(self) -> int:
@@ -351,17 +362,18 @@ class Transformer:
                     self._gpu_columns = _cuda.ColumnsPlan(*static)
                 _cuda.columns(src, self._gpu_columns, out)
             else:
-                columns(src, *static, out)
+                columns(src, *static, out, self.real)  # real: all-real columns, the same bits
             if self.huge.size:
                 from ._compiled import log_domain_columns
 
                 log_domain_columns(src, self.ir, self.cr, self.ii, self.ci, self.huge_uatom, self.huge, self.huge_ptr,
                                    self.huge_local, self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag,
-                                   out)
+                                   out, self.huge_odd, self.huge_easy)
             if self.checked.size:
-                bad = ~np.isfinite(out[:, self.checked])
-                if bad.any():
-                    r, c = np.argwhere(bad)[0]
+                from ._compiled import first_nonfinite
+
+                r, c = first_nonfinite(out, self.checked)
+                if r >= 0:
                     raise DataError(
                         f"{source}: row {row0 + int(r)}, column {int(self.checked[c])}: the feature's value is too "
                         f"large for {self.dtype.name} (a high power of a sphere factor); "
@@ -399,6 +411,39 @@ class Transformer:
         """Yield ``(row0, values)`` over an input source.  ``values`` cycles through
         ``buffers`` reused arrays: it stays valid for ``buffers - 1`` further steps."""
         return buffered_chunks(self, src, chunk_rows, start, stop, buffers)
+
+
+def easy_columns(ii, uatom, ptr, local, power, imag):
+    """``(odd, easy)`` for :func:`rfsgen._compiled.log_domain_columns`.
+
+    A column is easy when its atoms are all real (``ii < 0``: log|z| and an argument of 0
+    or pi), it takes the cosine (not ``imag``), its powers are integers below 2^53, and
+    its phase, summed in float64 from the terms' ``p * pi``, stays within 0.5 of the exact
+    ``K pi`` (``K``: the sum of the powers of the row's negative atoms): the rounding of
+    ``n`` products and ``n`` additions is at most ``(n + 2) sum|p| pi 2^-52`` (generous),
+    required below 0.5.  Then cos(phase) is at least cos(0.5) = 0.88 in magnitude with
+    the sign ``(-1)^K``, which rfsgen's cosine (under an ulp) keeps; ``K``'s parity is that
+    of the number of the row's negative atoms among those of odd power (``odd``)."""
+    na = uatom.size
+    nw = (na + 63) // 64
+    n_cols = ptr.size - 1
+    odd = np.zeros((n_cols, nw), np.uint64)
+    easy = np.zeros(n_cols, np.bool_)
+    if not n_cols:
+        return odd, easy
+    lengths = np.diff(ptr)
+    col = np.repeat(np.arange(n_cols), lengths)
+    whole = power == np.floor(power)
+    small = np.abs(power) < 2.0**53
+    real = ii[uatom][local] < 0
+    good = whole & small & real
+    ok_terms = np.bincount(col, good, n_cols) == lengths
+    total = np.bincount(col, np.abs(np.where(small, power, 0.0)), n_cols)
+    easy[:] = ok_terms & ~np.asarray(imag, bool) & ((lengths + 2) * total * math.pi * 2.0**-52 < 0.5)
+    odd_term = good & (np.fmod(np.abs(np.where(good, power, 0.0)), 2.0) == 1.0)
+    bit = np.left_shift(np.uint64(1), (local[odd_term] & 63).astype(np.uint64))
+    np.bitwise_xor.at(odd, (col[odd_term], local[odd_term] >> 6), bit)
+    return odd, easy
 
 
 def _unique_columns(keys: np.ndarray):

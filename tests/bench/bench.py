@@ -330,7 +330,8 @@ def bench_rks(args, tmp, res):
         src = tr.source(dense)
         t1 = time.perf_counter()
         o = np.empty((dense.shape[0], tr.columns), np.float32)
-        product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag, tr.pos, o)
+        product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag, tr.pos, o,
+                        tr.real)
         t2 = time.perf_counter()
         r = {"case": name, "rows": int(x.shape[0]), "columns": D, "atoms": int(tr.ir.size), "runs": times,
              "rfsgen_s": min(times["rfsgen"]), "rbfsampler_s": min(times["rbfsampler"]),
@@ -432,11 +433,12 @@ def bench_heavy(args, tmp, res):
             o = np.zeros((x.shape[0], tr.columns), np.float32)
             t0 = time.perf_counter()
             product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag,
-                            tr.pos, o)
+                            tr.pos, o, tr.real)
             t1 = time.perf_counter()
             if tr.huge.size:
                 log_domain_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.huge_uatom, tr.huge, tr.huge_ptr, tr.huge_local,
-                                   tr.huge_power, tr.huge_log_sc, tr.huge_sign, tr.huge_imag, o)
+                                   tr.huge_power, tr.huge_log_sc, tr.huge_sign, tr.huge_imag, o, tr.huge_odd,
+                                   tr.huge_easy)
             t2 = time.perf_counter()
             prof[act] = {"products_s": t1 - t0, "log_domain_s": t2 - t1, "log_domain_columns": int(tr.huge.size),
                          "log_domain_terms": int(tr.huge_power.size), "product_factors": int(tr.fidx.size)}
