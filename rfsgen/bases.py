@@ -582,7 +582,7 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
                          f"the CSR-ordered frequencies of {a} atoms of width {base.width}",
                          "sample fewer features (-n), split the columns into several feature files, or pass "
                          "dense rows")
-            plan.csr = pack_csr_tiles(plan.pan, plan.starts, plan.ends, plan.nodes)
+            plan.csr = pack_csr_tiles(plan.pan, plan.loc, plan.starts, plan.ends, plan.nodes)
         phases_csr(ptr, pos, vals.astype(np.float32), base.width, *plan.csr, re_s, im_s)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
@@ -597,8 +597,9 @@ class _PhasePlan:
     starts: np.ndarray  # int64: blocks of atoms (of one node each), in sorted order
     ends: np.ndarray
     nodes: np.ndarray
-    tile0: np.ndarray  # tiles and float32 scaled frequencies (rfsgen._sincos32.pack_panels)
+    tile0: np.ndarray  # tiles and float32 scaled frequencies, packed tile by tile (rfsgen._sincos32.pack_panels)
     pan: np.ndarray
+    loc: np.ndarray  # where each sorted atom's frequencies sit in pan
     l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
     csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
 
@@ -629,13 +630,9 @@ def _phase_plan(gi, omega, scale=None):
 
 def _build_plan(gi, omega, scale):
     from . import budget
-    from ._sincos32 import ATOMS, atom_block, pack_panels
+    from ._sincos32 import TILE, atom_block, pack_panels, tile_count
 
     a, w = omega.shape
-    # the float32 scaled copy, a column per atom (and ATOMS more), next to the frequencies
-    budget.check(4.0 * w * (a + ATOMS),
-                 f"the packed frequencies of {a} atoms of width {w}",
-                 "sample fewer features (-n) or split the columns into several feature files")
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
     order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
     sg = gi[order]
@@ -645,8 +642,13 @@ def _build_plan(gi, omega, scale):
         starts.extend(range(lo, hi, step))
     starts = np.array(starts, dtype=np.int64)
     ends = np.minimum(starts + step, np.searchsorted(sg, sg[starts], side="right")).astype(np.int64)
-    tile0, pan, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
-    return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, l1)
+    # the float32 scaled copy, packed in tiles of TILE atoms (a block's last one padded),
+    # next to the frequencies
+    budget.check(4.0 * w * TILE * tile_count(starts, ends),
+                 f"the packed frequencies of {a} atoms of width {w}",
+                 "sample fewer features (-n) or split the columns into several feature files")
+    tile0, pan, loc, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
+    return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, loc, l1)
 
 
 def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
