@@ -604,27 +604,31 @@ class _PhasePlan:
     csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
 
 
-_PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)
+_PLANS: dict = {}  # (id(owner), where omega sits in it, scale) -> (weakref(owner), gi, plan)
 
 
 def _phase_plan(gi, omega, scale=None):
     """The :class:`_PhasePlan` of atoms on nodes ``gi`` with frequencies ``omega`` (a, w)
-    times ``scale``; cached while both arrays live (the transform passes the same ones for
-    every chunk: packing them costs about as much as a chunk of a few rows)."""
+    times ``scale``; cached while the array that owns ``omega``'s memory lives, for the
+    same place in it and the same ``gi`` values (the transform passes the same ones for
+    every chunk, and a feature set's own frequencies as a view on every transform:
+    packing them costs about as much as a chunk of a few rows)."""
     import weakref
 
-    key = (id(omega), id(gi), scale)
+    owner = omega if omega.base is None else omega.base
+    gi = np.asarray(gi, dtype=np.int64)
+    key = (id(owner), omega.__array_interface__["data"][0], omega.shape, omega.strides, omega.dtype.str, scale)
     hit = _PLANS.get(key)
-    if hit is not None and hit[0]() is omega and hit[1]() is gi:
+    if hit is not None and hit[0]() is owner and np.array_equal(hit[1], gi):
         return hit[2]
-    plan = _build_plan(np.asarray(gi, dtype=np.int64), omega, scale)
+    plan = _build_plan(gi, omega, scale)
     try:
-        refs = (weakref.ref(omega, lambda _, k=key: _PLANS.pop(k, None)), weakref.ref(gi))
-    except TypeError:  # not weak-referenceable (a list): no caching
+        ref = weakref.ref(owner, lambda _, k=key: _PLANS.pop(k, None))
+    except TypeError:  # not weak-referenceable: no caching
         return plan
     if len(_PLANS) >= 16:
         _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = refs + (plan,)
+    _PLANS[key] = (ref, gi.copy(), plan)
     return plan
 
 
