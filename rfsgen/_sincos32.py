@@ -8,9 +8,10 @@ float64) rounded once to float32.  Hardware FMA where the CPU has it; on a CPU
 without it LLVM calls the C library's ``fmaf``, which is correctly rounded (glibc), so
 the bits are the same, only slower (a test compiles for ``NUMBA_CPU_NAME=generic`` and
 compares).  Never fast-math: the loops only choose which independent sums run
-together (register tiles of :data:`ROWS` rows x :data:`ATOMS` atoms, runs of
-:data:`SUM_BLOCK` terms continued exactly from the stored float32 partial sum, cache
-blocks of rows and atoms), whatever the threads, chunks or CPU.  The sum's sign of
+together (register tiles of :data:`ROWS` rows x :data:`TILE` atoms over frequencies
+packed tile by tile, runs of :data:`SUM_BLOCK` terms continued exactly from the stored
+float32 partial sum, cache blocks of rows and atoms), whatever the threads, chunks or
+CPU.  The sum's sign of
 zero is dropped (``+ 0.0``): a term ``0 * w`` adds nothing else, so sparse rows can
 skip their zeros and give the same bits.
 

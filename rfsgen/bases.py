@@ -543,7 +543,7 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
         # angle that overflowed float32: cos of a finite angle is never NaN) are
         # recomputed in float64 with scaling; the other values keep their bits.
         with np.errstate(over="ignore", invalid="ignore"):
-            row_max = np.abs(xp).max(axis=(1, 2))
+            row_max = np.maximum(xp.max(axis=(1, 2)), -xp.min(axis=(1, 2)))  # max |x|, without an |x| copy
             over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
         if over.size:
             _careful_angles(xp, gi, omega, scale, re, im, over, where)
