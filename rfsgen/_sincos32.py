@@ -279,7 +279,8 @@ def unpack_panels(tiles, loc):
     return np.ascontiguousarray(flat[:, loc])
 
 
-def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=False, sparse=None) -> None:
+def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=False, sparse=None,
+           csr=None) -> None:
     """cos and sin of the float32 angles ``theta[r, k] = fma-sum over c of x2[r, node(k) w + c]
     * omt[c, k]`` into float64 ``re, im`` ``(m, a)`` (atoms sorted by node in blocks
     ``blk_start[b]:blk_end[b]`` of node ``blk_node[b]``; ``tile0, tiles`` the frequencies
@@ -288,7 +289,9 @@ def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=Fal
     One node (G = 1) over rows with fewer than 1 in SPARSE_RATIO values nonzero, when
     ``finite`` (no infinite frequency), sums over the nonzero values only: a zero term
     changes only the sign of a zero sum, which is dropped, so the bits are the same.
-    ``sparse`` forces either way (tests)."""
+    ``sparse`` forces either way (tests).  ``csr``, if given, returns the frequencies of
+    :func:`pack_csr_tiles` (made on first use): such rows then go through
+    :func:`phases_csr`, the loop of CSR rows (the same sums in the same order)."""
     from ._compiled import _rows_for, on_rows
 
     m = x2.shape[0]
@@ -300,6 +303,9 @@ def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=Fal
         ptr = np.zeros(m + 1, np.int64)
         np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
         vals = x2[rows, cols]
+        if csr is not None:
+            phases_csr(ptr, cols.astype(np.int64), vals, w, *csr(), re, im)
+            return
         on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, blk_start, blk_end, tile0, tiles, re, im,
                 min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * re.shape[1]))
         return
@@ -308,27 +314,20 @@ def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=Fal
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases_sparse(ptr, cols, vals, blk_start, blk_end, tile0, tiles, re, im, start, stop):  # pragma: no cover
-    # One node: each atom's sum over the row's nonzero values in ascending column order.
-    acc = np.empty(TILE, np.float32)
+    # One node: each atom's sum over the row's nonzero values in ascending column order,
+    # a packed tile's TILE sums at once in registers (csr_tile_packed: its frequencies of
+    # one column are TILE contiguous values).
     a = re.shape[1]
+    acc = np.empty(tiles.shape[0] * TILE, np.float32)
+    th = np.empty(a, np.float32)
     cb = np.empty(a)
     sb = np.empty(a)
-    th = np.empty(a, np.float32)
     for r in range(start, stop):
+        for j in range(tiles.shape[0]):
+            csr_tile_packed(cols, vals, ptr[r], ptr[r + 1], 0, tiles[j], 0, acc, j * TILE, True)
         for b in range(blk_start.size):
-            for j in range(tile0[b], tile0[b + 1]):
-                k = blk_start[b] + TILE * (j - tile0[b])
-                kn = min(TILE, blk_end[b] - k)
-                tile = tiles[j]
-                for t in range(TILE):
-                    acc[t] = np.float32(0.0)
-                for q in range(ptr[r], ptr[r + 1]):
-                    o = tile[cols[q]]
-                    v = vals[q]
-                    for t in range(TILE):
-                        acc[t] = fma32(v, o[t], acc[t])
-                for t in range(kn):
-                    th[k + t] = acc[t]
+            for k in range(blk_start[b], blk_end[b]):
+                th[k] = acc[tile0[b] * TILE + k - blk_start[b]]
         sincos_into(th, a, cb, sb)
         for k in range(a):
             re[r, k] = cb[k]
@@ -469,6 +468,7 @@ def _csr_tile(nv):
 
 
 csr_tile_wide = _csr_tile(CSR_WIDE)
+csr_tile_packed = _csr_tile(TILE // ATOMS)  # one packed tile of pack_panels
 
 
 CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group

@@ -574,19 +574,26 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     re, im = out
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        if plan.csr is None:  # made once per plan, on the first CSR rows
-            from . import budget
-            from ._sincos32 import pack_csr_tiles
-
-            budget.check(4.0 * base.width * (a + 64 * plan.starts.size),
-                         f"the CSR-ordered frequencies of {a} atoms of width {base.width}",
-                         "sample fewer features (-n), split the columns into several feature files, or pass "
-                         "dense rows")
-            plan.csr = pack_csr_tiles(plan.pan, plan.loc, plan.starts, plan.ends, plan.nodes)
-        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *plan.csr, re_s, im_s)
+        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *_csr_tiles(plan, base.width), re_s, im_s)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return True
+
+
+def _csr_tiles(plan, width):
+    """``plan.csr``, the frequencies tile-major for rows read as CSR
+    (:func:`rfsgen._sincos32.pack_csr_tiles`), made once per plan on first use."""
+    if plan.csr is None:
+        from . import budget
+        from ._sincos32 import pack_csr_tiles
+
+        a = plan.order.size
+        budget.check(4.0 * width * (a + 64 * plan.starts.size),
+                     f"the CSR-ordered frequencies of {a} atoms of width {width}",
+                     "sample fewer features (-n), split the columns into several feature files, or pass "
+                     "dense rows")
+        plan.csr = pack_csr_tiles(plan.pan, plan.loc, plan.starts, plan.ends, plan.nodes)
+    return plan.csr
 
 
 @dataclass
@@ -716,7 +723,8 @@ def phases_of(xp, gi, om, out=None, plan=None, sparse=None, device="cpu"):
             _cuda.phases(x2, xp.shape[2], plan, re_s, im_s)
         else:
             phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
-                   re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
+                   re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse,
+                   csr=lambda: _csr_tiles(plan, xp.shape[2]))
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im
