@@ -619,7 +619,9 @@ def _phase_plan(gi, omega, scale=None):
     times ``scale``; cached while the array that owns ``omega``'s memory lives, for the
     same place in it and the same ``gi`` values (the transform passes the same ones for
     every chunk, and a feature set's own frequencies as a view on every transform:
-    packing them costs about as much as a chunk of a few rows)."""
+    packing them costs about as much as a chunk of a few rows).  Frequencies are not
+    expected to change in place (a feature set's never do); the plan lives as long as
+    their owner, at most 16 plans."""
     import weakref
 
     owner = omega if omega.base is None else omega.base
