@@ -243,14 +243,15 @@ def fma32_exact(a, b, c):
 def phases(x2, w, plan, re, im) -> None:
     """The GPU's :func:`rfsgen._sincos32.phases`: cos and sin of the float32 angles of
     ``x2`` (float32 ``(m, G w)``) and ``plan`` (:class:`rfsgen.bases._PhasePlan`: atoms
-    sorted by node, their float32 frequencies ``plan.pan``) into float64 ``re, im`` ``(m, a)``
+    sorted by node, their packed float32 frequencies ``plan.pan``) into float64 ``re, im`` ``(m, a)``
     (views allowed), with the CPU path's bits."""
     from ._sincos import redo_slow
+    from ._sincos32 import unpack_panels
 
     kernel = _build()[0]
     m, a = re.shape
     node = np.repeat(plan.nodes, plan.ends - plan.starts).astype(np.int64)
-    pan = np.ascontiguousarray(plan.pan[:, :a])
+    pan = unpack_panels(plan.pan, plan.loc)  # (w, a): column k the sorted atom k
     d_x = cuda.to_device(np.ascontiguousarray(x2))
     d_node = cuda.to_device(node)
     d_pan = cuda.to_device(pan)

@@ -8,9 +8,10 @@ float64) rounded once to float32.  Hardware FMA where the CPU has it; on a CPU
 without it LLVM calls the C library's ``fmaf``, which is correctly rounded (glibc), so
 the bits are the same, only slower (a test compiles for ``NUMBA_CPU_NAME=generic`` and
 compares).  Never fast-math: the loops only choose which independent sums run
-together (register tiles of :data:`ROWS` rows x :data:`ATOMS` atoms, runs of
-:data:`SUM_BLOCK` terms continued exactly from the stored float32 partial sum, cache
-blocks of rows and atoms), whatever the threads, chunks or CPU.  The sum's sign of
+together (register tiles of :data:`ROWS` rows x :data:`TILE` atoms over frequencies
+packed tile by tile, runs of :data:`SUM_BLOCK` terms continued exactly from the stored
+float32 partial sum, cache blocks of rows and atoms), whatever the threads, chunks or
+CPU.  The sum's sign of
 zero is dropped (``+ 0.0``): a term ``0 * w`` adds nothing else, so sparse rows can
 skip their zeros and give the same bits.
 
@@ -58,10 +59,29 @@ C1, C2, C3, C4, C5 = (-0.49999999999482764, 0.0416666665522539, -0.0013888880595
                       -2.717381383767921e-07)
 _ROUND = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
 
-ROWS = 6  # rows of one register tile
-ATOMS = 16  # atoms of one register tile (one <16 x float> per row: 2 AVX2 or 1 AVX-512 register)
-ROW_BLOCK = 48  # rows sharing one pass over a cache block of frequencies
-OMEGA_BLOCK = 49152  # float32 frequency values per cache block (192 KiB: L2)
+
+def _wide_vectors() -> bool:
+    """Whether numba compiles for AVX-512 (32 vector registers): the register tile's
+    rows follow (the bits do not: the tile only chooses which independent sums run
+    together)."""
+    from numba.core import config
+
+    feats = config.CPU_FEATURES
+    if feats is None:
+        from llvmlite import binding
+
+        try:
+            return bool(binding.get_host_cpu_features().get("avx512f", False))
+        except RuntimeError:
+            return False
+    return "+avx512f" in feats.split(",")
+
+
+ATOMS = 16  # atoms of one vector (<16 x float>: 2 AVX2 or 1 AVX-512 register)
+TILE = 2 * ATOMS  # atoms of one register tile and of one packed tile of frequencies
+ROWS = 8 if _wide_vectors() else 3  # rows of one register tile: 16 AVX-512 or 12 AVX2 accumulators
+ROW_BLOCK = 96  # rows sharing one pass over a cache block of frequencies
+OMEGA_BLOCK = 196608  # float32 frequency values per cache block (768 KiB: L2)
 SUM_BLOCK = 256  # terms of a sum per pass
 SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
 
@@ -92,16 +112,19 @@ def _ptr(context, builder, aryty, ary, *indices):
 
 
 @intrinsic
-def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
-    """``dst[i, t] = fma-sum over c < w of x[r0 + min(i, nr - 1), col0 + c] * omt[c0 + c, k0 + t]``
-    for i < ROWS, t < ATOMS, continued from ``dst`` (or from +0.0 when ``init``), in
-    the order c = 0, 1, ...: one register tile.  ``x``, ``omt``, ``dst`` float32
-    C-ordered; ``omt`` needs ATOMS readable columns from ``k0``; rows past ``nr``
-    repeat the last row (computed, ignored by the caller)."""
+def angle_tile(typingctx, x, r0, nr, col0, w, tile, c0, dst, init):
+    """``dst[i, t] = fma-sum over c < w of x[r0 + min(i, nr - 1), col0 + c] * tile[c0 + c, t]``
+    for i < ROWS, t < TILE, continued from ``dst`` (or from +0.0 when ``init``), in
+    the order c = 0, 1, ...: one register tile (ROWS x 2 vectors of ATOMS).  ``x``,
+    ``tile`` (a packed tile: ``(w, TILE)``), ``dst`` (``(ROWS, TILE)``) float32
+    C-ordered; rows past ``nr`` repeat the last row (computed, ignored by the caller).
+    The tile's frequencies of one term are 128 contiguous bytes, the next term's right
+    after them."""
     f32 = types.float32
-    if not (_matrix(x, f32) and _matrix(omt, f32) and _matrix(dst, f32)):
+    if not (_matrix(x, f32) and _matrix(tile, f32) and _matrix(dst, f32)):
         return None
-    sig = types.void(x, r0, nr, col0, w, omt, c0, k0, dst, init)
+    sig = types.void(x, r0, nr, col0, w, tile, c0, dst, init)
+    nvec = TILE // ATOMS
 
     def codegen(context, builder, signature, args):
         t = signature.args
@@ -110,37 +133,38 @@ def angle_tile(typingctx, x, r0, nr, col0, w, omt, c0, k0, dst, init):
         def ix(i):
             return context.cast(builder, args[i], t[i], intp)
 
+        def const(v):
+            return context.get_constant(intp, v)
+
         vt = ir.VectorType(ir.FloatType(), ATOMS)
         fma = _fma_fn(builder, vt)
         i32 = ir.IntType(32)
-        last = builder.sub(ix(2), context.get_constant(intp, 1))
-        om_arr = context.make_array(t[5])(context, builder, args[5])
-        om_stride = cgutils.unpack_tuple(builder, om_arr.strides, 2)[0]
-        om_base = builder.bitcast(_ptr(context, builder, t[5], args[5], ix(6), ix(7)), ir.IntType(8).as_pointer())
+        last = builder.sub(ix(2), const(1))
+        om_base = builder.bitcast(_ptr(context, builder, t[5], args[5], ix(6), const(0)), vt.as_pointer())
         xrows = []
         for i in range(ROWS):
-            ci = context.get_constant(intp, i)
+            ci = const(i)
             off = builder.select(builder.icmp_signed("<", ci, last), ci, last)
             xrows.append(_ptr(context, builder, t[0], args[0], builder.add(ix(1), off), ix(3)))
-        first = context.cast(builder, args[9], t[9], types.boolean)
+        first = context.cast(builder, args[8], t[8], types.boolean)
         zero = ir.Constant(vt, [0.0] * ATOMS)
-        zi = context.get_constant(intp, 0)
-        drows = [builder.bitcast(_ptr(context, builder, t[8], args[8], context.get_constant(intp, i), zi),
-                                 vt.as_pointer()) for i in range(ROWS)]
+        dbase = builder.bitcast(_ptr(context, builder, t[7], args[7], const(0), const(0)), vt.as_pointer())
+        dvecs = [builder.gep(dbase, [const(i * nvec + j)]) for i in range(ROWS) for j in range(nvec)]
         accs = [cgutils.alloca_once_value(builder, builder.select(first, zero, builder.load(p, align=4)))
-                for p in drows]
+                for p in dvecs]
         undef = ir.Constant(vt, ir.Undefined)
         mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
-        with cgutils.for_range_slice(builder, context.get_constant(intp, 0), ix(4), context.get_constant(intp, 1),
-                                     inc=True) as (c, _):
-            ov = builder.load(builder.bitcast(builder.gep(om_base, [builder.mul(c, om_stride)]), vt.as_pointer()),
-                              align=4)
+        with cgutils.for_range_slice(builder, const(0), ix(4), const(1), inc=True) as (c, _):
+            row = builder.gep(om_base, [builder.mul(c, const(nvec))])
+            ovs = [builder.load(builder.gep(row, [const(j)]), align=4) for j in range(nvec)]
             for i in range(ROWS):
                 xv = builder.load(builder.gep(xrows[i], [c]), align=4)
                 xs = builder.shuffle_vector(builder.insert_element(undef, xv, ir.Constant(i32, 0)), undef, mask)
-                builder.store(builder.call(fma, [xs, ov, builder.load(accs[i])]), accs[i])
-        for i in range(ROWS):
-            builder.store(builder.load(accs[i]), drows[i], align=4)
+                for j in range(nvec):
+                    acc = accs[i * nvec + j]
+                    builder.store(builder.call(fma, [xs, ovs[j], builder.load(acc)]), acc)
+        for p, acc in zip(dvecs, accs):
+            builder.store(builder.load(acc), p, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -200,50 +224,74 @@ def sincos(t):  # pragma: no cover - compiled
 
 # ----------------------------------------------------------------------------- angles
 def atom_block(w: int) -> int:
-    """Atoms per block (a multiple of ATOMS): their frequencies, min(w, SUM_BLOCK)
+    """Atoms per block (a multiple of TILE): their frequencies, min(w, SUM_BLOCK)
     values each, fill about one cache block of OMEGA_BLOCK float32 values."""
-    return max(ATOMS, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // ATOMS * ATOMS)
+    return max(TILE, OMEGA_BLOCK // max(min(w, SUM_BLOCK), 1) // TILE * TILE)
+
+
+def tile_count(blk_start, blk_end):
+    """Packed tiles of the blocks (TILE atoms each, the last of a block padded with zeros)."""
+    return int((-(-(blk_end - blk_start) // TILE)).sum())
 
 
 def pack_panels(omega, order, scale, blk_start, blk_end):
-    """The float32 scaled frequencies: ``omt[c, k] = float32(omega[order[k], c] * scale)``
-    (one float64 multiply, one rounding), shape ``(w, a + ATOMS)`` (zero columns at the
-    end), the tiles ``tile0`` (block b owns tiles ``tile0[b]:tile0[b + 1]``, ATOMS sorted
-    atoms each from ``blk_start[b]``) and the largest L1 norm of a float32 row (inf if
-    a value is)."""
-    n_tiles = -(-(blk_end - blk_start) // ATOMS)
+    """The float32 scaled frequencies, packed tile by tile as sgemm packs its panels:
+    block b owns tiles ``tile0[b]:tile0[b + 1]``, tile j of it holds TILE sorted atoms
+    from ``k = blk_start[b] + TILE (j - tile0[b])``, and ``tiles[j, c, t] =
+    float32(omega[order[k + t], c] * scale)`` (one float64 multiply, one rounding; zeros
+    past the block's end), so a tile's TILE frequencies of one input column are 128
+    contiguous bytes and its ``w`` columns follow one another.  Returns ``tile0``,
+    ``tiles`` (float32 ``(n_tiles, w, TILE)``), ``loc`` (int64 ``(a,)``: sorted atom k
+    sits at ``tiles[loc[k] // TILE, :, loc[k] % TILE]``) and the largest L1 norm of a
+    float32 row (inf if a value is)."""
+    n_tiles = -(-(blk_end - blk_start) // TILE)
     tile0 = np.zeros(blk_start.size + 1, np.int64)
     np.cumsum(n_tiles, out=tile0[1:])
-    omt = np.zeros((omega.shape[1], omega.shape[0] + ATOMS), np.float32)
-    l1 = _pack(omega, order, float(scale), omt)
-    return tile0, omt, l1
+    tiles = np.zeros((int(tile0[-1]), omega.shape[1], TILE), np.float32)
+    loc = np.zeros(order.size, np.int64)
+    l1 = _pack(omega, order, float(scale), blk_start, blk_end, tile0, tiles, loc)
+    return tile0, tiles, loc, l1
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pack(omega, order, scale, omt):  # pragma: no cover - compiled
+def _pack(omega, order, scale, blk_start, blk_end, tile0, tiles, loc):  # pragma: no cover - compiled
     w = omega.shape[1]
     l1 = 0.0
-    for k in range(order.size):
-        row = omega[order[k]]
-        s = 0.0
-        for c in range(w):
-            v = np.float32(row[c] * scale)
-            omt[c, k] = v
-            s += abs(np.float64(v))
-        l1 = max(l1, s) if s == s else math.inf
+    for b in range(blk_start.size):
+        for k in range(blk_start[b], blk_end[b]):
+            j = tile0[b] + (k - blk_start[b]) // TILE
+            t = (k - blk_start[b]) % TILE
+            loc[k] = j * TILE + t
+            row = omega[order[k]]
+            s = 0.0
+            for c in range(w):
+                v = np.float32(row[c] * scale)
+                tiles[j, c, t] = v
+                s += abs(np.float64(v))
+            l1 = max(l1, s) if s == s else math.inf
     return l1
 
 
-def phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False, sparse=None) -> None:
+def unpack_panels(tiles, loc):
+    """The packed frequencies as a float32 ``(w, a)`` matrix, column k the sorted atom k
+    (the GPU's layout)."""
+    flat = tiles.transpose(1, 0, 2).reshape(tiles.shape[1], -1)
+    return np.ascontiguousarray(flat[:, loc])
+
+
+def phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, finite=False, sparse=None,
+           csr=None) -> None:
     """cos and sin of the float32 angles ``theta[r, k] = fma-sum over c of x2[r, node(k) w + c]
-    * pan[c, k]`` into float64 ``re, im`` ``(m, a)`` (atoms sorted by node in blocks
-    ``blk_start[b]:blk_end[b]`` of node ``blk_node[b]``; ``tile0, pan`` from
-    :func:`pack_panels`).  ``x2`` float32 ``(m, G w)`` C order.
+    * omt[c, k]`` into float64 ``re, im`` ``(m, a)`` (atoms sorted by node in blocks
+    ``blk_start[b]:blk_end[b]`` of node ``blk_node[b]``; ``tile0, tiles`` the frequencies
+    ``omt`` packed by :func:`pack_panels`).  ``x2`` float32 ``(m, G w)`` C order.
 
     One node (G = 1) over rows with fewer than 1 in SPARSE_RATIO values nonzero, when
     ``finite`` (no infinite frequency), sums over the nonzero values only: a zero term
     changes only the sign of a zero sum, which is dropped, so the bits are the same.
-    ``sparse`` forces either way (tests)."""
+    ``sparse`` forces either way (tests).  ``csr``, if given, returns the frequencies of
+    :func:`pack_csr_tiles` (made on first use): such rows then go through
+    :func:`phases_csr`, the loop of CSR rows (the same sums in the same order)."""
     from ._compiled import _rows_for, on_rows
 
     m = x2.shape[0]
@@ -255,32 +303,46 @@ def phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, finite=False
         ptr = np.zeros(m + 1, np.int64)
         np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
         vals = x2[rows, cols]
-        on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, pan, re, im,
-                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * pan.shape[1]))
+        if csr is not None:
+            phases_csr(ptr, cols.astype(np.int64), vals, w, *csr(), re, im)
+            return
+        on_rows(_phases_sparse, m, ptr, cols.astype(np.int64), vals, blk_start, blk_end, tile0, tiles, re, im,
+                min_rows=_rows_for(max(1, int(ptr[-1]) // max(m, 1)) * re.shape[1]))
         return
-    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, align=ROWS, min_rows=ROWS)
+    on_rows(_phases, m, x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, align=ROWS, min_rows=ROWS)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases_sparse(ptr, cols, vals, pan, re, im, start, stop):  # pragma: no cover - compiled
+def _phases_sparse(ptr, cols, vals, blk_start, blk_end, tile0, tiles, re, im, start, stop):  # pragma: no cover
+    # One node: each atom's sum over the row's nonzero values in ascending column order,
+    # a packed tile's TILE sums at once in registers (csr_tile_packed: its frequencies of
+    # one column are TILE contiguous values).
     a = re.shape[1]
-    acc = np.empty(a, np.float32)
+    acc = np.empty(tiles.shape[0] * TILE, np.float32)
+    th = np.empty(a, np.float32)
+    cb = np.empty(a)
+    sb = np.empty(a)
     for r in range(start, stop):
+        for j in range(tiles.shape[0]):
+            csr_tile_packed(cols, vals, ptr[r], ptr[r + 1], 0, tiles[j], 0, acc, j * TILE, True)
+        for b in range(blk_start.size):
+            for k in range(blk_start[b], blk_end[b]):
+                th[k] = acc[tile0[b] * TILE + k - blk_start[b]]
+        sincos_into(th, a, cb, sb)
         for k in range(a):
-            acc[k] = np.float32(0.0)
-        for q in range(ptr[r], ptr[r + 1]):
-            o = pan[cols[q]]
-            v = vals[q]
-            for k in range(a):
-                acc[k] = fma32(v, o[k], acc[k])
-        sincos_into(acc, a, re[r], im[r])
+            re[r, k] = cb[k]
+            im[r, k] = sb[k]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop):  # pragma: no cover - compiled
+def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, stop):  # pragma: no cover - compiled
+    # Blocks of ROW_BLOCK rows x a cache block of atoms (OMEGA_BLOCK frequencies of a run
+    # of SUM_BLOCK terms: in L2); inside, register tiles of ROWS rows x one packed tile
+    # (its run's frequencies contiguous: read in order, no cache-set conflicts).  The sums
+    # run in runs of kc terms, each continued exactly from its float32 partial sum.
     nb = blk_start.size
     kc = min(w, SUM_BLOCK)
-    per_block = max(ATOMS, OMEGA_BLOCK // max(kc, 1))
+    per_block = max(TILE, OMEGA_BLOCK // max(kc, 1))
     most = 1
     b0 = 0
     while b0 < nb:
@@ -289,11 +351,11 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
             b1 += 1
         most = max(most, tile0[b1] - tile0[b0])
         b0 = b1
-    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, ATOMS), np.float32)
-    cb = np.empty(ROWS * ATOMS)
-    sb = np.empty(ROWS * ATOMS)
-    for q0 in range(start, stop, ROW_BLOCK):
-        q1 = min(stop, q0 + ROW_BLOCK)
+    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
+    cb = np.empty(ROWS * TILE)
+    sb = np.empty(ROWS * TILE)
+    for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
+        q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
         b0 = 0
         while b0 < nb:
             b1 = b0 + 1
@@ -306,23 +368,22 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, pan, re, im, start, stop
                     ri = (r0 - q0) // ROWS
                     for b in range(b0, b1):
                         col0 = blk_node[b] * w + c0
-                        for i_t in range(tile0[b], tile0[b + 1]):
-                            k = blk_start[b] + ATOMS * (i_t - tile0[b])
-                            angle_tile(x2, r0, nr, col0, nc, pan, c0, k, part[ri, i_t - tile0[b0]], c0 == 0)
+                        for j in range(tile0[b], tile0[b + 1]):
+                            angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
             for r0 in range(q0, q1, ROWS):
                 nr = min(ROWS, q1 - r0)
                 ri = (r0 - q0) // ROWS
                 for b in range(b0, b1):
                     k0 = blk_start[b]
                     k1 = blk_end[b]
-                    for i_t in range(tile0[b], tile0[b + 1]):
-                        k = k0 + ATOMS * (i_t - tile0[b])
-                        sincos_into(part[ri, i_t - tile0[b0]].reshape(ROWS * ATOMS), nr * ATOMS, cb, sb)
-                        kn = min(ATOMS, k1 - k)
+                    for j in range(tile0[b], tile0[b + 1]):
+                        k = k0 + TILE * (j - tile0[b])
+                        sincos_into(part[ri, j - tile0[b0]].reshape(ROWS * TILE), nr * TILE, cb, sb)
+                        kn = min(TILE, k1 - k)
                         for i in range(nr):
                             for t in range(kn):
-                                re[r0 + i, k + t] = cb[i * ATOMS + t]
-                                im[r0 + i, k + t] = sb[i * ATOMS + t]
+                                re[r0 + i, k + t] = cb[i * TILE + t]
+                                im[r0 + i, k + t] = sb[i * TILE + t]
             b0 = b1
 
 
@@ -407,14 +468,15 @@ def _csr_tile(nv):
 
 
 csr_tile_wide = _csr_tile(CSR_WIDE)
+csr_tile_packed = _csr_tile(TILE // ATOMS)  # one packed tile of pack_panels
 
 
 CSR_ACC = 1 << 20  # float32 partial sums held at once per thread (4 MiB): the rows of one group
 CSR_COLS = 1024  # input columns per run of a tile (1024 x 64 float32 frequencies: 256 KiB, in L2)
 
 
-def pack_csr_tiles(pan, starts, ends, nodes):
-    """The frequencies of :func:`pack_panels` again, tile-major for :func:`phases_csr`: tile j
+def pack_csr_tiles(packed, loc, starts, ends, nodes):
+    """The frequencies of :func:`pack_panels` (``packed``, ``loc``) again, in wider tiles for :func:`phases_csr`: tile j
     is ``CSR_WIDE * ATOMS`` atoms of one node from ``tile_k[j]`` (a node's atoms ``s:e``
     from its blocks, in tiles from ``s``; zeros past ``e``), ``tiles[j]`` its ``(w,
     CSR_WIDE * ATOMS)`` frequencies, contiguous (a tile's 64 frequencies of one input column
@@ -437,18 +499,20 @@ def pack_csr_tiles(pan, starts, ends, nodes):
     tile_k = np.array(tile_k, np.int64)
     tile_node = np.array(tile_node, np.int64)
     ends_of = np.repeat(np.array(run_e, np.int64), [len(range(s0, e0, tw)) for s0, e0 in zip(run_s, run_e)])
-    tiles = np.zeros((tile_k.size, pan.shape[0], tw), np.float32)
-    _pack_tiles(pan, tile_k, ends_of, tiles)
+    tiles = np.zeros((tile_k.size, packed.shape[1], tw), np.float32)
+    _pack_tiles(packed, loc, tile_k, ends_of, tiles)
     return tile_k, tile_node, tiles
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pack_tiles(pan, tile_k, tile_end, tiles):  # pragma: no cover - compiled
+def _pack_tiles(packed, loc, tile_k, tile_end, tiles):  # pragma: no cover - compiled
     for j in range(tile_k.size):
         n = min(tiles.shape[2], tile_end[j] - tile_k[j])
-        for c in range(pan.shape[0]):
-            for t in range(n):
-                tiles[j, c, t] = pan[c, tile_k[j] + t]
+        for t in range(n):
+            src = packed[loc[tile_k[j] + t] // TILE]
+            lane = loc[tile_k[j] + t] % TILE
+            for c in range(packed.shape[1]):
+                tiles[j, c, t] = src[c, lane]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

@@ -552,7 +552,7 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
         # angle that overflowed float32: cos of a finite angle is never NaN) are
         # recomputed in float64 with scaling; the other values keep their bits.
         with np.errstate(over="ignore", invalid="ignore"):
-            row_max = np.abs(xp).max(axis=(1, 2))
+            row_max = np.maximum(xp.max(axis=(1, 2)), -xp.min(axis=(1, 2)))  # max |x|, without an |x| copy
             over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
         if over.size:
             _careful_angles(xp, gi, omega, scale, re, im, over, where)
@@ -583,19 +583,26 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     re, im = out
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        if plan.csr is None:  # made once per plan, on the first CSR rows
-            from . import budget
-            from ._sincos32 import pack_csr_tiles
-
-            budget.check(4.0 * base.width * (a + 64 * plan.starts.size),
-                         f"the CSR-ordered frequencies of {a} atoms of width {base.width}",
-                         "sample fewer features (-n), split the columns into several feature files, or pass "
-                         "dense rows")
-            plan.csr = pack_csr_tiles(plan.pan, plan.starts, plan.ends, plan.nodes)
-        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *plan.csr, re_s, im_s)
+        phases_csr(ptr, pos, vals.astype(np.float32), base.width, *_csr_tiles(plan, base.width), re_s, im_s)
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return True
+
+
+def _csr_tiles(plan, width):
+    """``plan.csr``, the frequencies tile-major for rows read as CSR
+    (:func:`rfsgen._sincos32.pack_csr_tiles`), made once per plan on first use."""
+    if plan.csr is None:
+        from . import budget
+        from ._sincos32 import pack_csr_tiles
+
+        a = plan.order.size
+        budget.check(4.0 * width * (a + 64 * plan.starts.size),
+                     f"the CSR-ordered frequencies of {a} atoms of width {width}",
+                     "sample fewer features (-n), split the columns into several feature files, or pass "
+                     "dense rows")
+        plan.csr = pack_csr_tiles(plan.pan, plan.loc, plan.starts, plan.ends, plan.nodes)
+    return plan.csr
 
 
 @dataclass
@@ -606,45 +613,48 @@ class _PhasePlan:
     starts: np.ndarray  # int64: blocks of atoms (of one node each), in sorted order
     ends: np.ndarray
     nodes: np.ndarray
-    tile0: np.ndarray  # tiles and float32 scaled frequencies (rfsgen._sincos32.pack_panels)
+    tile0: np.ndarray  # tiles and float32 scaled frequencies, packed tile by tile (rfsgen._sincos32.pack_panels)
     pan: np.ndarray
+    loc: np.ndarray  # where each sorted atom's frequencies sit in pan
     l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
     csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
 
 
-_PLANS: dict = {}  # (id(omega), id(gi), scale) -> (weakref(omega), weakref(gi), plan)
+_PLANS: dict = {}  # (id(owner), where omega sits in it, scale) -> (weakref(owner), gi, plan)
 
 
 def _phase_plan(gi, omega, scale=None):
     """The :class:`_PhasePlan` of atoms on nodes ``gi`` with frequencies ``omega`` (a, w)
-    times ``scale``; cached while both arrays live (the transform passes the same ones for
-    every chunk: packing them costs about as much as a chunk of a few rows)."""
+    times ``scale``; cached while the array that owns ``omega``'s memory lives, for the
+    same place in it and the same ``gi`` values (the transform passes the same ones for
+    every chunk, and a feature set's own frequencies as a view on every transform:
+    packing them costs about as much as a chunk of a few rows).  Frequencies are not
+    expected to change in place (a feature set's never do); the plan lives as long as
+    their owner, at most 16 plans."""
     import weakref
 
-    key = (id(omega), id(gi), scale)
+    owner = omega if omega.base is None else omega.base
+    gi = np.asarray(gi, dtype=np.int64)
+    key = (id(owner), omega.__array_interface__["data"][0], omega.shape, omega.strides, omega.dtype.str, scale)
     hit = _PLANS.get(key)
-    if hit is not None and hit[0]() is omega and hit[1]() is gi:
+    if hit is not None and hit[0]() is owner and np.array_equal(hit[1], gi):
         return hit[2]
-    plan = _build_plan(np.asarray(gi, dtype=np.int64), omega, scale)
+    plan = _build_plan(gi, omega, scale)
     try:
-        refs = (weakref.ref(omega, lambda _, k=key: _PLANS.pop(k, None)), weakref.ref(gi))
-    except TypeError:  # not weak-referenceable (a list): no caching
+        ref = weakref.ref(owner, lambda _, k=key: _PLANS.pop(k, None))
+    except TypeError:  # not weak-referenceable: no caching
         return plan
     if len(_PLANS) >= 16:
         _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = refs + (plan,)
+    _PLANS[key] = (ref, gi.copy(), plan)
     return plan
 
 
 def _build_plan(gi, omega, scale):
     from . import budget
-    from ._sincos32 import ATOMS, atom_block, pack_panels
+    from ._sincos32 import TILE, atom_block, pack_panels, tile_count
 
     a, w = omega.shape
-    # the float32 scaled copy, a column per atom (and ATOMS more), next to the frequencies
-    budget.check(4.0 * w * (a + ATOMS),
-                 f"the packed frequencies of {a} atoms of width {w}",
-                 "sample fewer features (-n) or split the columns into several feature files")
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
     order = np.arange(a) if in_order else np.argsort(gi, kind="stable")
     sg = gi[order]
@@ -654,8 +664,13 @@ def _build_plan(gi, omega, scale):
         starts.extend(range(lo, hi, step))
     starts = np.array(starts, dtype=np.int64)
     ends = np.minimum(starts + step, np.searchsorted(sg, sg[starts], side="right")).astype(np.int64)
-    tile0, pan, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
-    return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, l1)
+    # the float32 scaled copy, packed in tiles of TILE atoms (a block's last one padded),
+    # next to the frequencies
+    budget.check(4.0 * w * TILE * tile_count(starts, ends),
+                 f"the packed frequencies of {a} atoms of width {w}",
+                 "sample fewer features (-n) or split the columns into several feature files")
+    tile0, pan, loc, l1 = pack_panels(omega, order.astype(np.int64), 1.0 if scale is None else scale, starts, ends)
+    return _PhasePlan(order, in_order, starts, ends, sg[starts], tile0, pan, loc, l1)
 
 
 def _careful_angles(xp, gi, omega, scale, re, im, rows, where):
@@ -719,7 +734,8 @@ def phases_of(xp, gi, om, out=None, plan=None, sparse=None, device="cpu"):
             _cuda.phases(x2, xp.shape[2], plan, re_s, im_s)
         else:
             phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
-                   re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse)
+                   re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse,
+                   csr=lambda: _csr_tiles(plan, xp.shape[2]))
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im

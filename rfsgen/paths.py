@@ -34,6 +34,7 @@ byte-identical across runs.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,18 @@ class _GroupAtoms:
     codes: np.ndarray  # int64 (a,) codes, or float64 (a, width) omega rows for continuous bases
     offset: int  # first column of this group's values in the source rows
     linear: bool  # source columns are the prepared values themselves (else [re | im])
+
+
+def _frequencies(omega, offsets, width):
+    """The ``(a, width)`` frequencies ``omega[offsets[k]:offsets[k] + width]``: a view of
+    ``omega`` where they follow one another (as sampled: no copy of 25 MB at d = 784,
+    D = 4096, on every transform), else a copy."""
+    n = offsets.size
+    if n and width and omega.ndim == 1 and offsets[0] >= 0 and offsets[0] + n * width <= omega.size \
+            and np.all(np.diff(offsets) == width):
+        o = int(offsets[0])
+        return omega[o:o + n * width].reshape(n, width)
+    return omega[offsets[:, None] + np.arange(width)[None, :]]
 
 
 class Transformer:
@@ -79,6 +92,7 @@ class Transformer:
             n.base.name in ("brownian", "sphere") for n in skel.nodes if isinstance(n, InputNode))
         self._wide = None  # the float64 transformer that decides a suspect row, made on first use
         self._gpu_columns = None  # device == "cuda": the product loop's arrays on the GPU (rfsgen._cuda.ColumnsPlan)
+        self._scratch = threading.local()  # each thread's source buffer for chunk() (_source_buffer)
         n_nodes = len(skel.nodes)
         cont = np.array([isinstance(n, InputNode) and n.base.continuous for n in skel.nodes])
         group_of = np.full(n_nodes, -1)
@@ -107,7 +121,7 @@ class Transformer:
             if not sel.size:
                 continue
             gi = index_in_group[a_node[sel]]
-            codes = fs.omega[a_code[sel][:, None] + np.arange(base.width)[None, :]] if base.continuous else a_code[sel]
+            codes = _frequencies(fs.omega, a_code[sel], base.width) if base.continuous else a_code[sel]
             lin = base.linear(gi, codes) if not base.continuous else None
             if lin is not None:
                 ir[sel], cr[sel], ii[sel], ci[sel] = lin[0] + width, lin[1], np.where(lin[2] >= 0, lin[2] + width, -1), lin[3]
@@ -235,11 +249,33 @@ class Transformer:
     def what(self) -> str:
         return f"the transform by '{self.fs.skeleton.path}' features ({self.columns} columns)"
 
-    def source(self, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_scratch"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._scratch = threading.local()
+
+    def _source_buffer(self, m: int, scratch: bool) -> np.ndarray:
+        """A float64 ``(m, source_width)`` array for :meth:`source`: with ``scratch``, rows of
+        this thread's buffer, kept from one chunk to the next (a fresh array of tens of MB
+        per chunk cost about as much in page faults as the chunk's angles), else new."""
+        if not scratch:
+            return np.empty((m, self.source_width))
+        buf = getattr(self._scratch, "src", None)
+        if buf is None or buf.shape[0] < m:
+            buf = self._scratch.src = np.empty((m, self.source_width))
+        return buf[:m]
+
+    def source(self, x: np.ndarray, row0: int = 0, source: str = "<array>", scratch: bool = False) -> np.ndarray:
         """Validated, prepared rows as the compiled loop reads them: float64 ``(m, s)``.
-        ``x`` may be :class:`rfsgen.inputs.SparseRows` (the same bits as its dense rows)."""
+        ``x`` may be :class:`rfsgen.inputs.SparseRows` (the same bits as its dense rows).
+        ``scratch``: in this thread's buffer, which the next such call overwrites
+        (:meth:`chunk`)."""
         if isinstance(x, SparseRows):
-            src = self._source_sparse(x, row0, source) if self.reads_sparse else None
+            src = self._source_sparse(x, row0, source, scratch) if self.reads_sparse else None
             if src is not None:
                 return src
             x = x.toarray()
@@ -247,7 +283,7 @@ class Transformer:
         m = x.shape[0]
         if len(self.groups) == 1 and self.groups[0].linear:
             return np.ascontiguousarray(xp[self.groups[0].group].reshape(m, -1))
-        src = np.empty((m, self.source_width))
+        src = self._source_buffer(m, scratch)
         for ga in self.groups:
             base = self.skeleton.input_groups[ga.group][0]
             if ga.linear:
@@ -294,7 +330,7 @@ class Transformer:
         np.cumsum(np.bincount(row, minlength=x.shape[0]), out=ptr[1:])
         return ptr, pos, q
 
-    def _source_sparse(self, x, row0: int, source: str):
+    def _source_sparse(self, x, row0: int, source: str, scratch: bool = False):
         """:meth:`source` of CSR rows without densifying the gaussian and laplace groups'
         values; the other groups' values (a few columns, or rows that a sphere node
         normalises as a whole) are densified and prepared as today.  None where the dense
@@ -319,7 +355,7 @@ class Transformer:
             gathered[np.repeat(np.arange(m), np.diff(ptr)), pos] = vals
             prepared[g] = base.prepare(gathered.reshape(m, ids.size, base.width), labels, row0, source,
                                        overwrite=True)
-        src = np.empty((m, self.source_width))
+        src = self._source_buffer(m, scratch)
         for ga in self.groups:
             base = skel.input_groups[ga.group][0]
             a = ga.gi.size
@@ -346,7 +382,7 @@ class Transformer:
         """
         from ._compiled import columns
 
-        src = self.source(x, row0, source)
+        src = self.source(x, row0, source, scratch=True)
         m = x.shape[0]
         if out is None:
             out = np.empty((m, self.columns), dtype=self.dtype)
