@@ -1086,11 +1086,11 @@ class Transformer:
 
         if not self.direct_csr:
             raise ValueError("this EOF set's columns do not follow its level vectors: use chunk()")
-        u = self.unit(x, row0, source)
-        m, T = u.shape[0], self.max_row_nonzeros
+        m, T = len(x), self.max_row_nonzeros
         if (data.dtype != self.dtype or indices.dtype != np.int32 or data.size < m * T or indices.size < m * T
                 or counts.size < m or not (data.flags.c_contiguous and indices.flags.c_contiguous)):
             raise ValueError(f"data ({self.dtype}) and indices (int32) must hold {m} x {T} values, counts {m}")
+        u = self.unit(x, row0, source)
         if not m:
             return 0
         counts = counts[:m]
@@ -1132,6 +1132,22 @@ class Transformer:
                 f"its largest EOF feature is {peak[r]:.3g}, beyond {self.dtype.name}")
         raise DataError(f"{source}: row {row0 + r}: {what} (features scaled by 2^{e}); write --dtype float64, or "
                         "sample a node of fewer columns or a box that fits the rows more closely")
+
+    def sparse_chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
+        """:meth:`chunks` as CSR pieces (:meth:`csr_rows`): ``(row0, (data, indices, counts))`` per
+        chunk, in ``buffers`` reused sets of arrays (each valid until ``buffers`` chunks later)."""
+        from .inputs import chunks_for
+
+        bufs = [None] * buffers
+        T = self.max_row_nonzeros
+        for i, (row0, block) in enumerate(chunks_for(src, self, chunk_rows, start, stop)):
+            m = block.shape[0]
+            k = i % buffers
+            if bufs[k] is None or bufs[k][2].size < m:
+                bufs[k] = (np.empty(m * T, self.dtype), np.empty(m * T, np.int32), np.empty(m, np.int64))
+            data, indices, counts = bufs[k]
+            nnz = self.csr_rows(block, data, indices, counts, row0, src.name)
+            yield row0, (data[:nnz], indices[:nnz], counts[:m])
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """As :meth:`rfsgen.transform.Transformer.chunks`."""

@@ -92,7 +92,12 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
         if layout == "csr" and src.n_rows is not None:
             return _csr_known_rows(tr, src, chunk_rows, progress)
         parts = []
-        for _, vals in tr.chunks(src, chunk_rows):
+        direct = layout == "csr" and getattr(tr, "direct_csr", False)  # EOF: CSR rows written straight (rfsgen.eof)
+        for _, piece in tr.sparse_chunks(src, chunk_rows) if direct else ():
+            parts.append(tuple(a.copy() for a in piece))
+            if progress:
+                progress(piece[2].size)
+        for _, vals in tr.chunks(src, chunk_rows) if not direct else ():
             parts.append(vals.copy() if layout == "dense" else tuple(a.copy() for a in _sparse_parts(vals)))
             if progress:
                 progress(vals.shape[0])
