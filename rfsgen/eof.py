@@ -885,6 +885,11 @@ def _rows_csr(u, kernel, free, s, mult, top, pad_j, pad_l, pad_stride, off, tabl
     if (data.size < stop * T or indices.size < stop * T or counts.size < stop or peak.size < stop or off.size < T
             or pad_l.shape[0] < T or pad_l.shape[1] < K or pad_stride.shape[0] < T or pad_stride.shape[1] < K):
         return
+    for t in range(T):  # a wrong table is refused whole (checked once, not in the loop)
+        for q in range(K):
+            if pad_j[t, q] < 0 or pad_j[t, q] > d or pad_l[t, q] < 0 or pad_l[t, q] > top:
+                return
+    narrow = data.itemsize == 4  # float32: values rounded in a register (exact in float64) before the zero test
     cell = np.zeros((d + 1, top + 1), np.int64)
     val = np.ones((d + 1, top + 1))
     seg = np.ones((d + 2, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k); seg[d + 1, d] = 1 (padding)
@@ -912,28 +917,35 @@ def _rows_csr(u, kernel, free, s, mult, top, pad_j, pad_l, pad_stride, off, tabl
             slot = off[t]
             v = 1.0
             prev = 0
-            for q in range(K):
-                j = pad_j[t, q]
-                if j < 0 or j > d:  # a wrong table: the padding column
-                    j = d
-                lv = pad_l[t, q]
-                if lv < 0 or lv > top:
-                    lv = 0
-                slot += cell[j, lv] * pad_stride[t, q]
-                v *= seg[prev, j]
-                v *= val[j, lv]
-                prev = j + 1
-            v *= seg[prev, d]
-            inside = 0 <= slot < n_table
+            if K == 2:  # (a sparse grid of level 3: the common case, unrolled)
+                j = pad_j[t, 0]
+                lv = pad_l[t, 0]
+                j2 = pad_j[t, 1]
+                lv2 = pad_l[t, 1]
+                slot += cell[j, lv] * pad_stride[t, 0] + cell[j2, lv2] * pad_stride[t, 1]
+                v = seg[0, j] * val[j, lv] * seg[j + 1, j2] * val[j2, lv2] * seg[j2 + 1, d]
+            else:
+                for q in range(K):
+                    j = pad_j[t, q]
+                    lv = pad_l[t, q]
+                    slot += cell[j, lv] * pad_stride[t, q]
+                    v *= seg[prev, j]
+                    v *= val[j, lv]
+                    prev = j + 1
+                v *= seg[prev, d]
+            inside = (slot >= 0) & (slot < n_table)
             col = table[slot if inside else 0]
-            ok = inside and 0 <= col < columns
+            ok = inside & (col >= 0) & (col < columns)
             c = col if ok else 0
-            data[k] = v
+            # The value as the dense chunk holds it: cast to the dtype, then times the column's
+            # scale in the dtype (a float32 product is exact in float64, rounded once: the same bits).
+            y = float(np.float32(v)) if narrow else v
             if scaled:
-                data[k] = data[k] * scale[c]
+                y = y * scale[c]
+                y = float(np.float32(y)) if narrow else y
+            data[k] = y
             indices[k] = c
-            if ok and data[k] != 0:
-                k += 1
+            k += ok & (y != 0.0)
             a = abs(v)
             if ok and not a <= top_v:  # NaN included: it is the row's peak
                 top_v = a
