@@ -1026,8 +1026,11 @@ class Transformer:
     def row_bytes(self) -> int:
         """Bytes one row of a chunk holds at most at once: the row read and converted
         (float64), its unit-cube coordinates and its dense output values in two reused
-        buffers plus a copy (sparse parts or the written block)."""
-        return 8 * (2 * self.fs.skeleton.width + 2 * self.cols.size) + 3 * self.dtype.itemsize * self.columns
+        buffers plus a copy (sparse parts or the written block), or, written straight as
+        CSR (:meth:`sparse_chunks`), room for a value and a column per level vector in two
+        reused buffers plus a copy."""
+        out = max(3 * self.dtype.itemsize * self.columns, 3 * (self.dtype.itemsize + 4) * self.max_row_nonzeros)
+        return 8 * (2 * self.fs.skeleton.width + 2 * self.cols.size) + out
 
     @property
     def what(self) -> str:
