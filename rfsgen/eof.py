@@ -975,12 +975,13 @@ class Transformer:
         shift = 1 if cols.free else 0  # slot levels (_factor_any): the free root is slot level 1
         n_slots = int(sizes.sum())
         budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
-        # Each thread of _rows holds its own (d + 1)^2 run products and five d x (top + 1)
-        # factor tables (8,000 brownian dimensions: 512 MB a thread), counted before the table.
+        # Each thread of _rows (_rows_csr) holds its own (d + 1)^2 ((d + 2)(d + 1)) run products and
+        # five d x (top + 1) ((d + 1) x (top + 1)) factor tables (8,000 brownian dimensions: 512 MB
+        # a thread), counted (the larger) before the table.
         from ._compiled import threads
 
         d, top, n_threads = self.cols.size, int(levels.max(initial=1 - shift)) + shift, threads()
-        budget.check(8.0 * n_threads * ((d + 1) ** 2 + 5 * d * (top + 1)),
+        budget.check(8.0 * n_threads * ((d + 2) * (d + 1) + 5 * (d + 1) * (top + 1)),
                      f"the EOF transform's working tables in {d} dimensions ({n_threads} threads, each (d + 1)^2 "
                      "products and 5 x d x (top level + 1) factors)",
                      "use fewer threads (--threads N) or an EOF skeleton over fewer columns")

@@ -174,3 +174,17 @@ def test_the_factor_loop_is_the_per_level_factor_bit_for_bit():
                             c, v = eof._factor_any(kernel, free, s[j], u[r, j], lv, n1[j, lv], n2[j, lv])
                             assert c == cell[j, lv]
                             assert np.float64(v * mult[j]).tobytes() == np.float64(val[j, lv]).tobytes()
+
+
+def test_rows_of_unknown_count_stream_through_the_direct_path(tmp_path):
+    """Text rows (their count unknown until read) in memory: the streamed CSR pieces, the same
+    arrays as the dense path's."""
+    d = 3
+    fs = eof.sample(skeleton("laplace", d, "free"), level=4)
+    x = rows(d, 50)
+    np.savetxt(tmp_path / "x.csv", x, delimiter=",")
+    ref = dense_reference(fs, np.loadtxt(tmp_path / "x.csv", delimiter=","), np.dtype(np.float32))
+    for chunk_rows in (1, 7, 64):
+        z = transform(fs, str(tmp_path / "x.csv"), layout="csr", chunk_rows=chunk_rows)
+        assert z.data.tobytes() == ref[0].tobytes()
+        assert np.array_equal(z.indices, ref[1]) and np.array_equal(z.indptr, ref[2])
