@@ -47,22 +47,33 @@ def _rows_for(values_per_row: int) -> int:
     return max(1, 65536 // max(1, values_per_row))
 
 
-def on_rows(kernel, m: int, *args, align: int = 1, min_rows: int = 1) -> None:
-    """Run ``kernel(*args, r0, r1)`` over rows ``[0, m)`` split into contiguous parts,
-    one per thread (at most :func:`threads`, each at least ``min_rows`` rows and
-    starting at a multiple of ``align``), and wait for all of them."""
+def row_parts(m: int, align: int = 1, min_rows: int = 1) -> list:
+    """Where :func:`on_rows` cuts rows ``[0, m)``: ``[0, ..., m]``, one part per thread (at
+    most :func:`threads`, each at least ``min_rows`` rows and starting at a multiple of ``align``)."""
     parts = max(1, min(threads(), m // max(min_rows, 1)))
-    if parts == 1:
-        kernel(*args, 0, m)
+    return [(m * i // parts) // align * align for i in range(parts)] + [m]
+
+
+def run_parts(kernel, cuts: list, *args) -> None:
+    """Run ``kernel(*args, cuts[i], cuts[i + 1])`` for each part, each in a thread of its own
+    (the first in this one), and wait for all of them."""
+    if len(cuts) <= 2:
+        kernel(*args, cuts[0], cuts[-1])
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    cuts = [(m * i // parts) // align * align for i in range(parts)] + [m]
-    with ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="rfsgen-rows") as pool:
+    with ThreadPoolExecutor(max_workers=len(cuts) - 2, thread_name_prefix="rfsgen-rows") as pool:
         done = [pool.submit(kernel, *args, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
         kernel(*args, cuts[0], cuts[1])
         for d in done:
             d.result()
+
+
+def on_rows(kernel, m: int, *args, align: int = 1, min_rows: int = 1) -> None:
+    """Run ``kernel(*args, r0, r1)`` over rows ``[0, m)`` split into contiguous parts,
+    one per thread (at most :func:`threads`, each at least ``min_rows`` rows and
+    starting at a multiple of ``align``), and wait for all of them."""
+    run_parts(kernel, row_parts(m, align, min_rows), *args)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

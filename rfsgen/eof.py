@@ -201,6 +201,68 @@ def _factor_any(kernel, free, s, x, slot_level, n1, n2):  # pragma: no cover - c
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def _edge(kernel, free, s, slot_level):  # pragma: no cover - compiled
+    """``-expm1(-2 s h)``, ``h = 2^-level`` of the pinned level at a slot level (laplace; else 0):
+    a pinned level's factor at the half of its cell that ``x`` is not in (``b - g = g - a = h``
+    exactly), the same bits as computed per value."""
+    level = slot_level - 1 if free else slot_level
+    if kernel == 0 or level < (2 if free else 1):
+        return 0.0
+    h = 1.0 / (2.0 * (1 << (level - 1)))
+    return -math.expm1(-2.0 * s * h)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val):  # pragma: no cover - compiled
+    """``cell[j, l], val[j, l] = _factor_any(kernel, free, s[j], u[r, j], l, n1[j, l], n2[j, l])`` times
+    ``mult[j]``, for every column ``j`` of row ``r`` and slot level ``l = 1..top``: the same bits
+    with one transcendental call fewer per pinned laplace level.  Its value is ``exp(-s (max -
+    min)) E(min - a) E(b - max)`` (``E(t) = -expm1(-2 s t)``, ``min, max`` of ``x`` and the
+    centre ``g``), and the ``E`` of the half of the cell that does not hold ``x`` is ``E(h)``
+    (``g - a = b - g = h`` exactly: the cells are exact in float64), the level's own, computed
+    once per column (``edge[j, l]``, :func:`_edge`).  Branch-free (selects): which half holds
+    ``x`` is a coin toss.  (Levels reuse no other call: a cell's endpoint on x's side is often
+    the level before's, but a branch to skip its ``E`` costs more than the call saves.)"""
+    d = u.shape[1]
+    first = 3 if free else 1  # free: the root and face levels (slot levels 1, 2), then the pinned levels from 2
+    for j in range(d):
+        x = u[r, j]
+        if not x >= 0.0:  # below the cube, or NaN: its face (as _factor_normed)
+            x = 0.0
+        elif x > 1.0:
+            x = 1.0
+        sj = s[j]
+        mj = mult[j]
+        if free:
+            for l in range(1, min(top, 2) + 1):
+                c, v = _factor_free(kernel, sj, x, l - 1, n1[j, l], n2[j, l])
+                cell[j, l] = c
+                val[j, l] = v * mj
+        if kernel == 0:
+            for l in range(first, top + 1):
+                c, v = _factor_normed(kernel, sj, x, l - 1 if free else l, n1[j, l], n2[j, l])
+                cell[j, l] = c
+                val[j, l] = v * mj
+            continue
+        for l in range(first, top + 1):
+            level = l - 1 if free else l
+            half = 1 << (level - 1)
+            c = int(math.floor(x * half))
+            if c > half - 1:
+                c = half - 1  # x = 1: the last cell (where phi is 0)
+            h = 1.0 / (2.0 * half)  # 2^-level, exact
+            a = 2.0 * c * h
+            g = a + h
+            b = g + h
+            lt = x < g
+            e = -math.expm1(-2.0 * sj * ((x - a) if lt else (b - x)))  # x = g: b - x = h, E(h)
+            ed = edge[j, l]
+            num = math.exp(-sj * ((g - x) if lt else (x - g))) * (e if lt else ed) * (ed if lt else e)
+            cell[j, l] = c
+            val[j, l] = num / n1[j, l] / n2[j, l] * mj
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _factors(kernel, free, s, u, top, cell, val):  # pragma: no cover - compiled
     for r in range(u.shape[0]):
         for j in range(u.shape[1]):
@@ -766,15 +828,13 @@ def _rows(u, kernel, free, s, mult, top, act_ptr, act_j, act_l, act_stride, off,
     seg = np.empty((d + 1, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k), in increasing k
     n1 = np.empty((d, top + 1))
     n2 = np.empty((d, top + 1))
+    edge = np.empty((d, top + 1))
     for j in range(d):
         for l in range(1, top + 1):
             n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
+            edge[j, l] = _edge(kernel, free, s[j], l)
     for r in range(start, stop):
-        for j in range(d):
-            for l in range(1, top + 1):
-                c, v = _factor_any(kernel, free, s[j], u[r, j], l, n1[j, l], n2[j, l])
-                cell[j, l] = c
-                val[j, l] = v * mult[j]
+        _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val)
         for a in range(d + 1):
             p = 1.0
             seg[a, a] = p
@@ -804,6 +864,95 @@ def _rows(u, kernel, free, s, mult, top, act_ptr, act_j, act_l, act_stride, off,
         peak[r] = top_v
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _rows_csr(u, kernel, free, s, mult, top, pad_j, pad_l, pad_stride, off, table, columns, scale, data, indices,
+              counts, peak, start, stop):  # pragma: no cover - compiled
+    """:func:`_rows` written as CSR rows, without a dense row: the same values, cast to
+    ``data``'s dtype, times ``scale[col]`` when ``scale`` is not empty (as the dense chunk's
+    ``*= col_scale``), kept unless exactly zero (+0 or -0, as :func:`rfsgen._compiled.compress_rows`),
+    each row's in the order of its level vectors (the caller makes sure the columns increase
+    with it).  Row ``r``'s values go to ``data`` and ``indices`` from ``start * T`` on (``T``
+    level vectors: a row has at most ``T``), packed, its count to ``counts[r]``: the caller
+    closes the gaps between the parts of rows that threads wrote.
+
+    A level vector is ``K`` padded entries (``pad_j``, ``pad_l``, ``pad_stride``, ``(T, K)``):
+    its active coordinates, then column ``d``, whose factor is 1 and cell 0, and whose run
+    products ``seg[d + 1, d]`` are 1: the product is the same to the bit (times 1 is exact)
+    and the loop has no data-dependent trip count.  Nothing is written when ``data`` or
+    ``indices`` is shorter than ``stop * T`` or the padded tables do not fit (memory safety)."""
+    m, d = u.shape
+    T, K = pad_j.shape
+    if (data.size < stop * T or indices.size < stop * T or counts.size < stop or peak.size < stop or off.size < T
+            or pad_l.shape[0] < T or pad_l.shape[1] < K or pad_stride.shape[0] < T or pad_stride.shape[1] < K):
+        return
+    for t in range(T):  # a wrong table is refused whole (checked once, not in the loop)
+        for q in range(K):
+            if pad_j[t, q] < 0 or pad_j[t, q] > d or pad_l[t, q] < 0 or pad_l[t, q] > top:
+                return
+    narrow = data.itemsize == 4  # float32: values rounded in a register (exact in float64) before the zero test
+    cell = np.zeros((d + 1, top + 1), np.int64)
+    val = np.ones((d + 1, top + 1))
+    seg = np.ones((d + 2, d + 1))  # seg[a, b] = prod_{a <= k < b} phi_1(u_k); seg[d + 1, d] = 1 (padding)
+    n1 = np.empty((d, top + 1))
+    n2 = np.empty((d, top + 1))
+    edge = np.empty((d, top + 1))
+    for j in range(d):
+        for l in range(1, top + 1):
+            n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
+            edge[j, l] = _edge(kernel, free, s[j], l)
+    scaled = scale.size >= columns
+    n_table = table.size
+    k = start * T
+    for r in range(start, stop):
+        _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val)
+        for a in range(d + 1):
+            p = 1.0
+            seg[a, a] = p
+            for b in range(a + 1, d + 1):
+                p *= val[b - 1, 1]
+                seg[a, b] = p
+        top_v = 0.0
+        first = k
+        for t in range(T):
+            slot = off[t]
+            v = 1.0
+            prev = 0
+            if K == 2:  # (a sparse grid of level 3: the common case, unrolled)
+                j = pad_j[t, 0]
+                lv = pad_l[t, 0]
+                j2 = pad_j[t, 1]
+                lv2 = pad_l[t, 1]
+                slot += cell[j, lv] * pad_stride[t, 0] + cell[j2, lv2] * pad_stride[t, 1]
+                v = seg[0, j] * val[j, lv] * seg[j + 1, j2] * val[j2, lv2] * seg[j2 + 1, d]
+            else:
+                for q in range(K):
+                    j = pad_j[t, q]
+                    lv = pad_l[t, q]
+                    slot += cell[j, lv] * pad_stride[t, q]
+                    v *= seg[prev, j]
+                    v *= val[j, lv]
+                    prev = j + 1
+                v *= seg[prev, d]
+            inside = (slot >= 0) & (slot < n_table)
+            col = table[slot if inside else 0]
+            ok = inside & (col >= 0) & (col < columns)
+            c = col if ok else 0
+            # The value as the dense chunk holds it: cast to the dtype, then times the column's
+            # scale in the dtype (a float32 product is exact in float64, rounded once: the same bits).
+            y = float(np.float32(v)) if narrow else v
+            if scaled:
+                y = y * scale[c]
+                y = float(np.float32(y)) if narrow else y
+            data[k] = y
+            indices[k] = c
+            k += ok & (y != 0.0)
+            a = abs(v)
+            if ok and not a <= top_v:  # NaN included: it is the row's peak
+                top_v = a
+        counts[r] = k - first
+        peak[r] = top_v
+
+
 class Transformer:
     """Evaluates an EOF feature set on chunks of rows (the interface of every kind's transformer,
     :meth:`rfsgen.featureset.ColumnKind.transformer`: ``columns``, ``dtype``, ``chunk``, ``chunks``).
@@ -826,14 +975,15 @@ class Transformer:
         shift = 1 if cols.free else 0  # slot levels (_factor_any): the free root is slot level 1
         n_slots = int(sizes.sum())
         budget.check(8.0 * n_slots, f"the EOF column table ({n_slots:,} slots)", "sample fewer EOF columns")
-        # Each thread of _rows holds its own (d + 1)^2 run products and four d x (top + 1)
-        # factor tables (8,000 brownian dimensions: 512 MB a thread), counted before the table.
+        # Each thread of _rows (_rows_csr) holds its own (d + 1)^2 ((d + 2)(d + 1)) run products and
+        # five d x (top + 1) ((d + 1) x (top + 1)) factor tables (8,000 brownian dimensions: 512 MB
+        # a thread), counted (the larger) before the table.
         from ._compiled import threads
 
         d, top, n_threads = self.cols.size, int(levels.max(initial=1 - shift)) + shift, threads()
-        budget.check(8.0 * n_threads * ((d + 1) ** 2 + 4 * d * (top + 1)),
+        budget.check(8.0 * n_threads * ((d + 2) * (d + 1) + 5 * (d + 1) * (top + 1)),
                      f"the EOF transform's working tables in {d} dimensions ({n_threads} threads, each (d + 1)^2 "
-                     "products and 4 x d x (top level + 1) factors)",
+                     "products and 5 x d x (top level + 1) factors)",
                      "use fewer threads (--threads N) or an EOF skeleton over fewer columns")
         self.table = np.full(n_slots, -1, np.int64)
         self.table[slot] = np.arange(slot.size)
@@ -845,6 +995,22 @@ class Transformer:
         self.act_stride = stride[t_idx, self.act_j].astype(np.int64)
         self.act_j = self.act_j.astype(np.int64)
         self.top = top
+        # The same level vectors padded to K entries for the CSR loop (_rows_csr): column d (factor 1,
+        # cell 0, stride 0) after the active ones.  CSR rows are written straight from it when every
+        # row's columns increase with the level vectors' order (a sampled file's always do).
+        T = off.size
+        K = int(np.max(np.diff(self.act_ptr), initial=0))
+        budget.check(24.0 * T * max(K, 1), f"the EOF transform's padded level vectors ({T:,} x {max(K, 1)})",
+                     "sample fewer EOF columns")
+        self.pad_j = np.full((T, K), d, np.int64)
+        self.pad_l = np.zeros((T, K), np.int64)
+        self.pad_stride = np.zeros((T, K), np.int64)
+        rank = np.arange(self.act_j.size) - self.act_ptr[t_idx]  # position among its level vector's actives
+        self.pad_j[t_idx, rank] = self.act_j
+        self.pad_l[t_idx, rank] = self.act_l
+        self.pad_stride[t_idx, rank] = self.act_stride
+        kept = self.table[self.table >= 0]  # the columns in slot order
+        self.direct_csr = bool(np.all(np.diff(kept) > 0)) and self.columns < 2**31
         # Float column weights (LKRF over an EOF pool): column j is sqrt(w_j) times its feature.
         self.col_scale = (None if fs.column_weight is None else
                           np.sqrt(np.asarray(fs.column_weight, dtype=np.float64)).astype(self.dtype))
@@ -861,8 +1027,11 @@ class Transformer:
     def row_bytes(self) -> int:
         """Bytes one row of a chunk holds at most at once: the row read and converted
         (float64), its unit-cube coordinates and its dense output values in two reused
-        buffers plus a copy (sparse parts or the written block)."""
-        return 8 * (2 * self.fs.skeleton.width + 2 * self.cols.size) + 3 * self.dtype.itemsize * self.columns
+        buffers plus a copy (sparse parts or the written block), or, written straight as
+        CSR (:meth:`sparse_chunks`), room for a value and a column per level vector in two
+        reused buffers plus a copy."""
+        out = max(3 * self.dtype.itemsize * self.columns, 3 * (self.dtype.itemsize + 4) * self.max_row_nonzeros)
+        return 8 * (2 * self.fs.skeleton.width + 2 * self.cols.size) + out
 
     @property
     def what(self) -> str:
@@ -915,6 +1084,51 @@ class Transformer:
                 out *= self.col_scale
         return out
 
+    @property
+    def max_row_nonzeros(self) -> int:
+        """The most non-zeros a row can have: one per level vector used."""
+        return int(self.off.size)
+
+    def csr_rows(self, x: np.ndarray, data: np.ndarray, indices: np.ndarray, counts: np.ndarray, row0: int = 0,
+                 source: str = "<array>") -> int:
+        """The CSR rows of ``x`` (float ``(m, width)``) written straight into ``data`` (``self.dtype``)
+        and ``indices`` (int32) from position 0, each row's count into ``counts[:m]``: the same
+        values, columns and exact zeros dropped as :meth:`chunk` followed by compressing it
+        (:func:`rfsgen.output._sparse_parts`), without the dense chunk.  ``data`` and ``indices``
+        hold at least ``m * max_row_nonzeros`` values (threads write their rows from their
+        first row's ``T`` slots on; the gaps are closed here).  Returns the values written.
+        Only where ``direct_csr``."""
+        from ._compiled import row_parts, run_parts
+
+        if not self.direct_csr:
+            raise ValueError("this EOF set's columns do not follow its level vectors: use chunk()")
+        m, T = len(x), self.max_row_nonzeros
+        if (data.dtype != self.dtype or indices.dtype != np.int32 or data.size < m * T or indices.size < m * T
+                or counts.size < m or not (data.flags.c_contiguous and indices.flags.c_contiguous)):
+            raise ValueError(f"data ({self.dtype}) and indices (int32) must hold {m} x {T} values, counts {m}")
+        u = self.unit(x, row0, source)
+        if not m:
+            return 0
+        counts = counts[:m]
+        if not self.columns:
+            counts[:] = 0
+            return 0
+        peak = np.zeros(m)
+        scale = self.col_scale if self.col_scale is not None else np.zeros(0, self.dtype)
+        cuts = row_parts(m, min_rows=max(1, 65536 // max(1, self.lev.size)))
+        args = (u, self.kernel, self.free, self.s, self.mult, self.top, self.pad_j, self.pad_l, self.pad_stride,
+                self.off, self.table, self.columns, scale, data, indices, counts, peak)
+        run_parts(_rows_csr, cuts, *args)
+        self._check_range(peak, row0, source)
+        nnz = 0
+        for a, b in zip(cuts[:-1], cuts[1:]):  # each part's rows from a * T on: packed after the parts before
+            n = int(counts[a:b].sum())
+            if nnz != a * T:
+                data[nnz:nnz + n] = data[a * T:a * T + n]
+                indices[nnz:nnz + n] = indices[a * T:a * T + n]
+            nnz += n
+        return nnz
+
     def _check_range(self, peak: np.ndarray, row0: int, source: str) -> None:
         """:class:`DataError` for the first row whose largest feature value (float64) is not
         finite, overflows ``self.dtype`` or underflows it (non-zero, below its smallest normal
@@ -934,6 +1148,22 @@ class Transformer:
                 f"its largest EOF feature is {peak[r]:.3g}, beyond {self.dtype.name}")
         raise DataError(f"{source}: row {row0 + r}: {what} (features scaled by 2^{e}); write --dtype float64, or "
                         "sample a node of fewer columns or a box that fits the rows more closely")
+
+    def sparse_chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
+        """:meth:`chunks` as CSR pieces (:meth:`csr_rows`): ``(row0, (data, indices, counts))`` per
+        chunk, in ``buffers`` reused sets of arrays (each valid until ``buffers`` chunks later)."""
+        from .inputs import chunks_for
+
+        bufs = [None] * buffers
+        T = self.max_row_nonzeros
+        for i, (row0, block) in enumerate(chunks_for(src, self, chunk_rows, start, stop)):
+            m = block.shape[0]
+            k = i % buffers
+            if bufs[k] is None or bufs[k][2].size < m:
+                bufs[k] = (np.empty(m * T, self.dtype), np.empty(m * T, np.int32), np.empty(m, np.int64))
+            data, indices, counts = bufs[k]
+            nnz = self.csr_rows(block, data, indices, counts, row0, src.name)
+            yield row0, (data[:nnz], indices[:nnz], counts[:m])
 
     def chunks(self, src, chunk_rows: int, start: int = 0, stop: int | None = None, buffers: int = 1):
         """As :meth:`rfsgen.transform.Transformer.chunks`."""

@@ -757,11 +757,11 @@ def _offset_names(src, start):
     return names
 
 
-def _overlapped(chunks, put, progress) -> int:
+def _overlapped(chunks, put, progress, rows=lambda vals: vals.shape[0]) -> int:
     """Run ``put(row0, values)`` for every chunk in one writer thread, so that writing
     chunk k overlaps computing chunk k + 1 (the compiled loop and numpy release the
     GIL).  Writes stay in order; ``chunks`` must keep each buffer valid for one more
-    step (``buffers=2``).  Returns the number of rows."""
+    step (``buffers=2``).  ``rows(values)``: the chunk's rows.  Returns the number of rows."""
     from concurrent.futures import ThreadPoolExecutor
 
     n_rows = 0
@@ -772,9 +772,10 @@ def _overlapped(chunks, put, progress) -> int:
             if pending is not None:
                 pending.result()  # the buffer of the next chunk is free once this is done
             pending = ex.submit(put, row0, vals)
-            n_rows += vals.shape[0]
+            m = rows(vals)
+            n_rows += m
             if progress:
-                progress(vals.shape[0])
+                progress(m)
         if pending is not None:
             pending.result()
     return n_rows
@@ -1010,6 +1011,17 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
         # Each row hashed in the pass that counts or compresses it, while in cache: a
         # pass of its own over the chunk (from memory) cost 4-20% (docs/performance.md).
         d, i, counts = _sparse_parts(vals, full_indices) if sums is None else sums.csr_parts(vals, row0, full_indices)
+        add(d, i, counts)
+
+    def put_csr(row0, piece):  # CSR rows as the transformer wrote them (EOF): hashed as they are
+        d, i, counts = piece
+        if sums is not None:
+            ptr = np.zeros(counts.size + 1, dtype=np.int64)
+            np.cumsum(counts, out=ptr[1:])
+            sums.csr(d, i, ptr, row0)
+        add(d, i, counts)
+
+    def add(d, i, counts):
         pairs.add(d, i)
         indptr_parts.append(indptr_parts[-1][-1] + np.cumsum(counts))
         done[0] += counts.size
@@ -1027,6 +1039,9 @@ def _write(f, tr, src, start, stop, layout, dtype, compression, chunk_rows, prog
             n_rows += counts.size
             if progress:
                 progress(counts.size)
+    elif getattr(tr, "direct_csr", False) and index_dtype == np.int32:  # EOF: no dense chunk (rfsgen.eof)
+        n_rows = _overlapped(tr.sparse_chunks(src, chunk_rows, start, stop, buffers=2), put_csr, progress,
+                             rows=lambda piece: piece[2].size)
     else:
         n_rows = _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     nnz = int(indptr_parts[-1][-1])

@@ -92,7 +92,12 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
         if layout == "csr" and src.n_rows is not None:
             return _csr_known_rows(tr, src, chunk_rows, progress)
         parts = []
-        for _, vals in tr.chunks(src, chunk_rows):
+        direct = layout == "csr" and getattr(tr, "direct_csr", False)  # EOF: CSR rows written straight (rfsgen.eof)
+        for _, piece in tr.sparse_chunks(src, chunk_rows) if direct else ():
+            parts.append(tuple(a.copy() for a in piece))
+            if progress:
+                progress(piece[2].size)
+        for _, vals in tr.chunks(src, chunk_rows) if not direct else ():
             parts.append(vals.copy() if layout == "dense" else tuple(a.copy() for a in _sparse_parts(vals)))
             if progress:
                 progress(vals.shape[0])
@@ -117,6 +122,8 @@ def _csr_known_rows(tr, src, chunk_rows, progress):
     from ._compiled import compress_rows
 
     n, D = src.n_rows, tr.columns
+    if getattr(tr, "direct_csr", False):  # EOF: CSR rows written straight, at most T a row (rfsgen.eof)
+        return _csr_direct(tr, src, chunk_rows, progress)
     data = np.empty(n * D, dtype=tr.dtype)
     indices = np.empty(n * D, dtype=np.int32 if D < 2**31 else np.int64)
     indptr = np.zeros(n + 1, dtype=np.int64)
@@ -126,6 +133,34 @@ def _csr_known_rows(tr, src, chunk_rows, progress):
         counts = np.empty(m, dtype=np.int64)
         nnz += compress_rows(vals, data[nnz:], indices[nnz:], counts)
         np.cumsum(counts, out=indptr[row0 + 1:row0 + m + 1])
+        indptr[row0 + 1:row0 + m + 1] += indptr[row0]
+        if progress:
+            progress(m)
+    if nnz < 0.9 * data.size:  # release the unused tail
+        data, indices = data[:nnz].copy(), indices[:nnz].copy()
+    return sp.csr_matrix((data[:nnz], indices[:nnz], indptr), shape=(n, D))
+
+
+def _csr_direct(tr, src, chunk_rows, progress):
+    """:func:`_csr_known_rows` for a transformer that writes CSR rows itself (``tr.csr_rows``,
+    at most ``tr.max_row_nonzeros`` a row): each chunk's rows go straight into arrays sized
+    for that many, trimmed at the end.  The same arrays as compressing dense chunks."""
+    import scipy.sparse as sp
+
+    from .inputs import chunks_for
+
+    n, D, T = src.n_rows, tr.columns, tr.max_row_nonzeros
+    data = np.empty(n * T, dtype=tr.dtype)
+    indices = np.empty(n * T, dtype=np.int32)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    counts = np.empty(min(n, max(1, chunk_rows)), dtype=np.int64)
+    nnz = 0
+    for row0, block in chunks_for(src, tr, chunk_rows):
+        m = block.shape[0]
+        if counts.size < m:
+            counts = np.empty(m, dtype=np.int64)
+        nnz += tr.csr_rows(block, data[nnz:], indices[nnz:], counts, row0, src.name)
+        np.cumsum(counts[:m], out=indptr[row0 + 1:row0 + m + 1])
         indptr[row0 + 1:row0 + m + 1] += indptr[row0]
         if progress:
             progress(m)

@@ -84,6 +84,18 @@ BOUNDS_SCRIPT = textwrap.dedent("""
                 bad[rng.integers(0, bad.size, max(1, bad.size // 3))] = rng.choice([10**12, -5, 2**62, t.columns])
                 eof._rows(np.ascontiguousarray(u), t.kernel, t.free, t.s, t.mult, t.top, t.act_ptr, t.act_j, t.act_l,
                           t.act_stride, t.off, bad, out, peak, 0, m)
+                # the CSR loop: the dense rows' non-zeros, a wrong table skipped, short arrays left alone
+                T = t.max_row_nonzeros
+                data, ind, cnt = np.zeros(m * T), np.zeros(m * T, np.int32), np.zeros(m, np.int64)
+                for table in (bad, t.table):
+                    eof._rows_csr(np.ascontiguousarray(u), t.kernel, t.free, t.s, t.mult, t.top, t.pad_j, t.pad_l,
+                                  t.pad_stride, t.off, table, t.columns, np.zeros(0), data, ind, cnt, peak, 0, m)
+                    assert np.isfinite(data).all() and ((ind >= 0) & (ind < max(t.columns, 1))).all()
+                rr, cc = np.nonzero(ref)
+                assert np.array_equal(cnt, np.count_nonzero(ref, axis=1))
+                assert np.array_equal(data[:rr.size], ref[rr, cc]) and np.array_equal(ind[:rr.size], cc)
+                eof._rows_csr(np.ascontiguousarray(u), t.kernel, t.free, t.s, t.mult, t.top, t.pad_j, t.pad_l,
+                              t.pad_stride, t.off, t.table, t.columns, np.zeros(0), data[:m * T - 1], ind, cnt, peak, 0, m)
                 cell, val = eof.factors(kernel, t.s, clipped, t.top, boundary)
                 assert np.isfinite(val).all()
                 for lv in range(1, t.top + 1):  # slot levels: the free grid's level lv - 1
