@@ -46,6 +46,7 @@ numba.cuda is imported only here, and this module only when the device is not th
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -92,6 +93,15 @@ def resolve(device: str) -> tuple[str, str]:
 
 _KERNEL = None
 cuda = None  # numba.cuda, a module global (the simulator swaps the kernels' global ``cuda``)
+
+
+def _host_cuda():
+    """numba.cuda for host code (copies, buffers, streams).  Not the module global ``cuda``:
+    while a kernel runs, the simulator replaces that global with its fake device module,
+    which another thread's host code would then see."""
+    from numba import cuda as host
+
+    return host
 
 
 def _build():
@@ -141,7 +151,7 @@ def _build():
         return quadrant(q, s, c)
 
     @cuda.jit
-    def phases_kernel(x2, w, node, pan, theta, re, im):
+    def phases_kernel(x2, w, node, pan, theta, re, im, slow):
         r, k = cuda.grid(2)
         if r < x2.shape[0] and k < node.shape[0]:
             col0 = node[k] * w
@@ -152,6 +162,7 @@ def _build():
             x = _dadd(np.float64(acc), 0.0)  # the sign of a zero angle dropped
             if not (abs(x) <= FAST_LIMIT):
                 x = 0.0  # redone on the CPU (redo_slow), as sincos_into does
+                slow[0] = 1  # the angles go back to the host only when one needs it
             ss, cc = sincos_fast(x)
             re[r, k] = cc
             im[r, k] = ss
@@ -240,29 +251,101 @@ def fma32_exact(a, b, c):
     return np.float32(r)
 
 
+class _Staging(threading.local):
+    """One thread's stream, device arrays and page-locked host buffers, reused from chunk to
+    chunk (a device allocation per chunk costs more than a small kernel, and copies from
+    page-locked memory run at the bus's speed).  Thread-local: transforms of one feature
+    set may run in several threads at once (a Dask worker's), each with its own."""
+
+    def __init__(self):
+        self.stream = _host_cuda().stream()
+        self.device = {}
+        self.host = {}
+
+    def on_device(self, name, shape, dtype):
+        a = self.device.get(name)
+        if a is None or a.shape != tuple(shape) or a.dtype != np.dtype(dtype):
+            a = self.device[name] = _host_cuda().device_array(shape, dtype, stream=self.stream)
+        return a
+
+    def on_host(self, name, shape, dtype):
+        a = self.host.get(name)
+        if a is None or a.shape != tuple(shape) or a.dtype != np.dtype(dtype):
+            a = self.host[name] = _host_cuda().pinned_array(shape, dtype)
+        return a
+
+    def upload(self, name, x):
+        """``x`` (C order) to the device, through a page-locked buffer, on the stream."""
+        h = self.on_host(name, x.shape, x.dtype)
+        h[...] = x
+        d = self.on_device(name, x.shape, x.dtype)
+        d.copy_to_device(h, stream=self.stream)
+        return d
+
+
+class _PhaseArrays:
+    """A phase plan's atoms' nodes and float32 frequencies on the GPU (made once per plan,
+    shared read-only by every thread) and each thread's :class:`_Staging`."""
+
+    def __init__(self, plan):
+        from ._sincos32 import unpack_panels
+
+        node = np.repeat(plan.nodes, plan.ends - plan.starts).astype(np.int64)
+        self.node = _host_cuda().to_device(node)
+        self.pan = _host_cuda().to_device(np.ascontiguousarray(unpack_panels(plan.pan, plan.loc)))  # (w, a)
+        self.staging = _Staging()
+
+
+_LOCK = threading.Lock()  # first uses of a plan from several threads build its device arrays once
+_SIM_LOCK = threading.Lock()
+
+
+def _launch(kernel, blocks, tpb, stream, *args) -> None:
+    """Launch ``kernel`` on ``stream``.  numba's simulator runs one kernel at a time in a
+    process (it refuses concurrent ones), so under it launches from several threads take
+    turns; each thread's copies and buffers stay its own either way."""
+    if _simulator():
+        with _SIM_LOCK:
+            kernel[blocks, tpb, stream](*args)
+    else:  # pragma: no cover - needs a GPU
+        kernel[blocks, tpb, stream](*args)
+
+
 def phases(x2, w, plan, re, im) -> None:
     """The GPU's :func:`rfsgen._sincos32.phases`: cos and sin of the float32 angles of
     ``x2`` (float32 ``(m, G w)``) and ``plan`` (:class:`rfsgen.bases._PhasePlan`: atoms
     sorted by node, their packed float32 frequencies ``plan.pan``) into float64 ``re, im`` ``(m, a)``
-    (views allowed), with the CPU path's bits."""
+    (views allowed), with the CPU path's bits.  The frequencies go to the GPU once per plan
+    (``plan.gpu``); the float32 angles come back only when one is beyond the fast range,
+    for the CPU's Payne-Hanek routine."""
     from ._sincos import redo_slow
-    from ._sincos32 import unpack_panels
 
     kernel = _build()[0]
+    if plan.gpu is None:
+        with _LOCK:
+            if plan.gpu is None:
+                plan.gpu = _PhaseArrays(plan)
+    gpu = plan.gpu
+    st = gpu.staging
     m, a = re.shape
-    node = np.repeat(plan.nodes, plan.ends - plan.starts).astype(np.int64)
-    pan = unpack_panels(plan.pan, plan.loc)  # (w, a): column k the sorted atom k
-    d_x = cuda.to_device(np.ascontiguousarray(x2))
-    d_node = cuda.to_device(node)
-    d_pan = cuda.to_device(pan)
-    d_theta = cuda.device_array((m, a), np.float32)
-    d_re = cuda.device_array((m, a), np.float64)
-    d_im = cuda.device_array((m, a), np.float64)
+    d_x = st.upload("x", np.ascontiguousarray(x2))
+    d_slow = st.upload("slow", np.zeros(1, np.int32))
+    d_theta = st.on_device("theta", (m, a), np.float32)
+    d_re = st.on_device("re", (m, a), np.float64)
+    d_im = st.on_device("im", (m, a), np.float64)
     tpb = (8, 32)
     blocks = (-(-m // tpb[0]), -(-a // tpb[1]))
-    kernel[blocks, tpb](d_x, w, d_node, d_pan, d_theta, d_re, d_im)
-    theta, hre, him = d_theta.copy_to_host(), d_re.copy_to_host(), d_im.copy_to_host()
-    redo_slow(theta.reshape(-1), m * a, hre.reshape(-1), him.reshape(-1))
+    _launch(kernel, blocks, tpb, st.stream, d_x, w, gpu.node, gpu.pan, d_theta, d_re, d_im, d_slow)
+    hre, him = st.on_host("re", (m, a), np.float64), st.on_host("im", (m, a), np.float64)
+    slow = st.on_host("slow", (1,), np.int32)
+    d_re.copy_to_host(hre, stream=st.stream)
+    d_im.copy_to_host(him, stream=st.stream)
+    d_slow.copy_to_host(slow, stream=st.stream)
+    st.stream.synchronize()
+    if slow[0]:
+        theta = d_theta.copy_to_host(stream=st.stream)
+        st.stream.synchronize()
+        redo_slow(theta.reshape(-1), m * a, hre.reshape(-1), him.reshape(-1))
     re[...] = hre
     im[...] = him
 
@@ -275,14 +358,18 @@ class ColumnsPlan:
     def __init__(self, *static):
         self.static = static
         self._device = None
+        self._staging = None
 
     def __getstate__(self):
-        return {"static": self.static, "_device": None}
+        return {"static": self.static, "_device": None, "_staging": None}
 
     def device_arrays(self):
         if self._device is None:
             _build()
-            self._device = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.static)
+            with _LOCK:
+                if self._device is None:
+                    self._staging = _Staging()
+                    self._device = tuple(_host_cuda().to_device(np.ascontiguousarray(a)) for a in self.static)
         return self._device
 
 
@@ -296,14 +383,20 @@ def columns(src, plan: ColumnsPlan, out) -> None:
     tiles only choose which independent products run together)."""
     _, factors_kernel, columns_kernel = _build()
     ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos = plan.device_arrays()
+    st = plan._staging
     m, d = out.shape
     n_factors = plan.static[0].size + plan.static[4].size
-    d_src = cuda.to_device(np.ascontiguousarray(src))
-    d_fr = cuda.device_array((m, max(n_factors, 1)), np.float64)
-    d_fi = cuda.device_array((m, max(n_factors, 1)), np.float64)
-    d_out = cuda.device_array((m, d), out.dtype)
+    d_src = st.upload("src", np.ascontiguousarray(src))
+    d_fr = st.on_device("fr", (m, max(n_factors, 1)), np.float64)
+    d_fi = st.on_device("fi", (m, max(n_factors, 1)), np.float64)
+    d_out = st.on_device("out", (m, d), out.dtype)
     tpb = (8, 32)
     if n_factors:
-        factors_kernel[(-(-m // tpb[0]), -(-n_factors // tpb[1])), tpb](d_src, ir, cr, ii, ci, xatom, xpow, d_fr, d_fi)
-    columns_kernel[(-(-m // tpb[0]), -(-d // tpb[1])), tpb](d_fr, d_fi, fidx, fptr, sc, imag, pos, d_out)
-    d_out.copy_to_host(out)
+        _launch(factors_kernel, (-(-m // tpb[0]), -(-n_factors // tpb[1])), tpb, st.stream, d_src, ir, cr, ii, ci,
+                xatom, xpow, d_fr, d_fi)
+    _launch(columns_kernel, (-(-m // tpb[0]), -(-d // tpb[1])), tpb, st.stream, d_fr, d_fi, fidx, fptr, sc, imag, pos,
+            d_out)
+    h_out = st.on_host("out", (m, d), out.dtype)
+    d_out.copy_to_host(h_out, stream=st.stream)
+    st.stream.synchronize()
+    out[...] = h_out

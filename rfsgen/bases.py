@@ -618,6 +618,7 @@ class _PhasePlan:
     loc: np.ndarray  # where each sorted atom's frequencies sit in pan
     l1: float  # the largest L1 norm of a float32 scaled frequency row (inf when one is inf)
     csr: tuple | None = None  # the frequencies tile-major for CSR rows (rfsgen._sincos32.pack_csr_tiles), on first use
+    gpu: object = None  # device == "cuda": the frequencies on the GPU and its buffers (rfsgen._cuda), on first use
 
 
 _PLANS: dict = {}  # (id(owner), where omega sits in it, scale) -> (weakref(owner), gi, plan)

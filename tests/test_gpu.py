@@ -183,6 +183,55 @@ def test_simulator_products_equal_cpu_for_every_node_kind(tmp_path):
     assert "forward exact: True reversed differs: True" in res.stdout
 
 
+def test_simulator_buffers_are_per_thread_and_reused_across_chunks(tmp_path):
+    """The GPU's buffers and stream live per thread and are reused from chunk to chunk:
+    chunks of 3 rows (the last one shorter), and four threads transforming one feature set
+    at once, with rows whose angles leave the fast range in some chunks only, give the CPU's
+    bytes."""
+    (tmp_path / "sk.json").write_text(json.dumps({"mnist-conv": (ROOT / "skeletons" / "mnist-conv.yaml").read_text(),
+                                                  "gauss-laplace": SMALL_SKELETONS["gauss-laplace"]}))
+    res = _python("""
+        import json
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np
+        from rfsgen import _cuda
+        from rfsgen.sampler import sample
+        from rfsgen.skeleton import parse_skeleton
+        from rfsgen.transform import transform
+
+        for name, text in json.load(open("sk.json")).items():
+            fs = sample(parse_skeleton(text), 16, 2)
+            xs = []
+            for seed in range(4):
+                x = np.random.default_rng(seed).uniform(0, 1, (7, fs.skeleton.width)).astype(np.float32)
+                if seed % 2:
+                    x[seed] *= np.float32(1e7)  # beyond the fast range in this chunk only
+                xs.append(x)
+            want = [transform(fs, x, layout="dense", chunk_rows=3).tobytes() for x in xs]
+
+            meet = threading.Barrier(len(xs))  # four threads at once, so each has its own
+
+            def run(x):
+                meet.wait(timeout=60)
+                return transform(fs, x, layout="dense", chunk_rows=3, device="cuda").tobytes()
+
+            with ThreadPoolExecutor(4) as pool:
+                print(name, "same" if list(pool.map(run, xs)) == want else "DIFFER")
+        # one plan's (or transformer's) staging: each thread its own stream and buffers, kept
+        st = _cuda._Staging()
+        mine = (st.stream, st.on_device("x", (2, 3), np.float32))
+        assert (st.stream, st.on_device("x", (2, 3), np.float32)) == mine
+        other = []
+        t = threading.Thread(target=lambda: other.append((st.stream, st.on_device("x", (2, 3), np.float32))))
+        t.start()
+        t.join()
+        assert other[0][0] is not mine[0] and other[0][1] is not mine[1]
+    """, sim=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["mnist-conv", "same", "gauss-laplace", "same"], res.stdout
+
+
 @pytest.fixture(scope="module")
 def features(tmp_path_factory):
     from rfsgen import save_features
