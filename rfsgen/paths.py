@@ -231,10 +231,14 @@ class Transformer:
     def row_bytes(self) -> int:
         """Bytes one row of a chunk holds at most at once: the row read and converted
         (float64), its prepared input groups, its atoms (:meth:`source`) and its output
-        values in two reused buffers plus a copy (sparse parts or the written block)."""
+        values in two reused buffers plus a copy (sparse parts or the written block); on
+        ``cuda``, also the host's page-locked copies (:mod:`rfsgen._cuda`)."""
         skel = self.skeleton
         prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
-        return 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
+        host = 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
+        if self.device == "cuda":  # rfsgen._cuda's page-locked buffers: float32 rows, atoms, source values, output
+            host += 4 * skel.width + 16 * self.source_width + self.dtype.itemsize * self.columns
+        return host
 
     def sparse_row_bytes(self, stored: float) -> int:
         """:attr:`row_bytes` of a CSR row holding ``stored`` values (:meth:`_source_sparse`):
