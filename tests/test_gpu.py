@@ -285,3 +285,16 @@ def test_library_device_errors(features):
     assert resolve_device("cpu") == ("cpu", "cpu")
     with pytest.raises(DeviceError, match="one of cpu, cuda, auto"):
         resolve_device("tpu")
+
+
+def test_gpu_host_buffers_count_in_the_memory_budget():
+    # rfsgen._cuda's page-locked copies (float32 rows, atoms, source values, output) are
+    # counted in each chunk row's bytes, so --max-memory sizes chunks with them
+    from rfsgen.paths import Transformer
+    from rfsgen.sampler import sample
+    from rfsgen.skeleton import parse_skeleton
+
+    fs = sample(parse_skeleton(SKELETONS["gauss-laplace"]), 16, 1)
+    cpu, gpu = Transformer(fs, np.float32), Transformer(fs, np.float32, "cuda")
+    extra = 4 * fs.skeleton.width + 16 * cpu.source_width + 4 * fs.columns
+    assert gpu.row_bytes == cpu.row_bytes + extra
