@@ -213,6 +213,28 @@ def _edge(kernel, free, s, slot_level):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def _level_tables(kernel, free, s, d, top, n1, n2, edge):  # pragma: no cover - compiled
+    """Columns ``0..d-1``'s per-level divisors and edge factors (``n1, n2, edge``: ``(d, top + 1)``,
+    levels 1..top filled), which depend on the scale and the level only."""
+    for j in range(d):
+        for l in range(1, top + 1):
+            n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
+            edge[j, l] = _edge(kernel, free, s[j], l)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _run_products(val, d, seg):  # pragma: no cover - compiled
+    """``seg[a, b] = prod_{a <= k < b} val[k, 1]`` for ``0 <= a <= b <= d``, in increasing k:
+    the level-1 factors of the columns a level vector leaves at level 1."""
+    for a in range(d + 1):
+        p = 1.0
+        seg[a, a] = p
+        for b in range(a + 1, d + 1):
+            p *= val[b - 1, 1]
+            seg[a, b] = p
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val):  # pragma: no cover - compiled
     """``cell[j, l], val[j, l] = _factor_any(kernel, free, s[j], u[r, j], l, n1[j, l], n2[j, l])`` times
     ``mult[j]``, for every column ``j`` of row ``r`` and slot level ``l = 1..top``: the same bits
@@ -829,18 +851,10 @@ def _rows(u, kernel, free, s, mult, top, act_ptr, act_j, act_l, act_stride, off,
     n1 = np.empty((d, top + 1))
     n2 = np.empty((d, top + 1))
     edge = np.empty((d, top + 1))
-    for j in range(d):
-        for l in range(1, top + 1):
-            n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
-            edge[j, l] = _edge(kernel, free, s[j], l)
+    _level_tables(kernel, free, s, d, top, n1, n2, edge)
     for r in range(start, stop):
         _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val)
-        for a in range(d + 1):
-            p = 1.0
-            seg[a, a] = p
-            for b in range(a + 1, d + 1):
-                p *= val[b - 1, 1]
-                seg[a, b] = p
+        _run_products(val, d, seg)
         top_v = 0.0
         for t in range(off.size):
             slot = off[t]
@@ -896,21 +910,13 @@ def _rows_csr(u, kernel, free, s, mult, top, pad_j, pad_l, pad_stride, off, tabl
     n1 = np.empty((d, top + 1))
     n2 = np.empty((d, top + 1))
     edge = np.empty((d, top + 1))
-    for j in range(d):
-        for l in range(1, top + 1):
-            n1[j, l], n2[j, l] = _norms_any(kernel, free, s[j], l)
-            edge[j, l] = _edge(kernel, free, s[j], l)
+    _level_tables(kernel, free, s, d, top, n1, n2, edge)
     scaled = scale.size >= columns
     n_table = table.size
     k = start * T
     for r in range(start, stop):
         _row_factors(kernel, free, s, u, r, top, n1, n2, edge, mult, cell, val)
-        for a in range(d + 1):
-            p = 1.0
-            seg[a, a] = p
-            for b in range(a + 1, d + 1):
-                p *= val[b - 1, 1]
-                seg[a, b] = p
+        _run_products(val, d, seg)
         top_v = 0.0
         first = k
         for t in range(T):
