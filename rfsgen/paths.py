@@ -205,7 +205,8 @@ class Transformer:
         if not FUSED:
             return
         counts = np.diff(fs.ptr.astype(np.int64))
-        if (self.device != "cpu" or self.dtype != np.float32 or len(self.groups) != 1 or self.groups[0].linear or self.huge.size
+        if (self.device != "cpu" or self.dtype != np.float32 or len(self.groups) != 1 or self.groups[0].linear
+                or self.huge.size
                 or not self.skeleton.input_groups[self.groups[0].group][0].continuous
                 or n_atoms != D or term_atom.size != D or not D or np.any(counts != 1) or np.any(power != 1)):
             return
@@ -214,7 +215,8 @@ class Transformer:
         if np.any(col < 0) or np.any(self.cr != 1.0) or np.any(self.ci != 1.0):
             return
         p = self.pos[col]
-        self.fused_col, self.fused_sc, self.fused_imag = col, np.ascontiguousarray(self.sc[p]), np.ascontiguousarray(self.imag[p])
+        self.fused_col = col
+        self.fused_sc, self.fused_imag = np.ascontiguousarray(self.sc[p]), np.ascontiguousarray(self.imag[p])
         self.fused = True
 
     def _plan_huge(self, fs, term_atom, power, imag):
