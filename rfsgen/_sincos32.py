@@ -387,6 +387,76 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
             b0 = b1
 
 
+def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out) -> None:
+    """:func:`phases`' dense loop, its values written straight into output columns: atom
+    k (in the blocks' sorted order) is output column ``col[k]`` of ``out`` (float32 or
+    float64 ``(m, D)`` C order), ``out[r, col[k]] = sc[k] * (sin if imag[k] else cos)``
+    of the angle, the float64 multiply then the cast to ``out``'s dtype: the product
+    loop's bits for a column of one factor (rfsgen._vector.product with no further
+    factor: ``sc * Re`` or ``sc * Im`` of ``1.0 * cos + i 1.0 * sin``), without the
+    float64 values in between.  ``col`` int64, each below ``out.shape[1]``; ``sc``
+    float64, ``imag`` bool, ``(a,)`` each.  The caller makes sure no angle can overflow
+    (rfsgen.bases.fused_values); angles beyond the fast range are redone by
+    :func:`sincos_into` as in :func:`phases`."""
+    from ._compiled import on_rows
+
+    on_rows(_phases_out, x2.shape[0], x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out,
+            align=ROWS, min_rows=ROWS)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out, start, stop):  # pragma: no cover
+    # _phases' loops and sums, the same tiles in the same order; only the store differs.
+    nb = blk_start.size
+    d = out.shape[1]
+    kc = min(w, SUM_BLOCK)
+    per_block = max(TILE, OMEGA_BLOCK // max(kc, 1))
+    most = 1
+    b0 = 0
+    while b0 < nb:
+        b1 = b0 + 1
+        while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+            b1 += 1
+        most = max(most, tile0[b1] - tile0[b0])
+        b0 = b1
+    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
+    cb = np.empty(ROWS * TILE)
+    sb = np.empty(ROWS * TILE)
+    for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
+        q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
+        b0 = 0
+        while b0 < nb:
+            b1 = b0 + 1
+            while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
+                b1 += 1
+            for c0 in range(0, w, kc):
+                nc = min(kc, w - c0)
+                for r0 in range(q0, q1, ROWS):
+                    nr = min(ROWS, q1 - r0)
+                    ri = (r0 - q0) // ROWS
+                    for b in range(b0, b1):
+                        col0 = blk_node[b] * w + c0
+                        for j in range(tile0[b], tile0[b + 1]):
+                            angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
+            for r0 in range(q0, q1, ROWS):
+                nr = min(ROWS, q1 - r0)
+                ri = (r0 - q0) // ROWS
+                for b in range(b0, b1):
+                    k0 = blk_start[b]
+                    k1 = blk_end[b]
+                    for j in range(tile0[b], tile0[b + 1]):
+                        k = k0 + TILE * (j - tile0[b])
+                        sincos_into(part[ri, j - tile0[b0]].reshape(ROWS * TILE), nr * TILE, cb, sb)
+                        kn = min(TILE, k1 - k)
+                        for i in range(nr):
+                            for t in range(kn):
+                                c = col[k + t]
+                                if 0 <= c < d:  # (always: the caller's columns; keeps the stores in bounds)
+                                    v = sb[i * TILE + t] if imag[k + t] else cb[i * TILE + t]
+                                    out[r0 + i, c] = sc[k + t] * v
+            b0 = b1
+
+
 # ----------------------------------------------------------------------------- angles of CSR rows
 def phases_csr(ptr, pos, vals, w, tile_k, tile_node, tiles, re, im) -> None:
     """:func:`phases` of rows given in CSR form, never densified: row ``r`` holds the

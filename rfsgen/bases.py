@@ -559,6 +559,37 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     return re, im
 
 
+def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
+    """Output columns of one factor each, straight from the angles: atom k (nodes ``gi``,
+    frequencies ``omega``, on the prepared group ``xp`` ``(m, G, width)``) is output column
+    ``col[k]``, ``out[:, col[k]] = sc[k] * (sin if imag[k] else cos)`` of its angle in
+    ``out``'s dtype (:func:`rfsgen._sincos32.phases_out`): the bits of
+    :func:`_values_continuous` followed by the product loop for such columns.  False,
+    with nothing written, where the CPU's dense loop is not what :func:`phases_of` runs
+    or rows need the scaled float64 redo: atoms not in node order, an infinite frequency,
+    a row whose angles could overflow float32, rows mostly zeros (the CSR rows' loop)."""
+    from ._sincos32 import SPARSE_RATIO, phases_out
+
+    m, a = xp.shape[0], gi.size
+    if not (m and a):
+        return False
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    plan = _phase_plan(gi, omega, base.param("scale"))
+    if not plan.in_order or not np.isfinite(plan.l1) or col.size != a or sc.size != a or imag.size != a:
+        return False
+    xp = np.ascontiguousarray(xp, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = max(float(xp.max()), -float(xp.min()))
+        if not (top * plan.l1 < SAFE_ANGLE and top <= F32_MAX):
+            return False
+        x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
+    w = xp.shape[2]
+    if x2.shape[1] == w and np.count_nonzero(x2) * SPARSE_RATIO < m * w:
+        return False
+    phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out)
+    return True
+
+
 def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     """The values of a continuous base's atoms (nodes ``gi``, frequencies ``omega``) on rows
     given in CSR form (:func:`rfsgen._sincos32.phases_csr`: ``ptr``, ``pos`` positions in

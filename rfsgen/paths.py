@@ -68,6 +68,11 @@ def _frequencies(omega, offsets, width):
     return omega[offsets[:, None] + np.arange(width)[None, :]]
 
 
+#: Whether a transformer may write plain random Fourier features' columns straight from the
+#: angles (Transformer._plan_fused); False forces the product loop (tests compare the bytes).
+FUSED = True
+
+
 class Transformer:
     """Evaluates a :class:`FeatureSet` of compositional paths on chunks of rows (the paths
     kind's transformer; :class:`rfsgen.transform.Transformer` makes the kind's own).
@@ -182,6 +187,37 @@ class Transformer:
         all_real = np.bincount(col_of_term, real_term, fs.columns) == np.diff(fs.ptr.astype(np.int64))
         self.real = np.ascontiguousarray((all_real & ~imag)[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
+        self._plan_fused(fs, term_atom, power, n_atoms)
+
+    def _plan_fused(self, fs, term_atom, power, n_atoms):
+        """Whether :meth:`chunk` may write the columns straight from the angles
+        (:func:`rfsgen.bases.fused_values`): every column is one factor, power 1, of its own
+        atom of a single gaussian or laplace group (a plain random Fourier features
+        skeleton), on the CPU, float32 output (float64 output keeps the product loop: its
+        multithreading test, tests/test_transform.py, follows that loop; phases_out itself
+        writes either dtype).  Such a column's value in the product loop is ``sc *
+        (1.0 * cos)`` or ``sc * (1.0 * sin)`` (rfsgen._vector.product with no further factor;
+        ``cr = ci = 1`` for these atoms), which the fused loop reproduces bit for bit.
+        ``fused_col``, ``fused_sc``, ``fused_imag``: each atom's column, scale and part.
+        :data:`FUSED` False (or :attr:`fused` set False) forces the product loop (tests)."""
+        self.fused = False
+        D = fs.columns
+        if not FUSED:
+            return
+        counts = np.diff(fs.ptr.astype(np.int64))
+        if (self.device != "cpu" or self.dtype != np.float32 or len(self.groups) != 1 or self.groups[0].linear
+                or self.huge.size
+                or not self.skeleton.input_groups[self.groups[0].group][0].continuous
+                or n_atoms != D or term_atom.size != D or not D or np.any(counts != 1) or np.any(power != 1)):
+            return
+        col = np.full(n_atoms, -1, np.int64)
+        col[term_atom] = np.arange(D)  # one term a column: term j is column j's
+        if np.any(col < 0) or np.any(self.cr != 1.0) or np.any(self.ci != 1.0):
+            return
+        p = self.pos[col]
+        self.fused_col = col
+        self.fused_sc, self.fused_imag = np.ascontiguousarray(self.sc[p]), np.ascontiguousarray(self.imag[p])
+        self.fused = True
 
     def _plan_huge(self, fs, term_atom, power, imag):
         """Find the columns whose values could overflow.
@@ -283,8 +319,10 @@ class Transformer:
             if src is not None:
                 return src
             x = x.toarray()
-        xp = prepare_inputs(self.skeleton, x, row0, source)
-        m = x.shape[0]
+        return self._source_of(prepare_inputs(self.skeleton, x, row0, source), x.shape[0], row0, source, scratch)
+
+    def _source_of(self, xp, m: int, row0: int, source: str, scratch: bool) -> np.ndarray:
+        """:meth:`source` of the prepared groups ``xp`` of ``m`` rows."""
         if len(self.groups) == 1 and self.groups[0].linear:
             return np.ascontiguousarray(xp[self.groups[0].group].reshape(m, -1))
         src = self._source_buffer(m, scratch)
@@ -386,23 +424,37 @@ class Transformer:
         """
         from ._compiled import columns
 
-        src = self.source(x, row0, source, scratch=True)
         m = x.shape[0]
         if out is None:
             out = np.empty((m, self.columns), dtype=self.dtype)
         elif out.shape != (m, self.columns) or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
-        if m and self.columns:
-            static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
-                      self.imag, self.pos)
-            if self.device == "cuda":
-                from . import _cuda
+        if getattr(self, "fused", False) and m and not isinstance(x, SparseRows):
+            # a plain random Fourier features skeleton: the columns straight from the angles
+            # where the dense loop applies (rfsgen.bases.fused_values), else the rows' source
+            from .bases import fused_values
 
-                if self._gpu_columns is None:
-                    self._gpu_columns = _cuda.ColumnsPlan(*static)
-                _cuda.columns(src, self._gpu_columns, out)
+            xp = prepare_inputs(self.skeleton, x, row0, source)
+            ga = self.groups[0]
+            if fused_values(self.skeleton.input_groups[ga.group][0], xp[ga.group], ga.gi, ga.codes, self.fused_col,
+                            self.fused_sc, self.fused_imag, out):
+                src = None
             else:
-                columns(src, *static, out, self.real)  # real: all-real columns, the same bits
+                src = self._source_of(xp, m, row0, source, True)
+        else:
+            src = self.source(x, row0, source, scratch=True)
+        if m and self.columns:
+            if src is not None:  # (None: written by fused_values)
+                static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
+                          self.imag, self.pos)
+                if self.device == "cuda":
+                    from . import _cuda
+
+                    if self._gpu_columns is None:
+                        self._gpu_columns = _cuda.ColumnsPlan(*static)
+                    _cuda.columns(src, self._gpu_columns, out)
+                else:
+                    columns(src, *static, out, self.real)  # real: all-real columns, the same bits
             if self.huge.size:
                 from ._compiled import log_domain_columns
 

@@ -205,3 +205,103 @@ def test_csr_rows_wider_than_a_column_run(width, counted):
     for chunk_rows in (3, 40):
         assert transform(fs, x, layout="dense", dtype="float64", chunk_rows=chunk_rows).tobytes() == want.tobytes()
     assert counted and all(counted)
+
+
+# ---------------------------------------------------------------- columns straight from the angles
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the chunks written straight from the angles (rfsgen.bases.fused_values)."""
+    import rfsgen.bases as bases
+
+    calls = []
+    real = bases.fused_values
+
+    def spy(*a, **k):
+        ok = real(*a, **k)
+        calls.append(ok)
+        return ok
+
+    monkeypatch.setattr(bases, "fused_values", spy)
+    return calls
+
+
+def _fused_rows(width, n, seed):
+    """Dense rows with zero rows, -0.0, angles beyond the fast range (|theta| > 8.2e5) and
+    a row that could overflow a float32 angle (the scaled redo)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, width)) * rng.choice([1.0, 3.0, 1e-30], (n, 1))
+    x[0] = 0.0
+    x[1, ::2] = -0.0
+    x[2] *= 1e6  # beyond the fast range: the Payne-Hanek redo
+    return x
+
+
+def _both(fs, x, monkeypatch, **kw):
+    import rfsgen.paths as paths
+
+    monkeypatch.setattr(paths, "FUSED", True)
+    got = transform(fs, x, layout="dense", **kw)
+    monkeypatch.setattr(paths, "FUSED", False)
+    want = transform(fs, x, layout="dense", **kw)
+    monkeypatch.setattr(paths, "FUSED", True)
+    return got, want
+
+
+@pytest.mark.parametrize("name", ["rbf", "laplace", "mnist-conv"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_columns_give_the_product_loops_bytes(name, dtype, monkeypatch, fused_calls):
+    skel = _skeleton(name)
+    fs = sample(skel, 300, seed=5)
+    # mnist-conv: columns of several factors; float64 output keeps the product loop
+    assert Transformer(fs, np.dtype(dtype)).fused == (name != "mnist-conv" and dtype == "float32")
+    n = 24 if name == "mnist-conv" else 45
+    x = _fused_rows(skel.width, n, 1)
+    for chunk_rows in (1, 7, 64):
+        for threads in (1, 2):
+            with using(min(threads, _most())):
+                got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=chunk_rows)
+            assert got.tobytes() == want.tobytes(), (chunk_rows, threads)
+    if name != "mnist-conv" and dtype == "float32":
+        assert any(fused_calls)
+        big = np.abs(np.asarray(Transformer(fs).fs.omega)).max() * 1e6
+        assert big > 8.2e5  # row 2 reaches the slow range
+
+
+@pytest.mark.parametrize("name", ["rbf", "laplace"])
+def test_fused_falls_back_where_the_dense_loop_does_not_apply(name, monkeypatch, fused_calls):
+    skel = _skeleton(name)
+    fs = sample(skel, 100, seed=2)
+    w = skel.width
+    rng = np.random.default_rng(4)
+    over = rng.standard_normal((9, w))
+    over[4, 3] = 1e36  # an angle that could overflow float32: the scaled float64 redo
+    mostly_zero = np.zeros((9, w))
+    mostly_zero[:, 5] = rng.standard_normal(9)  # the CSR rows' loop
+    for x in (over, mostly_zero):
+        fused_calls.clear()
+        for dtype in ("float32", "float64"):
+            got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=64)
+            assert got.tobytes() == want.tobytes()
+        assert fused_calls and not any(fused_calls)
+    # CSR rows take the CSR loop, never the fused one
+    fused_calls.clear()
+    x = _rows(w, 20, 0.3, 1)
+    got, want = _both(fs, x, monkeypatch, dtype="float32")
+    assert got.tobytes() == want.tobytes() and not fused_calls
+
+
+def test_fused_columns_match_a_reference_one_operation_at_a_time():
+    """Each fused value is float32(sc * cos) or float32(sc * sin) of the atom's float64
+    cos/sin values (Transformer.source), one float64 multiply and one rounding."""
+    skel = load_shipped(skeleton_path("rbf"), auto_width=5)
+    fs = sample(skel, 40, seed=9)
+    t = Transformer(fs)
+    assert t.fused
+    x = np.random.default_rng(3).standard_normal((11, 5))
+    got = t.chunk(x)
+    src = Transformer(fs).source(x)
+    a = t.groups[0].gi.size
+    for j in range(fs.columns):
+        k = int(np.flatnonzero(t.fused_col == j)[0])
+        part = src[:, a + k] if t.fused_imag[k] else src[:, k]
+        assert (t.fused_sc[k] * part).astype(np.float32).tobytes() == got[:, j].tobytes()

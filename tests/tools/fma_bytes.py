@@ -48,8 +48,23 @@ def main() -> dict:
     csr = transform(fs, sp.csr_matrix(xc), layout="dense").tobytes()
     assert csr == transform(fs, xc, layout="dense").tobytes(), "CSR rows differ from the same rows dense"
     h["transform gauss-laplace CSR rows float32"] = hashlib.sha256(csr).hexdigest()
+    # one gaussian node (plain random Fourier features): the columns written straight from
+    # the angles (rfsgen._sincos32.phases_out), against the product loop's bytes
+    import rfsgen.paths as paths
+
+    rbf = parse_skeleton("rfsgen: 1\ninput: {width: 300}\nnodes:\n  - {name: x, base: gaussian, scale: 0.2}\n", "rbf")
+    fs = sample(rbf, 200, seed=4)
+    x = rng.standard_normal((29, 300))
+    x[3] *= 1e5  # angles beyond the fast range
+    for dtype in ("float32", "float64"):
+        got = transform(fs, x, layout="dense", dtype=dtype).tobytes()
+        paths.FUSED = False
+        assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), "fused columns differ"
+        paths.FUSED = True
+        h[f"transform rbf {dtype}"] = hashlib.sha256(got).hexdigest()
     asm = "\n".join("\n".join(f.inspect_asm().values())
-                    for f in (_sincos32._phases, _sincos32._phases_sparse, _sincos32._phases_csr))
+                    for f in (_sincos32._phases, _sincos32._phases_sparse, _sincos32._phases_csr,
+                              _sincos32._phases_out))
     return {"hashes": h, "vfmadd": "vfmadd" in asm, "calls fmaf": "fmaf" in asm}
 
 
