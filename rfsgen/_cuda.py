@@ -15,7 +15,10 @@ The products into columns (:func:`columns`, the GPU's :func:`rfsgen._compiled.co
 row's factors (atoms read from the chunk's source values and their powers by repeated
 squaring), then one thread per (row, output column) multiplies the column's factors left to
 right in float64 and stores its scale (the activations' weights) times the real or imaginary
-part in the output dtype, as the CPU's vector loop does lane by lane.
+part in the output dtype, as the CPU's vector loop does lane by lane.  For a dense chunk whose
+parts all run there (:func:`columns_resident`), the atoms' cos and sin are written on the GPU
+straight into their place in the chunk's source values and multiplied there: only the rows go
+over and the output comes back.
 
 What stays on the CPU: everything else.  Angles beyond ``FAST_LIMIT`` (about 8.2e5), inf and
 NaN are redone by the CPU's Payne-Hanek routine (:func:`rfsgen._sincos.redo_slow`) from the
@@ -400,3 +403,51 @@ def columns(src, plan: ColumnsPlan, out) -> None:
     d_out.copy_to_host(h_out, stream=st.stream)
     st.stream.synchronize()
     out[...] = h_out
+
+
+def columns_resident(host, jobs, plan: ColumnsPlan, out) -> bool:
+    """A chunk's output with its atoms kept on the GPU: the source values ``host`` (float64
+    ``(m, s)``, every group but the GPU's filled in) go over, each job's angles and their cos
+    and sin are written straight into their place there (``jobs``: ``(offset, x2, width,
+    phase plan)``, the atoms' cos at columns ``offset..offset + a`` and sin after them, as
+    :func:`phases` computes them), then :func:`columns` runs on them and ``out`` comes back:
+    no copy of the atoms to the host and back.  False, with ``out`` unwritten, when an
+    angle is beyond the fast range (the caller takes the host's path for the chunk, whose
+    Payne-Hanek redo gives the same bits)."""
+    phases_kernel, factors_kernel, columns_kernel = _build()
+    ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos = plan.device_arrays()
+    st = plan._staging
+    m, d = out.shape
+    d_src = st.upload("src", np.ascontiguousarray(host))
+    tpb = (8, 32)
+    for j, (offset, x2, w, pplan) in enumerate(jobs):
+        if pplan.gpu is None:
+            with _LOCK:
+                if pplan.gpu is None:
+                    pplan.gpu = _PhaseArrays(pplan)
+        a = pplan.order.size
+        d_x = st.upload(f"x{j}", np.ascontiguousarray(x2))
+        d_theta = st.on_device(f"theta{j}", (m, a), np.float32)
+        d_slow = st.upload(f"slow{j}", np.zeros(1, np.int32))
+        _launch(phases_kernel, (-(-m // tpb[0]), -(-a // tpb[1])), tpb, st.stream, d_x, w, pplan.gpu.node,
+                pplan.gpu.pan, d_theta, d_src[:, offset:offset + a], d_src[:, offset + a:offset + 2 * a], d_slow)
+    slow = st.on_host("slow", (max(len(jobs), 1),), np.int32)
+    for j in range(len(jobs)):
+        st.device[f"slow{j}"].copy_to_host(slow[j:j + 1], stream=st.stream)
+    st.stream.synchronize()
+    if jobs and slow[:len(jobs)].any():
+        return False
+    n_factors = plan.static[0].size + plan.static[4].size
+    d_fr = st.on_device("fr", (m, max(n_factors, 1)), np.float64)
+    d_fi = st.on_device("fi", (m, max(n_factors, 1)), np.float64)
+    d_out = st.on_device("out", (m, d), out.dtype)
+    if n_factors:
+        _launch(factors_kernel, (-(-m // tpb[0]), -(-n_factors // tpb[1])), tpb, st.stream, d_src, ir, cr, ii, ci,
+                xatom, xpow, d_fr, d_fi)
+    _launch(columns_kernel, (-(-m // tpb[0]), -(-d // tpb[1])), tpb, st.stream, d_fr, d_fi, fidx, fptr, sc, imag, pos,
+            d_out)
+    h_out = st.on_host("out", (m, d), out.dtype)
+    d_out.copy_to_host(h_out, stream=st.stream)
+    st.stream.synchronize()
+    out[...] = h_out
+    return True

@@ -559,6 +559,27 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     return re, im
 
 
+def gpu_phases_job(base, xp, gi, omega):
+    """What the GPU needs to put a continuous group's cos and sin straight into the chunk's
+    source values on the device (:func:`rfsgen._cuda.columns_resident`): ``(x2, width, plan)``,
+    the float32 rows and the phase plan :func:`phases_of` would use, or None where the
+    host's path must run (atoms not in node order, which :func:`phases_of` scatters; an
+    infinite frequency, or rows whose angles could overflow float32: the scaled redo of
+    :func:`_values_continuous`)."""
+    xp = np.ascontiguousarray(xp, dtype=np.float64)
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    plan = _phase_plan(gi, omega, base.param("scale"))
+    m = xp.shape[0]
+    if not plan.in_order or not (m and gi.size):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        row_max = np.maximum(xp.max(axis=(1, 2)), -xp.min(axis=(1, 2)))
+        if not ((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)).all():
+            return None
+        x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
+    return x2, xp.shape[2], plan
+
+
 def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
     """Output columns of one factor each, straight from the angles: atom k (nodes ``gi``,
     frequencies ``omega``, on the prepared group ``xp`` ``(m, G, width)``) is output column

@@ -339,6 +339,37 @@ class Transformer:
                             where=(row0, source, labels), device=self.device)
         return src
 
+    def _gpu_resident(self, xp, m: int, row0: int, source: str, out) -> bool:
+        """``out`` for the prepared groups ``xp`` computed by :func:`rfsgen._cuda.columns_resident`
+        (the gaussian and laplace groups' atoms on the GPU, the other groups' values from the
+        host), or False where a part needs the host's path (:func:`rfsgen.bases.gpu_phases_job`;
+        an angle beyond the fast range): the caller then runs it, the same bits either way."""
+        from . import _cuda
+        from .bases import gpu_phases_job
+
+        if self._gpu_columns is None:
+            self._gpu_columns = _cuda.ColumnsPlan(self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow,
+                                                  self.fidx, self.fptr, self.sc, self.imag, self.pos)
+        host = self._source_buffer(m, True)
+        jobs = []
+        for ga in self.groups:
+            base = self.skeleton.input_groups[ga.group][0]
+            a = ga.gi.size
+            if ga.linear:
+                flat = xp[ga.group].reshape(m, -1)
+                host[:, ga.offset:ga.offset + flat.shape[1]] = flat
+            elif base.continuous:
+                job = gpu_phases_job(base, xp[ga.group], ga.gi, ga.codes)
+                if job is None:
+                    return False
+                jobs.append((ga.offset, *job))
+            else:
+                labels = [self.skeleton.nodes[i].label for i in self.skeleton.input_groups[ga.group][1]]
+                base.values(xp[ga.group], ga.gi, ga.codes,
+                            out=(host[:, ga.offset:ga.offset + a], host[:, ga.offset + a:ga.offset + 2 * a]),
+                            where=(row0, source, labels))
+        return _cuda.columns_resident(host, jobs, self._gpu_columns, out)
+
     def _group_entries(self, g: int, x):
         """The stored values of CSR rows ``x`` that fall in input group ``g``, as CSR rows
         over the group's flattened ``(G, width)`` values: ``(ptr, pos, take)`` with
@@ -441,10 +472,15 @@ class Transformer:
                 src = None
             else:
                 src = self._source_of(xp, m, row0, source, True)
+        elif self.device == "cuda" and m and self.columns and not self.huge.size and not isinstance(x, SparseRows):
+            # the GPU: atoms computed and multiplied into columns there, without a round
+            # trip of the atoms through the host, where no part needs the host's path
+            xp = prepare_inputs(self.skeleton, x, row0, source)
+            src = None if self._gpu_resident(xp, m, row0, source, out) else self._source_of(xp, m, row0, source, True)
         else:
             src = self.source(x, row0, source, scratch=True)
         if m and self.columns:
-            if src is not None:  # (None: written by fused_values)
+            if src is not None:  # (None: written by fused_values or _gpu_resident)
                 static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
                           self.imag, self.pos)
                 if self.device == "cuda":

@@ -79,7 +79,11 @@ def test_simulator_bytes_equal_cpu(tmp_path):
         from rfsgen.skeleton import parse_skeleton
         from rfsgen.transform import transform
         from test_sincos32 import _triples, fma_reference
+        from rfsgen import _cuda
 
+        resident = []  # the resident path declines the chunk with angles beyond the fast range
+        whole = _cuda.columns_resident
+        _cuda.columns_resident = lambda *a: resident.append(whole(*a)) or resident[-1]
         rng = np.random.default_rng(0)
         x = rng.standard_normal((5, 6)).astype(np.float32)
         x[0, :3] = 0.0
@@ -98,6 +102,7 @@ def test_simulator_bytes_equal_cpu(tmp_path):
                         a, b = a.data, b.data
                     assert a.tobytes() == b.tobytes(), (name, layout, dtype)
                     print("same", name, layout, dtype)
+        print("declined", resident.count(False))
 
         @cuda.jit
         def sim_fma(a, b, c, out):
@@ -112,6 +117,7 @@ def test_simulator_bytes_equal_cpu(tmp_path):
     """, sim=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("same ") == 2 * 2 * 2
+    assert int(res.stdout.split("declined ")[1].split()[0]) >= 2 * 2 * 2, res.stdout
     assert "simulator fma is fused: False" in res.stdout
     for name in ["gauss-laplace"]:  # the CLI once (each run starts numba: seconds)
         for layout in ("dense", "csr"):
@@ -142,6 +148,9 @@ def test_simulator_products_equal_cpu_for_every_node_kind(tmp_path):
         from rfsgen.skeleton import parse_skeleton
         from rfsgen.transform import transform
 
+        resident = []  # what the chunks' resident path (atoms kept on the GPU) returned
+        whole = _cuda.columns_resident
+        _cuda.columns_resident = lambda *a: resident.append(whole(*a)) or resident[-1]
         rng = np.random.default_rng(0)
         sk = json.load(open("sk.json"))
         for name, text in sk.items():
@@ -162,6 +171,7 @@ def test_simulator_products_equal_cpu_for_every_node_kind(tmp_path):
                         a, b = a.toarray(), b.toarray()
                     assert a.tobytes() == b.tobytes(), (name, layout, dtype)
                     print("same", name, layout, dtype)
+        print("resident", resident.count(True), resident.count(False))
         # the order is seen: the GPU's products reversed (right to left) give other bits
         src = rng.uniform(-1, 1, (64, 6))
         ir, ii = np.arange(6), np.full(6, -1)
@@ -181,6 +191,8 @@ def test_simulator_products_equal_cpu_for_every_node_kind(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("same ") == 4 * (len(SMALL_SKELETONS) + 2), res.stdout
     assert "forward exact: True reversed differs: True" in res.stdout
+    used, declined = map(int, res.stdout.split("resident ")[1].split()[:2])
+    assert used >= 2 * (len(SMALL_SKELETONS) + 2) and declined == 0, res.stdout  # every dense chunk kept its atoms
 
 
 def test_simulator_buffers_are_per_thread_and_reused_across_chunks(tmp_path):
