@@ -122,8 +122,8 @@ class SkeletonFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     pool_factor : int
         With ``select``: the pool's size as a multiple of ``n_components``.
     device : {"cpu", "cuda", "auto"}
-        Where ``transform`` computes the gaussian and laplace atoms (:func:`rfsgen.transform`'s
-        ``device``): the same values on either.
+        Where ``transform`` computes the gaussian and laplace atoms and the products into
+        columns (:func:`rfsgen.transform`'s ``device``): the same values on either.
 
     Attributes
     ----------

@@ -66,8 +66,8 @@ def transform(fs: FeatureSet, x, *, layout: str = "auto", dtype="float32", chunk
     ``x`` is an array ``(m, width)`` or anything :func:`rfsgen.inputs.open_input` takes,
     an ``anndata.AnnData`` among them (its X, or ``layers[layer]``; backed X too).
 
-    ``device``: ``cpu`` (the default), ``cuda`` (gaussian and laplace atoms on a GPU, the same
-    bytes; :mod:`rfsgen._cuda` says what runs where) or ``auto`` (``cuda`` where numba finds a GPU).
+    ``device``: ``cpu`` (the default), ``cuda`` (gaussian and laplace atoms and the products into
+    columns on a GPU, the same bytes; :mod:`rfsgen._cuda` says what runs where) or ``auto`` (``cuda`` where numba finds a GPU).
     """
     from .inputs import check_width, chunk_row_bytes, chunks_for, open_input
 

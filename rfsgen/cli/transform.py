@@ -43,8 +43,8 @@ from ._budget import max_memory_option, threads_option
 @click.option("--obsm", metavar="KEY", help="For an .h5ad INPUT: write a copy of it (X, obs, var, layers, ... as they "
               "are) with the features of every row as obsm[KEY] and their provenance as uns['rfsgen'][KEY].")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-              help="cuda: compute the gaussian and laplace atoms (angles, cos, sin) on a GPU through numba's CUDA "
-                   "target, the rest here on the CPU; the output is the same bytes (docs/performance.md). auto: cuda "
+              help="cuda: compute the gaussian and laplace atoms (angles, cos, sin) and the products into "
+                   "columns on a GPU through numba's CUDA target, the rest here on the CPU; the output is the same bytes (docs/performance.md). auto: cuda "
                    "where numba finds a GPU, else cpu (the last line says which). cuda without a GPU fails, writing "
                    "nothing. With --dask-scheduler each worker resolves it where it runs.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
