@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bases import csr_phases
+from .bases import csr_phases, gathered_phases
 from .errors import DataError
 from .featureset import FORMAT_VERSION, ColumnKind, FeatureSet, buffered_chunks
 from .inputs import SparseRows, check_finite
-from .recurrence import prepare_inputs
+from .recurrence import checked_rows, prepare_groups
 from .skeleton import InputNode
 
 
@@ -139,6 +139,9 @@ class Transformer:
         self._csr_groups = {ga.group for ga in self.groups if not ga.linear
                             and skel.input_groups[ga.group][0].continuous
                             and not dict(skel.input_groups[ga.group][0].params).get("normalize_blocks", 0)}
+        #: groups that dense rows reach as float32 in one gather (:meth:`source`); the CPU only
+        self._direct = frozenset(self._csr_groups) if device == "cpu" else frozenset()
+        self._cols = {}  # group -> its columns, int64, flattened
         #: chunks may come as rfsgen.inputs.SparseRows (rfsgen.inputs.chunks_for); the CPU only
         self.reads_sparse = bool(self._csr_groups) and device == "cpu"
         self._inverse = {}  # group -> where each input column sits in the group's values
@@ -279,14 +282,25 @@ class Transformer:
             if src is not None:
                 return src
             x = x.toarray()
-        xp = prepare_inputs(self.skeleton, x, row0, source)
+        x = checked_rows(self.skeleton, x, row0, source)
+        # Gaussian and laplace groups (their preparation leaves the values alone) are
+        # gathered straight into the angle loop's float32 rows (bases.gathered_phases).
+        direct = self._direct
+        xp = prepare_groups(self.skeleton, x, row0, source, skip=direct)
         m = x.shape[0]
         if len(self.groups) == 1 and self.groups[0].linear:
             return np.ascontiguousarray(xp[self.groups[0].group].reshape(m, -1))
         src = self._source_buffer(m, scratch)
         for ga in self.groups:
             base = self.skeleton.input_groups[ga.group][0]
-            if ga.linear:
+            if ga.group in direct:
+                a = ga.gi.size
+                labels = [self.skeleton.nodes[i].label for i in self.skeleton.input_groups[ga.group][1]]
+                cols, ucols = self._flat_cols(ga.group)
+                gathered_phases(base, x, cols, ga.gi, ga.codes,
+                                (src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
+                                where=(row0, source, labels), buf=self._gather_buffer(m * cols.size, scratch), ucols=ucols)
+            elif ga.linear:
                 flat = xp[ga.group].reshape(m, -1)
                 src[:, ga.offset:ga.offset + flat.shape[1]] = flat
             else:
@@ -296,6 +310,25 @@ class Transformer:
                             out=(src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
                             where=(row0, source, labels), device=self.device)
         return src
+
+    def _flat_cols(self, g: int):
+        """Input group ``g``'s columns, int64 ``(G * width,)``, and their distinct values."""
+        got = self._cols.get(g)
+        if got is None:
+            cols = np.ascontiguousarray(self.skeleton.input_groups[g][2], dtype=np.int64).reshape(-1)
+            got = self._cols[g] = cols, np.unique(cols)
+        return got
+
+    def _gather_buffer(self, n: int, scratch: bool):
+        """A float32 array of at least ``n`` values for the rows that :meth:`source` gathers
+        straight into float32: with ``scratch``, this thread's, kept from one chunk to the next
+        (as :meth:`_source_buffer`), else None (a new one)."""
+        if not scratch:
+            return None
+        buf = getattr(self._scratch, "x32", None)
+        if buf is None or buf.size < n:
+            buf = self._scratch.x32 = np.empty(n, np.float32)
+        return buf
 
     def _group_entries(self, g: int, x):
         """The stored values of CSR rows ``x`` that fall in input group ``g``, as CSR rows
