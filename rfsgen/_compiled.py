@@ -7,7 +7,8 @@ dependency (not optional) so that the output never depends on whether it is
 installed; see docs/performance.md for the measurements behind it.
 
 The row loops are compiled serial, over a range of rows, and :func:`on_rows` runs
-parts of the rows on Python threads (the loops release the GIL).  numba's own
+parts of the rows on Python threads (the loops release the GIL): the calling thread and
+a pool of worker threads started once per process (:class:`_Pool`).  numba's own
 ``parallel=True`` doubles a loop's compile time (the first run after installing
 took 8 s instead of 4.4 s for the columns loop alone), and under numba's workqueue
 threading layer (its fallback where neither TBB nor OpenMP is installed) a parallel

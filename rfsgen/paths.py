@@ -233,7 +233,8 @@ class Transformer:
     @property
     def row_bytes(self) -> int:
         """Bytes one row of a chunk holds at most at once: the row read and converted
-        (float64), its prepared input groups, its atoms (:meth:`source`) and its output
+        (float64), its prepared input groups (float64; float32 where gathered straight into
+        float32, :meth:`source`), its atoms (:meth:`source`) and its output
         values in two reused buffers plus a copy (sparse parts or the written block)."""
         skel = self.skeleton
         prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
