@@ -354,6 +354,7 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
     part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
     cb = np.empty(ROWS * TILE)
     sb = np.empty(ROWS * TILE)
+    packed = np.empty(ROWS * TILE, np.float32)  # a partial tile's angles, its atoms only
     for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
         q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
         b0 = 0
@@ -378,8 +379,19 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
                     k1 = blk_end[b]
                     for j in range(tile0[b], tile0[b + 1]):
                         k = k0 + TILE * (j - tile0[b])
-                        sincos_into(part[ri, j - tile0[b0]].reshape(ROWS * TILE), nr * TILE, cb, sb)
                         kn = min(TILE, k1 - k)
+                        pt = part[ri, j - tile0[b0]]
+                        if kn < TILE:  # a block's last tile: cos and sin of its atoms only (elementwise: the same bits)
+                            for i in range(nr):
+                                for t in range(kn):
+                                    packed[i * kn + t] = pt[i, t]
+                            sincos_into(packed, nr * kn, cb, sb)
+                            for i in range(nr):
+                                for t in range(kn):
+                                    re[r0 + i, k + t] = cb[i * kn + t]
+                                    im[r0 + i, k + t] = sb[i * kn + t]
+                            continue
+                        sincos_into(pt.reshape(ROWS * TILE), nr * TILE, cb, sb)
                         for i in range(nr):
                             for t in range(kn):
                                 re[r0 + i, k + t] = cb[i * TILE + t]

@@ -611,6 +611,36 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
     return True
 
 
+def gathered_phases(base, x, cols, gi, omega, out, where=None, buf=None, ucols=None):
+    """:func:`_values_continuous` of a group whose preparation leaves the values alone
+    (gaussian and laplace nodes without ``normalize_blocks``) on checked rows ``x``
+    (float32 or float64 ``(m, width)``, C order, finite), the group's values being
+    ``x[:, cols]`` (int64 ``(G * base.width,)``): gathered straight into the float32 rows
+    that the angle loop reads, each value rounded once as the float64 gather's float32 copy
+    rounds it, so the same bits, without the float64 gather and its copy.  ``out = (re,
+    im)`` float64 ``(m, a)`` (strided views allowed); ``buf``, if given, a float32 array of
+    at least ``m * cols.size`` values to gather into; ``ucols``, if given, ``np.unique(cols)``."""
+    from ._compiled import gather_columns32
+
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    scale = base.param("scale")
+    plan = _phase_plan(gi, omega, scale)
+    m, a = x.shape[0], plan.order.size
+    if not (m and a):
+        return _phases32(None, m, base.width, plan, out)
+    n = m * cols.size
+    x2 = (buf[:n] if buf is not None else np.empty(n, np.float32)).reshape(m, cols.size)
+    row_max = np.empty(m)
+    gather_columns32(x, cols, np.unique(cols) if ucols is None else ucols, x2, row_max)
+    re, im = _phases32(x2, m, base.width, plan, out)
+    with np.errstate(over="ignore", invalid="ignore"):  # as in _values_continuous
+        over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
+    if over.size:
+        xp = x[:, cols].astype(np.float64).reshape(m, -1, base.width)  # the float64 gather (rare rows)
+        _careful_angles(xp, gi, omega, scale, re, im, over, where)
+    return re, im
+
+
 def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     """The values of a continuous base's atoms (nodes ``gi``, frequencies ``omega``) on rows
     given in CSR form (:func:`rfsgen._sincos32.phases_csr`: ``ptr``, ``pos`` positions in
@@ -769,26 +799,35 @@ def phases_of(xp, gi, om, out=None, plan=None, sparse=None, device="cpu"):
     values only (True) or over every value (False), the same bits either way.  ``device``
     ``cuda``: the angles and their cos and sin on the GPU (:func:`rfsgen._cuda.phases`), the
     same bits."""
-    from ._sincos32 import phases
-
     if plan is None:
         plan = _build_plan(np.asarray(gi, dtype=np.int64), np.ascontiguousarray(om, dtype=np.float64), None)
     m, a = xp.shape[0], plan.order.size
+    x2 = None
+    if m and a:
+        with np.errstate(over="ignore"):  # a value beyond float32 gives inf: such rows are redone (above)
+            x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
+    return _phases32(x2, m, xp.shape[2], plan, out, sparse, device)
+
+
+def _phases32(x2, m, width, plan, out=None, sparse=None, device="cpu"):
+    """:func:`phases_of` on rows already rounded to float32: ``x2`` float32 ``(m, G * width)``
+    C order (None when there are no rows or atoms)."""
+    from ._sincos32 import phases
+
+    a = plan.order.size
     re, im = out if out is not None else (np.empty((m, a)), np.empty((m, a)))
     # In node order (as the transform builds its atoms) the values go straight into the
     # result; otherwise into node-ordered temporaries, scattered back below.
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))
     if m and a:
-        with np.errstate(over="ignore"):  # a value beyond float32 gives inf: such rows are redone (above)
-            x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
         if device == "cuda":
             from . import _cuda
 
-            _cuda.phases(x2, xp.shape[2], plan, re_s, im_s)
+            _cuda.phases(x2, width, plan, re_s, im_s)
         else:
-            phases(x2, xp.shape[2], plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
+            phases(x2, width, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan,
                    re_s, im_s, finite=bool(np.isfinite(plan.l1)), sparse=sparse,
-                   csr=lambda: _csr_tiles(plan, xp.shape[2]))
+                   csr=lambda: _csr_tiles(plan, width))
     if not plan.in_order:
         re[:, plan.order], im[:, plan.order] = re_s, im_s
     return re, im

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bases import csr_phases
+from .bases import csr_phases, gathered_phases
 from .errors import DataError
 from .featureset import FORMAT_VERSION, ColumnKind, FeatureSet, buffered_chunks
 from .inputs import SparseRows, check_finite
-from .recurrence import prepare_inputs
+from .recurrence import checked_rows, prepare_groups, prepare_inputs
 from .skeleton import InputNode
 
 
@@ -144,6 +144,9 @@ class Transformer:
         self._csr_groups = {ga.group for ga in self.groups if not ga.linear
                             and skel.input_groups[ga.group][0].continuous
                             and not dict(skel.input_groups[ga.group][0].params).get("normalize_blocks", 0)}
+        #: groups that dense rows reach as float32 in one gather (:meth:`source`); the CPU only
+        self._direct = frozenset(self._csr_groups) if device == "cpu" else frozenset()
+        self._cols = {}  # group -> its columns, int64, flattened
         #: chunks may come as rfsgen.inputs.SparseRows (rfsgen.inputs.chunks_for); the CPU only
         self.reads_sparse = bool(self._csr_groups) and device == "cpu"
         self._inverse = {}  # group -> where each input column sits in the group's values
@@ -266,9 +269,10 @@ class Transformer:
     @property
     def row_bytes(self) -> int:
         """Bytes one row of a chunk holds at most at once: the row read and converted
-        (float64), its prepared input groups, its atoms (:meth:`source`) and its output
-        values in two reused buffers plus a copy (sparse parts or the written block); on
-        ``cuda``, also the host's page-locked copies (:mod:`rfsgen._cuda`)."""
+        (float64), its prepared input groups (float64; float32 where gathered straight into
+        float32, :meth:`source`), its atoms (:meth:`source`) and its output values in two
+        reused buffers plus a copy (sparse parts or the written block); on ``cuda``, also the
+        host's page-locked copies (:mod:`rfsgen._cuda`)."""
         skel = self.skeleton
         prepared = sum(ids.size * base.width for base, ids, _ in skel.input_groups)
         host = 8 * (2 * skel.width + prepared + self.source_width) + 3 * self.dtype.itemsize * self.columns
@@ -319,16 +323,29 @@ class Transformer:
             if src is not None:
                 return src
             x = x.toarray()
-        return self._source_of(prepare_inputs(self.skeleton, x, row0, source), x.shape[0], row0, source, scratch)
+        x = checked_rows(self.skeleton, x, row0, source)
+        # Gaussian and laplace groups (their preparation leaves the values alone) are
+        # gathered straight into the angle loop's float32 rows (bases.gathered_phases).
+        direct = self._direct
+        xp = prepare_groups(self.skeleton, x, row0, source, skip=direct)
+        return self._source_of(xp, x.shape[0], row0, source, scratch, x=x, direct=direct)
 
-    def _source_of(self, xp, m: int, row0: int, source: str, scratch: bool) -> np.ndarray:
-        """:meth:`source` of the prepared groups ``xp`` of ``m`` rows."""
+    def _source_of(self, xp, m: int, row0: int, source: str, scratch: bool, x=None, direct=frozenset()):
+        """:meth:`source` of the prepared groups ``xp`` of ``m`` rows; the groups in ``direct``
+        (absent from ``xp``) are gathered from the checked rows ``x`` straight into float32."""
         if len(self.groups) == 1 and self.groups[0].linear:
             return np.ascontiguousarray(xp[self.groups[0].group].reshape(m, -1))
         src = self._source_buffer(m, scratch)
         for ga in self.groups:
             base = self.skeleton.input_groups[ga.group][0]
-            if ga.linear:
+            if ga.group in direct:
+                a = ga.gi.size
+                labels = [self.skeleton.nodes[i].label for i in self.skeleton.input_groups[ga.group][1]]
+                cols, ucols = self._flat_cols(ga.group)
+                gathered_phases(base, x, cols, ga.gi, ga.codes,
+                                (src[:, ga.offset:ga.offset + a], src[:, ga.offset + a:ga.offset + 2 * a]),
+                                where=(row0, source, labels), buf=self._gather_buffer(m * cols.size, scratch), ucols=ucols)
+            elif ga.linear:
                 flat = xp[ga.group].reshape(m, -1)
                 src[:, ga.offset:ga.offset + flat.shape[1]] = flat
             else:
@@ -369,6 +386,25 @@ class Transformer:
                             out=(host[:, ga.offset:ga.offset + a], host[:, ga.offset + a:ga.offset + 2 * a]),
                             where=(row0, source, labels))
         return _cuda.columns_resident(host, jobs, self._gpu_columns, out)
+
+    def _flat_cols(self, g: int):
+        """Input group ``g``'s columns, int64 ``(G * width,)``, and their distinct values."""
+        got = self._cols.get(g)
+        if got is None:
+            cols = np.ascontiguousarray(self.skeleton.input_groups[g][2], dtype=np.int64).reshape(-1)
+            got = self._cols[g] = cols, np.unique(cols)
+        return got
+
+    def _gather_buffer(self, n: int, scratch: bool):
+        """A float32 array of at least ``n`` values for the rows that :meth:`source` gathers
+        straight into float32: with ``scratch``, this thread's, kept from one chunk to the next
+        (as :meth:`_source_buffer`), else None (a new one)."""
+        if not scratch:
+            return None
+        buf = getattr(self._scratch, "x32", None)
+        if buf is None or buf.size < n:
+            buf = self._scratch.x32 = np.empty(n, np.float32)
+        return buf
 
     def _group_entries(self, g: int, x):
         """The stored values of CSR rows ``x`` that fall in input group ``g``, as CSR rows

@@ -32,8 +32,12 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
     :class:`~rfsgen.errors.DataError` naming the row/column/node for NaN/inf or
     out-of-domain values.
     """
-    from ._compiled import gather_columns
+    return prepare_groups(skeleton, checked_rows(skeleton, x, row0, source), row0, source)
 
+
+def checked_rows(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str = "<array>") -> np.ndarray:
+    """:func:`prepare_inputs`'s checks of rows ``x``: C-contiguous float32 or float64
+    ``(m, width)`` rows (other dtypes converted to float64), finite."""
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
@@ -45,9 +49,19 @@ def prepare_inputs(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str
         raise width_error(source, got, skeleton.width, skeleton.path, origin=origin,
                           fix=f"pass rows of {skeleton.width} values, or bind the skeleton to {got}" if origin else None)
     check_finite(x, row0, source)
-    x = np.ascontiguousarray(x)
+    return np.ascontiguousarray(x)
+
+
+def prepare_groups(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str = "<array>", skip=()) -> list:
+    """:func:`prepare_inputs` of rows already checked by :func:`checked_rows`; the groups in
+    ``skip`` (whose preparation leaves the values alone) are not gathered: None there."""
+    from ._compiled import gather_columns
+
     out = []
-    for base, ids, cols in skeleton.input_groups:
+    for g, (base, ids, cols) in enumerate(skeleton.input_groups):
+        if g in skip:
+            out.append(None)
+            continue
         labels = [skeleton.nodes[i].label for i in ids]
         gathered = np.empty((x.shape[0], ids.size, base.width))
         if x.shape[0]:
