@@ -384,12 +384,19 @@ def columns(src, plan: ColumnsPlan, out) -> None:
     ``src`` (float64 ``(m, s)``).  Every float64 operation is an uncontracted
     ``__nv_dmul_rn``/``__nv_dadd_rn`` in the CPU's order (the CPU loop's 8-row lanes and
     tiles only choose which independent products run together)."""
+    _build()
+    plan.device_arrays()
+    _products(plan, plan._staging.upload("src", np.ascontiguousarray(src)), out)
+
+
+def _products(plan: ColumnsPlan, d_src, out) -> None:
+    """:func:`columns`' kernels on the chunk's source values already on the GPU (``d_src``),
+    on the plan's stream, then ``out`` back through a page-locked buffer."""
     _, factors_kernel, columns_kernel = _build()
     ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos = plan.device_arrays()
     st = plan._staging
     m, d = out.shape
     n_factors = plan.static[0].size + plan.static[4].size
-    d_src = st.upload("src", np.ascontiguousarray(src))
     d_fr = st.on_device("fr", (m, max(n_factors, 1)), np.float64)
     d_fi = st.on_device("fi", (m, max(n_factors, 1)), np.float64)
     d_out = st.on_device("out", (m, d), out.dtype)
@@ -414,10 +421,10 @@ def columns_resident(host, jobs, plan: ColumnsPlan, out) -> bool:
     no copy of the atoms to the host and back.  False, with ``out`` unwritten, when an
     angle is beyond the fast range (the caller takes the host's path for the chunk, whose
     Payne-Hanek redo gives the same bits)."""
-    phases_kernel, factors_kernel, columns_kernel = _build()
-    ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos = plan.device_arrays()
+    phases_kernel = _build()[0]
+    plan.device_arrays()
     st = plan._staging
-    m, d = out.shape
+    m = out.shape[0]
     d_src = st.upload("src", np.ascontiguousarray(host))
     tpb = (8, 32)
     for j, (offset, x2, w, pplan) in enumerate(jobs):
@@ -437,17 +444,5 @@ def columns_resident(host, jobs, plan: ColumnsPlan, out) -> bool:
     st.stream.synchronize()
     if jobs and slow[:len(jobs)].any():
         return False
-    n_factors = plan.static[0].size + plan.static[4].size
-    d_fr = st.on_device("fr", (m, max(n_factors, 1)), np.float64)
-    d_fi = st.on_device("fi", (m, max(n_factors, 1)), np.float64)
-    d_out = st.on_device("out", (m, d), out.dtype)
-    if n_factors:
-        _launch(factors_kernel, (-(-m // tpb[0]), -(-n_factors // tpb[1])), tpb, st.stream, d_src, ir, cr, ii, ci,
-                xatom, xpow, d_fr, d_fi)
-    _launch(columns_kernel, (-(-m // tpb[0]), -(-d // tpb[1])), tpb, st.stream, d_fr, d_fi, fidx, fptr, sc, imag, pos,
-            d_out)
-    h_out = st.on_host("out", (m, d), out.dtype)
-    d_out.copy_to_host(h_out, stream=st.stream)
-    st.stream.synchronize()
-    out[...] = h_out
+    _products(plan, d_src, out)
     return True
