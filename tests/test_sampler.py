@@ -593,3 +593,42 @@ def test_a_constant_activation_passes_nothing_down_even_under_an_infinite_estima
         assert np.isfinite(footprint(s, t).items)
     with pytest.raises(SamplerError, match="at most 1 distinct column "):
         sample(s, 256, seed=486617684)
+
+
+
+def test_each_block_size_is_checked_against_the_budget_once(monkeypatch):
+    """The budget is read before the first block of each size, not before every block: the
+    schedule repeats one size, and a block's estimate depends on its size alone."""
+    import rfsgen.sampler as sampler_module
+    from rfsgen import budget
+    from rfsgen.errors import LimitError
+
+    skel = load_skeleton(skeleton_path("cifar-deep"))
+    checked, walked = [], []
+    real_check, real_rng = sampler_module.check_block, sampler_module._block_rng
+
+    def check(s, fp, draws, columns=0):
+        checked.append(draws)
+        return real_check(s, fp, draws, columns)
+
+    def rng(seed, k):
+        walked.append(k)
+        return real_rng(seed, k)
+
+    monkeypatch.setattr(sampler_module, "check_block", check)
+    monkeypatch.setattr(sampler_module, "_block_rng", rng)
+    plain = sample(skel, 30000, seed=3, threads=2)
+    blocks = [d for d in checked if d]
+    assert len(blocks) == len(set(blocks)) >= 2  # several sizes, each checked once
+    assert len(walked) > len(blocks) + 2  # and more blocks walked than checks made
+    # the bytes are those of a sample without the checks
+    monkeypatch.setattr(sampler_module, "check_block", lambda *a, **k: None)
+    again = sample(skel, 30000, seed=3, threads=2)
+    assert plain.draws == again.draws
+    for name in ("count", "kind", "ptr", "node", "code", "power", "omega"):
+        assert np.array_equal(getattr(plain, name), getattr(again, name)), name
+    # a budget too small for the blocks still stops the sample
+    monkeypatch.setattr(sampler_module, "check_block", check)
+    with budget.limited(3 << 20):
+        with pytest.raises(LimitError, match="memory budget"):
+            sample(skel, 30000, seed=3, threads=2)
