@@ -72,6 +72,12 @@ def _frequencies(omega, offsets, width):
 #: angles (Transformer._plan_fused); False forces the product loop (tests compare the bytes).
 FUSED = True
 
+#: A GPU chunk is cut into at most GPU_PARTS row parts of at least GPU_PART_ROWS rows, each
+#: run from its own thread on that thread's CUDA stream (Transformer._gpu_chunk), so that
+#: one part's copies overlap another's kernels; the bytes are those of the whole chunk.
+GPU_PARTS = 2
+GPU_PART_ROWS = 256
+
 
 class Transformer:
     """Evaluates a :class:`FeatureSet` of compositional paths on chunks of rows (the paths
@@ -356,6 +362,33 @@ class Transformer:
                             where=(row0, source, labels), device=self.device)
         return src
 
+    def _gpu_chunk(self, xp, m: int, row0: int, source: str, out) -> bool:
+        """:meth:`_gpu_resident` over the chunk cut into row parts (:data:`GPU_PARTS`), run on
+        the pool's threads, each with its own stream and buffers: while one part's rows go
+        over or its output comes back, another part's kernels run.  False when any part
+        needs the host's path; the caller then computes the whole chunk there (the parts
+        already written are overwritten with the same bits)."""
+        from ._compiled import run_parts
+
+        parts = max(1, min(GPU_PARTS, m // max(GPU_PART_ROWS, 1)))
+        if parts == 1:
+            return self._gpu_resident(xp, m, row0, source, out)
+        if self._gpu_columns is None:  # made once here, not raced for by the parts
+            from . import _cuda
+
+            self._gpu_columns = _cuda.ColumnsPlan(self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow,
+                                                  self.fidx, self.fptr, self.sc, self.imag, self.pos)
+        cuts = [m * k // parts for k in range(parts + 1)]
+        declined = []
+        run_parts(self._gpu_part, cuts, xp, row0, source, out, declined)
+        return not declined
+
+    def _gpu_part(self, xp, row0: int, source: str, out, declined: list, a: int, b: int) -> None:
+        """Rows ``a:b`` of a chunk for :meth:`_gpu_chunk`; appends to ``declined`` where the
+        part needs the host's path."""
+        if not self._gpu_resident([g[a:b] for g in xp], b - a, row0 + a, source, out[a:b]):
+            declined.append(a)
+
     def _gpu_resident(self, xp, m: int, row0: int, source: str, out) -> bool:
         """``out`` for the prepared groups ``xp`` computed by :func:`rfsgen._cuda.columns_resident`
         (the gaussian and laplace groups' atoms on the GPU, the other groups' values from the
@@ -512,7 +545,7 @@ class Transformer:
             # the GPU: atoms computed and multiplied into columns there, without a round
             # trip of the atoms through the host, where no part needs the host's path
             xp = prepare_inputs(self.skeleton, x, row0, source)
-            src = None if self._gpu_resident(xp, m, row0, source, out) else self._source_of(xp, m, row0, source, True)
+            src = None if self._gpu_chunk(xp, m, row0, source, out) else self._source_of(xp, m, row0, source, True)
         else:
             src = self.source(x, row0, source, scratch=True)
         if m and self.columns:

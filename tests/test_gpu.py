@@ -244,6 +244,55 @@ def test_simulator_buffers_are_per_thread_and_reused_across_chunks(tmp_path):
     assert res.stdout.split() == ["mnist-conv", "same", "gauss-laplace", "same"], res.stdout
 
 
+def test_simulator_chunk_parts_run_on_their_own_threads_with_the_cpu_bytes(tmp_path):
+    """A GPU chunk is cut into row parts run from different threads (each on its own stream,
+    so one part's copies overlap another's kernels): the CPU's bytes, including chunks where
+    one part has an angle beyond the fast range and the whole chunk takes the host's path."""
+    (tmp_path / "sk.json").write_text(json.dumps({"mnist-conv": (ROOT / "skeletons" / "mnist-conv.yaml").read_text(),
+                                                  "gauss-laplace": SMALL_SKELETONS["gauss-laplace"]}))
+    res = _python("""
+        import json
+        import threading
+        import numpy as np
+        from rfsgen import _cuda, paths
+        from rfsgen.sampler import sample
+        from rfsgen.skeleton import parse_skeleton
+        from rfsgen.transform import transform
+
+        paths.GPU_PART_ROWS = 3
+        calls = []  # (thread, rows, kept on the GPU) of each part
+        whole = _cuda.columns_resident
+
+        def spy(host, jobs, plan, out):
+            kept = whole(host, jobs, plan, out)
+            calls.append((threading.get_ident(), out.shape[0], kept))
+            return kept
+
+        _cuda.columns_resident = spy
+        for name, text in json.load(open("sk.json")).items():
+            fs = sample(parse_skeleton(text), 16, 2)
+            x = np.random.default_rng(5).uniform(0, 1, (17, fs.skeleton.width)).astype(np.float32)
+            x[12] *= np.float32(1e7)  # beyond the fast range: the second part of the second chunk
+            for dtype in ("float32", "float64"):
+                want = transform(fs, x, layout="dense", dtype=dtype, chunk_rows=8).tobytes()
+                del calls[:]
+                got = transform(fs, x, layout="dense", dtype=dtype, chunk_rows=8, device="cuda").tobytes()
+                threads = {t for t, _, _ in calls}
+                print(name, dtype, "same" if got == want else "DIFFER", "threads", len(threads),
+                      "rows", sorted(r for _, r, _ in calls), "declined", sum(not k for _, _, k in calls))
+    """, sim=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 4, res.stdout
+    for line in lines:
+        # chunks of 8, 8 and 1 rows: the two 8-row chunks in parts of 4 (one declined), the last row
+        # whole.  Which thread takes a part is the pool's choice (rfsgen._compiled.run_parts: the
+        # caller takes the second part too when no worker is free), so only its range is checked.
+        words = line.split()
+        assert words[2] == "same" and words[4] in ("1", "2"), line
+        assert words[5:] == ["rows", "[1,", "4,", "4,", "4,", "4]", "declined", "1"], line
+
+
 @pytest.fixture(scope="module")
 def features(tmp_path_factory):
     from rfsgen import save_features
