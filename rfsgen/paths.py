@@ -202,9 +202,7 @@ class Transformer:
         """Whether :meth:`chunk` may write the columns straight from the angles
         (:func:`rfsgen.bases.fused_values`): every column is one factor, power 1, of its own
         atom of a single gaussian or laplace group (a plain random Fourier features
-        skeleton), on the CPU, float32 output (float64 output keeps the product loop: its
-        multithreading test, tests/test_transform.py, follows that loop; phases_out itself
-        writes either dtype).  Such a column's value in the product loop is ``sc *
+        skeleton), on the CPU, float32 or float64 output.  Such a column's value in the product loop is ``sc *
         (1.0 * cos)`` or ``sc * (1.0 * sin)`` (rfsgen._vector.product with no further factor;
         ``cr = ci = 1`` for these atoms), which the fused loop reproduces bit for bit.
         ``fused_col``, ``fused_sc``, ``fused_imag``: each atom's column, scale and part.
@@ -214,7 +212,7 @@ class Transformer:
         if not FUSED:
             return
         counts = np.diff(fs.ptr.astype(np.int64))
-        if (self.device != "cpu" or self.dtype != np.float32 or len(self.groups) != 1 or self.groups[0].linear
+        if (self.device != "cpu" or self.dtype not in (np.float32, np.float64) or len(self.groups) != 1 or self.groups[0].linear
                 or self.huge.size
                 or not self.skeleton.input_groups[self.groups[0].group][0].continuous
                 or n_atoms != D or term_atom.size != D or not D or np.any(counts != 1) or np.any(power != 1)):
