@@ -33,6 +33,11 @@ What is verified, and when:
   its size is compared with the size checked after each read, and a shrink is an
   :class:`~rfsgen.errors.InputChangedError` naming the shard (exit code 1).
 
+The shards are only read, except that ``merge_files(consume=True)`` (the Dask engine's
+own shards, removed when its run ends) frees each shard's data once it is in merge's
+buffers (:class:`_Spent`), after every check made before the copy; the checks made as
+it is copied run on those buffers, so none is lost.
+
 Shards with a record of version 1 (:data:`rfsgen.output.CHECKSUM_V1`) are verified by
 that checksum, and merge, alone or with newer shards, into an output with a current
 record.  Shards written before the record existed are refused, with the advice to
