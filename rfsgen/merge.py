@@ -166,9 +166,20 @@ class _Spent:
             os.close(fd)
             return
         self.fd = fd
+        # A forged chunk index may place data over the row pointer, which is read after
+        # the chunks before it are freed: that range is never freed (the shard would then
+        # be refused for a pointer it does not hold, not for its own fault).
+        self.keep = None
+        if s.layout == "csr":
+            ptr = s.file["X/indptr"].id
+            start = ptr.get_offset()
+            if start is not None:
+                self.keep = (start, start + ptr.get_storage_size())
 
     def __call__(self, offset: int, size: int) -> None:
         if self.fd is None or size <= 0:
+            return
+        if self.keep is not None and offset < self.keep[1] and self.keep[0] < offset + size:
             return
         if _Spent.fn(self.fd, _PUNCH_HOLE, offset, size) != 0:  # EOPNOTSUPP and the like: stop trying
             self.close()

@@ -986,3 +986,26 @@ def test_a_virtual_merge_cannot_consume_its_shards(kit, tmp_path):
     with pytest.raises(UsageError, match="cannot be consumed"):
         merge_files(names, tmp_path / "m.h5", virtual=True, consume=True)
     assert [p.read_bytes() for p in names] == before
+
+
+def test_a_consuming_merge_never_frees_the_row_pointer(base, tmp_path):
+    """A chunk index forged to place data over X/indptr (read after the chunks before
+    it): that range is not freed, so the shard is judged on what it holds."""
+    import rfsgen.merge as rm
+
+    names = _copy_set(base, "csr", tmp_path)
+    with h5py.File(names[0], "r") as f:
+        ptr = f["X/indptr"].id
+        keep = (ptr.get_offset(), ptr.get_storage_size())
+    s = rm._open_shard(names[0])
+    try:
+        spent = rm._Spent(s)
+        if spent.fd is None:
+            pytest.skip("this system cannot free a byte range of a file")
+        before = names[0].read_bytes()
+        spent(keep[0] - 8, 16)  # across the pointer's start
+        spent(keep[0] + keep[1] - 8, 8)  # its last bytes
+        assert names[0].read_bytes() == before
+        spent.close()
+    finally:
+        s.file.close()
