@@ -738,7 +738,8 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
             _shard_result(address, futures, i, lambda a=a, b=b, p=p: submit(a, b, p), f"transforming rows {a}:{b}")
             if progress:
                 progress(b - a)
-        info = merge_files(paths, final, overwrite=True, progress=progress)
+        # The run directory goes whatever happens: its shards are consumed as they are copied.
+        info = merge_files(paths, final, overwrite=True, progress=progress, consume=True)
     except RfsgenError:
         raise
     except OSError as e:

@@ -33,6 +33,11 @@ What is verified, and when:
   its size is compared with the size checked after each read, and a shrink is an
   :class:`~rfsgen.errors.InputChangedError` naming the shard (exit code 1).
 
+The shards are only read, except that ``merge_files(consume=True)`` (the Dask engine's
+own shards, removed when its run ends) frees each shard's data once it is in merge's
+buffers (:class:`_Spent`), after every check made before the copy; the checks made as
+it is copied run on those buffers, so none is lost.
+
 Shards with a record of version 1 (:data:`rfsgen.output.CHECKSUM_V1`) are verified by
 that checksum, and merge, alone or with newer shards, into an output with a current
 record.  Shards written before the record existed are refused, with the advice to
@@ -111,6 +116,80 @@ def _pread(s, fd: int, out: memoryview, offset: int, where: str) -> None:
         out, pos = out[k:], pos + k
 
 
+#: fallocate(2)'s mode that frees a byte range's storage and keeps the file's size:
+#: FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (<linux/falloc.h>; Python's os does not name it).
+_PUNCH_HOLE = 0x02 | 0x01
+
+
+def _fallocate():
+    """libc's ``fallocate`` (Linux), or None where there is none."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _Spent:
+    """Frees the storage of a shard's data bytes once merge has read them into its own
+    buffers (``merge_files(consume=True)``: the Dask engine's shards, in a run directory
+    removed when the run ends).  Those bytes are never read from the shard again: they
+    are hashed and written from the buffers, so no check changes.  What it saves is
+    the second copy: without it a merge holds every shard and the output at once (for
+    a 1.6 GB CSR output, 3.2 GB of page cache to fill and write back), with it the
+    output takes over the shards' memory as it grows, and shard bytes not yet written
+    back never reach the disk.  Best effort: where the system cannot (not Linux, a file
+    system without holes, a shard not writable here) the shard is left as it is."""
+
+    fn = None  # _fallocate(), looked up once
+
+    def __init__(self, s: "_Shard"):
+        self.fd = None
+        if _Spent.fn is None:
+            _Spent.fn = _fallocate() or False
+        if not _Spent.fn:
+            return
+        try:
+            fd = os.open(s.path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return
+        try:
+            mine, checked = os.fstat(fd), os.fstat(s.fd)
+        except OSError:
+            os.close(fd)
+            return
+        if (mine.st_dev, mine.st_ino) != (checked.st_dev, checked.st_ino):  # the path names another file now
+            os.close(fd)
+            return
+        self.fd = fd
+        # A forged chunk index may place data over the row pointer, which is read after
+        # the chunks before it are freed: that range is never freed (the shard would then
+        # be refused for a pointer it does not hold, not for its own fault).
+        self.keep = None
+        if s.layout == "csr":
+            ptr = s.file["X/indptr"].id
+            start = ptr.get_offset()
+            if start is not None:
+                self.keep = (start, start + ptr.get_storage_size())
+
+    def __call__(self, offset: int, size: int) -> None:
+        if self.fd is None or size <= 0:
+            return
+        if self.keep is not None and offset < self.keep[1] and self.keep[0] < offset + size:
+            return
+        if _Spent.fn(self.fd, _PUNCH_HOLE, offset, size) != 0:  # EOPNOTSUPP and the like: stop trying
+            self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 @dataclass
 class _Shard:
     path: str
@@ -125,6 +204,7 @@ class _Shard:
     obs_columns: list = field(default_factory=list)  # rfsgen.obs.Column, from the shard's obs
     obs: object = None  # rfsgen.obs.ObsColumns of its rows, read and verified by _verify_names
     size: int = 0  # the file's size its checks were made on (a shrink while it is read is named)
+    spent: "_Spent | None" = None  # merge_files(consume=True): gives back the storage of bytes read
 
     @property
     def fd(self) -> int:
@@ -868,6 +948,12 @@ class _CSRChunks:
                 _pread(s, fd, memoryview(arr[a - lo:b - lo]).cast("B"),
                        int(places[k]) + (a - k * C) * arr.itemsize, where)
         _check_size(s, fd)
+        if s.spent is not None:
+            nnz = s.record["nnz"]
+            for k in range(lo // C, -(-hi // C)):
+                if min((k + 1) * C, nnz) <= hi:  # every value of chunk k is in a buffer now
+                    for places, t in zip(self.places, self.dtypes):
+                        s.spent(int(places[k]), C * t.itemsize)
         return out
 
     def close(self) -> None:
@@ -1030,6 +1116,8 @@ class _RawDense(_Copy):
                     _check_size(s, r.fd)
                     _pread(s, r.fd, data, base + a * row_bytes, "X")
                     _check_size(s, r.fd)
+                    if s.spent is not None:
+                        s.spent(base + a * row_bytes, data.nbytes)
                     block = buf[:data.nbytes].view(self.dtype).reshape(b - a, self.columns)
                     try:
                         # Hashed in the verifying thread while this process writes the same block.
@@ -1079,15 +1167,21 @@ def _check_memory(order, chunk_rows: int) -> None:
 
 
 def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = False,
-                progress: Callable[[int], None] | None = None, chunk_rows: int | None = None) -> dict:
+                progress: Callable[[int], None] | None = None, chunk_rows: int | None = None,
+                consume: bool = False) -> dict:
     """Merge transform shards into ``output`` (see the module docstring).  Returns a
     summary dict (rows, columns, nnz, output, shards, virtual).  A shard that fails a
     check raises :class:`InputError` (one line naming the shard and what failed) and
-    no output is left behind."""
+    no output is left behind.  ``consume=True`` (for shards that are removed after the
+    merge, whatever its outcome: the Dask engine's) frees the storage of the shards'
+    data as it is copied (:class:`_Spent`), so the shards are no longer usable; the
+    shards read by position (dense and CSR, uncompressed) are freed so."""
     from .output import default_chunk_rows, write_output
 
     if not shards:
         raise UsageError("give the shards to merge")
+    if consume and virtual:
+        raise UsageError("a virtual merge reads its shards whenever it is read: they cannot be consumed")
     opened = []
     src = None
     try:
@@ -1102,6 +1196,9 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         _check_memory(order, chunk_rows)
         for s in order:
             _verify_names(s)
+        if consume:  # every shard checked: only bytes that are about to be copied are freed
+            for s in order:
+                s.spent = _Spent(s)
         start, stop = first.start, order[-1].stop
         src = _ShardRows(order)
         provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input",
@@ -1123,6 +1220,8 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         if src is not None:
             src.close()
         for s in opened:
+            if s.spent is not None:
+                s.spent.close()
             s.file.close()
 
 

@@ -119,6 +119,31 @@ def test_safe_file_records_seek_errors_too(tmp_path, monkeypatch):
             f.check()
 
 
+def test_safe_file_does_not_truncate_an_empty_file_but_empties_a_full_one(tmp_path):
+    """The temporary output (empty, made by mkstemp) is opened without truncating it: on
+    ext4 a truncation to size 0 makes the close start writeback of the whole file. A
+    truncation updates the file's mtime, which shows whether one happened. A file that
+    holds bytes is still emptied first."""
+    import os
+
+    from rfsgen.atomic import SafeFile
+
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.write_bytes(b"")
+    full.write_bytes(b"old bytes")
+    for p in (empty, full):
+        os.utime(p, (1000, 1000))
+    with SafeFile(empty) as f:
+        assert f.tell() == 0
+    assert empty.stat().st_mtime == 1000
+    with SafeFile(full) as f:
+        f.write(b"new")
+    assert full.read_bytes() == b"new"
+    with SafeFile(tmp_path / "created") as f:  # a path that does not exist yet
+        f.write(b"x")
+    assert (tmp_path / "created").read_bytes() == b"x"
+
+
 def test_write_stdout_finishes_a_short_write(capfd, monkeypatch):
     """Issue 42 item 7: rfsgen.atomic.write_stdout writes what a short write left
     (a raw stdout under PYTHONUNBUFFERED=1 drops it), text written before first."""

@@ -169,6 +169,37 @@ def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, mo
     assert not [p for p in os.listdir(".") if p.endswith(".shards") or p.endswith(".part")]
 
 
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_the_workers_shards_are_consumed_as_they_are_merged(files, shell_cluster, layout, monkeypatch):
+    """The merge of the workers' shards frees each shard's data once it is copied
+    (rfsgen.merge._Spent, where the file system can), so the run never holds the
+    shards and the output whole at once; the file is still the local run's."""
+    import h5py
+
+    import rfsgen.merge as rm
+
+    freed = []
+    real = rm._Spent.__call__
+
+    def spy(self, offset, size):
+        real(self, offset, size)
+        freed.append(size if self.fd is not None else 0)
+
+    monkeypatch.setattr(rm._Spent, "__call__", spy)
+    base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 37, "-q"]
+    assert run(base + ["-o", "local.h5"]).exit_code == 0
+    assert not freed
+    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
+    assert res.exit_code == 0, res.output
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    assert freed, "the merge did not consume the shards"
+    if rm._fallocate() is not None and sum(freed):  # freed where the system frees: at least the data
+        with h5py.File("local.h5", "r") as f:
+            x = f["X"]
+            stored = x.nbytes if layout == "dense" else x["data"].nbytes + x["indices"].nbytes
+        assert sum(freed) >= stored
+
+
 def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_cluster, monkeypatch):
     """--dask-gather: SIGKILL one worker after the fifth chunk has come back: Dask reruns
     its tasks on the other worker (the nanny restarts the killed one) and the file is the same."""

@@ -244,6 +244,7 @@ def test_merge_does_not_overwrite_without_overwrite(setup):
 
 # ----------------------------------------------------------------------------- shards that cannot be trusted
 import contextlib  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -919,3 +920,92 @@ def test_a_chunk_placed_out_of_the_file_or_twice_is_refused_before_its_rows_are_
     res = _merge(tmp_path, names)
     _refused(res, tmp_path, names[1])
     assert "holds NaN or infinity" in res.output
+
+
+# ----------------------------------------------------------------------------- shards consumed as they are copied
+def _punches_holes(directory) -> bool:
+    """Whether this system frees a byte range of a file in ``directory`` (fallocate's
+    PUNCH_HOLE): where it cannot, a consuming merge leaves its shards as they are."""
+    import rfsgen.merge as rm
+
+    fn = rm._fallocate()
+    probe = Path(directory) / "probe.bin"
+    probe.write_bytes(b"\1" * 8192)
+    try:
+        fd = os.open(probe, os.O_WRONLY)
+        try:
+            return fn is not None and fn(fd, rm._PUNCH_HOLE, 0, 8192) == 0
+        finally:
+            os.close(fd)
+    finally:
+        probe.unlink()
+
+
+def _data_bytes(path) -> list:
+    """The stored bytes of X's data (dense X; CSR data and indices), piece by piece."""
+    with open(path, "rb") as fh:
+        return [(name, os.pread(fh.fileno(), size, off)) for name, off, size in damage.data_extents(path)
+                if name != "X/indptr"]
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "small"])
+def test_a_consuming_merge_frees_the_shards_data_and_writes_the_same_bytes(base, tmp_path, kind):
+    """consume=True (the Dask engine's own shards): the merged file is the unsharded
+    one, byte for byte, and every shard's data now reads as zeros (its storage freed as
+    it was copied); without it the shards are left as they were."""
+    if not _punches_holes(tmp_path):
+        pytest.skip("this file system cannot free a byte range of a file")
+    names = _copy_set(base, kind, tmp_path)
+    before = [p.read_bytes() for p in names]
+    merge_files(names, tmp_path / "kept.h5")
+    assert [p.read_bytes() for p in names] == before
+    merge_files(names, tmp_path / "m.h5", consume=True)
+    assert (tmp_path / "m.h5").read_bytes() == (base / f"{kind}-all.h5").read_bytes()
+    for p, was in zip(names, before):
+        pieces = _data_bytes(p)
+        assert pieces and all(not any(b) for _, b in pieces), p
+        assert p.stat().st_size == len(was)  # the size kept: a merge still reading it sees no shrink
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense"])
+def test_a_consuming_merge_still_refuses_a_damaged_shard(base, kit, tmp_path, kind):
+    """Bytes are freed only once they are in merge's buffers, where they are hashed and
+    checked: a flipped bit in a later shard is still found, and nothing is written."""
+    names = kit(kind)
+    damage.flip_data_bit(names[3], np.random.default_rng(2))
+    with pytest.raises(InputError, match=re.escape(str(names[3]))):
+        merge_files(names, tmp_path / "m.h5", consume=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("m.h5", ".m.h5"))]
+
+
+def test_a_virtual_merge_cannot_consume_its_shards(kit, tmp_path):
+    from rfsgen.errors import UsageError
+
+    names = kit("dense")
+    before = [p.read_bytes() for p in names]
+    with pytest.raises(UsageError, match="cannot be consumed"):
+        merge_files(names, tmp_path / "m.h5", virtual=True, consume=True)
+    assert [p.read_bytes() for p in names] == before
+
+
+def test_a_consuming_merge_never_frees_the_row_pointer(base, tmp_path):
+    """A chunk index forged to place data over X/indptr (read after the chunks before
+    it): that range is not freed, so the shard is judged on what it holds."""
+    import rfsgen.merge as rm
+
+    names = _copy_set(base, "csr", tmp_path)
+    with h5py.File(names[0], "r") as f:
+        ptr = f["X/indptr"].id
+        keep = (ptr.get_offset(), ptr.get_storage_size())
+    s = rm._open_shard(names[0])
+    try:
+        spent = rm._Spent(s)
+        if spent.fd is None:
+            pytest.skip("this system cannot free a byte range of a file")
+        before = names[0].read_bytes()
+        spent(keep[0] - 8, 16)  # across the pointer's start
+        spent(keep[0] + keep[1] - 8, 8)  # its last bytes
+        assert names[0].read_bytes() == before
+        spent.close()
+    finally:
+        s.file.close()
