@@ -360,6 +360,16 @@ class Transformer:
                             where=(row0, source, labels), device=self.device)
         return src
 
+    def _columns_plan(self):
+        """The product loop's static arrays for the GPU (:class:`rfsgen._cuda.ColumnsPlan`),
+        made on first use and kept with the transformer."""
+        if self._gpu_columns is None:
+            from . import _cuda
+
+            self._gpu_columns = _cuda.ColumnsPlan(self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow,
+                                                  self.fidx, self.fptr, self.sc, self.imag, self.pos)
+        return self._gpu_columns
+
     def _gpu_chunk(self, xp, m: int, row0: int, source: str, out) -> bool:
         """:meth:`_gpu_resident` over the chunk cut into row parts (:data:`GPU_PARTS`), run on
         the pool's threads, each with its own stream and buffers: while one part's rows go
@@ -371,11 +381,7 @@ class Transformer:
         parts = max(1, min(GPU_PARTS, m // max(GPU_PART_ROWS, 1)))
         if parts == 1:
             return self._gpu_resident(xp, m, row0, source, out)
-        if self._gpu_columns is None:  # made once here, not raced for by the parts
-            from . import _cuda
-
-            self._gpu_columns = _cuda.ColumnsPlan(self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow,
-                                                  self.fidx, self.fptr, self.sc, self.imag, self.pos)
+        self._columns_plan()  # made once here, not raced for by the parts
         cuts = [m * k // parts for k in range(parts + 1)]
         declined = []
         run_parts(self._gpu_part, cuts, xp, row0, source, out, declined)
@@ -395,9 +401,6 @@ class Transformer:
         from . import _cuda
         from .bases import gpu_phases_job
 
-        if self._gpu_columns is None:
-            self._gpu_columns = _cuda.ColumnsPlan(self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow,
-                                                  self.fidx, self.fptr, self.sc, self.imag, self.pos)
         host = self._source_buffer(m, True)
         jobs = []
         for ga in self.groups:
@@ -416,7 +419,7 @@ class Transformer:
                 base.values(xp[ga.group], ga.gi, ga.codes,
                             out=(host[:, ga.offset:ga.offset + a], host[:, ga.offset + a:ga.offset + 2 * a]),
                             where=(row0, source, labels))
-        return _cuda.columns_resident(host, jobs, self._gpu_columns, out)
+        return _cuda.columns_resident(host, jobs, self._columns_plan(), out)
 
     def _flat_cols(self, g: int):
         """Input group ``g``'s columns, int64 ``(G * width,)``, and their distinct values."""
@@ -553,9 +556,7 @@ class Transformer:
                 if self.device == "cuda":
                     from . import _cuda
 
-                    if self._gpu_columns is None:
-                        self._gpu_columns = _cuda.ColumnsPlan(*static)
-                    _cuda.columns(src, self._gpu_columns, out)
+                    _cuda.columns(src, self._columns_plan(), out)
                 else:
                     columns(src, *static, out, self.real)  # real: all-real columns, the same bits
             if self.huge.size:
