@@ -344,28 +344,58 @@ def compress_rows(vals, data, indices, counts):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def first_nonfinite(out, cols):  # pragma: no cover - compiled
-    """The first ``(row, k)`` (rows in order, then ``k`` in order) where ``out[row, cols[k]]``
-    is not finite, or ``(-1, -1)``: what ``np.argwhere(~np.isfinite(out[:, cols]))[0]`` finds,
-    in one pass over the rows without the ``(m, cols.size)`` copy and mask (a bit test per
-    value: a float's exponent bits all ones).  ``out`` float32 or float64 ``(m, D)``, ``cols``
-    int64 indices in ``[0, D)``."""
-    m = out.shape[0]
+def nonfinite_rows(out, cols, bad, start, stop):  # pragma: no cover - compiled
+    """``bad[r]`` for rows ``[start, stop)``: whether any ``out[r, cols[k]]`` is not finite, by a
+    bit test per value (a float's exponent bits all ones), without the ``(m, cols.size)`` copy
+    and mask of ``~np.isfinite(out[:, cols])``; one row part per thread
+    (:func:`first_nonfinite_rows`).  ``out`` float32 or float64 ``(m, D)``, ``cols`` int64;
+    ``bad`` bool ``(m,)``; rows past it or past ``out``, and columns outside ``[0, D)``, are not read."""
     d = out.shape[1]
-    for r in range(m):
+    stop = min(stop, out.shape[0], bad.size)
+    for r in range(start, stop):
         row = out[r]
-        bad = False
+        b = False
         for k in range(cols.size):
             c = cols[k]
             if c >= 0 and c < d:
                 v = row[c]
-                bad |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite v - v is 0
-        if bad:
-            for k in range(cols.size):
-                c = cols[k]
-                if c >= 0 and c < d and not math.isfinite(row[c]):
-                    return r, k
-    return -1, -1
+                b |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite v - v is 0
+        bad[r] = b
+
+
+def first_nonfinite_rows(out, cols) -> tuple:
+    """The first ``(row, k)`` (rows in order, then ``k`` in order) where ``out[row, cols[k]]`` is
+    not finite, or ``(-1, -1)``: what ``np.argwhere(~np.isfinite(out[:, cols]))[0]`` finds, the
+    rows tested on every thread (:func:`nonfinite_rows`)."""
+    m = out.shape[0]
+    if not m or not cols.size:
+        return -1, -1
+    bad = np.zeros(m, dtype=np.bool_)
+    on_rows(nonfinite_rows, m, out, cols, bad, min_rows=max(1, 65536 // cols.size))
+    hit = np.flatnonzero(bad)
+    if not hit.size:
+        return -1, -1
+    r = int(hit[0])
+    k = int(np.flatnonzero(~np.isfinite(out[r, cols]))[0])
+    return r, k
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def faint_rows(out, tiny, faint, start, stop):  # pragma: no cover - compiled
+    """``faint[r]`` for rows ``[start, stop)``: whether no value of row ``r`` has modulus at
+    least ``tiny`` (all zero, subnormal or NaN).  A row stops at its first value that does:
+    nearly every row after a value or two, where a max and a min over the whole (m, D)
+    chunk read it all twice.  ``faint`` bool ``(m,)``."""
+    d = out.shape[1]
+    stop = min(stop, out.shape[0], faint.size)
+    for r in range(start, stop):
+        row = out[r]
+        f = True
+        for c in range(d):
+            if abs(row[c]) >= tiny:
+                f = False
+                break
+        faint[r] = f
 
 
 # ----------------------------------------------------------------------------- input preparation

@@ -566,9 +566,9 @@ class Transformer:
                                    self.huge_local, self.huge_power, self.huge_log_sc, self.huge_sign, self.huge_imag,
                                    out, self.huge_odd, self.huge_easy)
             if self.checked.size:
-                from ._compiled import first_nonfinite
+                from ._compiled import first_nonfinite_rows
 
-                r, c = first_nonfinite(out, self.checked)
+                r, c = first_nonfinite_rows(out, self.checked)
                 if r >= 0:
                     raise DataError(
                         f"{source}: row {row0 + int(r)}, column {int(self.checked[c])}: the feature's value is too "
@@ -586,9 +586,12 @@ class Transformer:
         zero (or a few subnormal digits).  Rows whose largest value is normal keep every
         value to the dtype's precision relative to it.  Suspect rows (rare: zero rows of
         sparse inputs, or tiny products) are recomputed in float64 to tell the two apart."""
+        from ._compiled import faint_rows, on_rows
+
         tiny = np.finfo(self.dtype).tiny
-        peak = np.maximum(out.max(axis=1, initial=0.0), -out.min(axis=1, initial=0.0))  # no (m, D) temporary
-        suspect = np.flatnonzero(~(peak >= tiny))
+        faint = np.zeros(out.shape[0], dtype=np.bool_)
+        on_rows(faint_rows, out.shape[0], out, float(tiny), faint, min_rows=4096)
+        suspect = np.flatnonzero(faint)
         if not suspect.size:
             return
         if self._wide is None:

@@ -207,7 +207,7 @@ def test_easy_columns_need_real_atoms_a_cosine_and_a_small_phase():
 
 
 def test_first_nonfinite_finds_what_numpy_finds():
-    from rfsgen._compiled import first_nonfinite
+    from rfsgen._compiled import first_nonfinite_rows as first_nonfinite
 
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
@@ -220,6 +220,57 @@ def test_first_nonfinite_finds_what_numpy_finds():
         out[10, 6] = np.nan  # not a checked column
         want = tuple(np.argwhere(~np.isfinite(out[:, cols]))[0])
         assert first_nonfinite(out, cols) == want == (30, 1)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_first_nonfinite_over_row_parts_is_the_first_row(threads, monkeypatch):
+    """Rows split over threads (parts of at least 16,384 rows for 4 columns): the first bad row
+    wins whichever part finishes first, and a column outside the row is never read."""
+    from rfsgen import _compiled
+    from rfsgen._compiled import first_nonfinite_rows, nonfinite_rows
+
+    monkeypatch.setattr(_compiled, "threads", lambda: threads)
+    assert len(_compiled.row_parts(40_000, min_rows=16_384)) - 1 == min(threads, 2)
+    out = np.ones((40_000, 12), np.float32)
+    cols = np.array([3, 11, 5, 0], np.int64)
+    assert first_nonfinite_rows(out, cols) == (-1, -1)
+    out[39_000, 0] = np.inf  # the last part
+    assert first_nonfinite_rows(out, cols) == (39_000, 3)
+    out[20_000, 5] = np.nan  # the second part
+    out[20_000, 7] = np.inf  # not checked
+    assert first_nonfinite_rows(out, cols) == (20_000, 2)
+    out[5, 11] = -np.inf  # the first part
+    assert first_nonfinite_rows(out, cols) == (5, 1)
+    bad = np.zeros(10, np.bool_)
+    nonfinite_rows(out, np.array([-1, 12, 99, 11], np.int64), bad, 0, 10)
+    assert np.flatnonzero(bad).tolist() == [5]  # columns outside the row are skipped, not read
+    bad[:] = False
+    nonfinite_rows(out, np.array([-1, 12, 99], np.int64), bad, 0, 10)
+    assert not bad.any()
+
+
+def test_faint_rows_are_the_rows_without_a_normal_value(monkeypatch):
+    """faint_rows against numpy's peak test: zero rows, subnormal-only rows and rows with one
+    normal value anywhere (the scan stops at it), float32 and float64, one and four parts."""
+    from rfsgen import _compiled
+    from rfsgen._compiled import faint_rows, on_rows
+
+    monkeypatch.setattr(_compiled, "threads", lambda: 4)
+
+    rng = np.random.default_rng(1)
+    for dtype in (np.float32, np.float64):
+        tiny = np.finfo(dtype).tiny
+        out = (rng.uniform(-0.99, 0.99, (9000, 33)) * tiny).astype(dtype)  # subnormal (or zero) values
+        out[::3] = rng.standard_normal((3000, 33))  # every third row normal
+        out[1::3, 32] = tiny  # ... and these by their last value alone
+        out[7] = 0.0
+        out[8, 0] = -np.finfo(dtype).max
+        want = ~(np.abs(out).max(axis=1) >= tiny)
+        for parts in (1, 4):
+            faint = np.zeros(out.shape[0], np.bool_)
+            on_rows(faint_rows, out.shape[0], out, float(tiny), faint, min_rows=out.shape[0] // parts)
+            assert faint.tolist() == want.tolist()
+        assert want[7] and not want[8] and want[2] and not want[1]
 
 
 def test_powers_of_lane_rows_have_the_scalar_powers_bits():
