@@ -453,11 +453,66 @@ def normalize(x, norms) -> None:
     ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), which vectorises and keeps the rounding
     error near log-depth.  Either way a vector's norm depends only on its own values.
     """
+    if not (x.dtype == np.float64 and x.flags.c_contiguous and x.ndim == 3 and norms.shape == x.shape[:2]):
+        raise ValueError("normalize: x must be C-ordered float64 (m, G, w) and norms (m, G)")
+    if x.shape[2] <= 16:  # short vectors (a pixel's channels): many at once, without C-library calls
+        on_rows(_normalize_short, x.shape[0], x, x.view(np.uint64), norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
+        return
     on_rows(_normalize, x.shape[0], x, norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
+
+
+_MAGNITUDE = np.uint64(0x7FFFFFFFFFFFFFFF)  # a float64's bits without its sign
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _normalize_short(x, xb, norms, start, stop):  # pragma: no cover - compiled
+    # :func:`normalize` for w <= 16, the same operations as :func:`_normalize` would do one
+    # vector at a time, each pass over all G vectors of a row (the loops over G vectorise):
+    # the largest magnitude as the largest of the magnitudes' bits (ordered as the values),
+    # frexp's exponent and 2^-e from the bits (frexp and ldexp were C-library calls, half
+    # the time at w = 3), the scaled squares summed left to right, the square root, the
+    # quotients.  ``xb`` is ``x`` viewed as uint64; zero vectors are left alone (norm 0).
+    g, w = x.shape[1], x.shape[2]
+    top = np.empty(g, np.uint64)
+    fb = np.empty(g, np.uint64)
+    f = fb.view(np.float64)
+    acc = np.empty(g)
+    for r in range(start, stop):
+        for j in range(g):
+            top[j] = 0
+        for k in range(w):
+            for j in range(g):
+                b = xb[r, j, k] & _MAGNITUDE
+                top[j] = b if b > top[j] else top[j]
+        for j in range(g):
+            m = top[j]
+            field = np.int64(m >> np.uint64(52))
+            # frexp(max)'s exponent e, at least -1023 (subnormal maxima: -1022 from 2^-1023 up)
+            e = field - 1022 if field > 0 else (-1022 if m >= np.uint64(1 << 51) else -1023)
+            p = 1023 - e  # 2^-e has biased exponent p: normal for p >= 1, else the subnormal 2^(51 + p) ulps
+            fb[j] = (np.uint64(p) << np.uint64(52)) if p >= 1 else (np.uint64(1) << np.uint64(51 + p))
+        for j in range(g):
+            v = x[r, j, 0] * f[j]
+            x[r, j, 0] = v
+            acc[j] = v * v
+        for k in range(1, w):
+            for j in range(g):
+                v = x[r, j, k] * f[j]
+                x[r, j, k] = v
+                acc[j] += v * v
+        for j in range(g):
+            nrm = np.sqrt(acc[j])
+            acc[j] = nrm
+            norms[r, j] = nrm if top[j] != 0 else 0.0
+        for k in range(w):
+            for j in range(g):
+                v = x[r, j, k]
+                x[r, j, k] = v / acc[j] if top[j] != 0 else v
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _normalize(x, norms, start, stop):  # pragma: no cover - compiled
+    # :func:`normalize` for w > 16 (8 running sums; shorter vectors: _normalize_short)
     g, w = x.shape[1], x.shape[2]
     for r in range(start, stop):
         for j in range(g):
@@ -476,25 +531,20 @@ def _normalize(x, norms, start, stop):  # pragma: no cover - compiled
             f = math.ldexp(1.0, -e)
             for k in range(w):
                 v[k] = v[k] * f
-            if w <= 16:
-                acc = v[0] * v[0]
-                for k in range(1, w):
-                    acc += v[k] * v[k]
-            else:
-                s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-                n8 = w - w % 8
-                for k in range(0, n8, 8):
-                    s0 += v[k] * v[k]
-                    s1 += v[k + 1] * v[k + 1]
-                    s2 += v[k + 2] * v[k + 2]
-                    s3 += v[k + 3] * v[k + 3]
-                    s4 += v[k + 4] * v[k + 4]
-                    s5 += v[k + 5] * v[k + 5]
-                    s6 += v[k + 6] * v[k + 6]
-                    s7 += v[k + 7] * v[k + 7]
-                for k in range(n8, w):  # the last w mod 8 squares
-                    s0 += v[k] * v[k]
-                acc = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+            n8 = w - w % 8
+            for k in range(0, n8, 8):
+                s0 += v[k] * v[k]
+                s1 += v[k + 1] * v[k + 1]
+                s2 += v[k + 2] * v[k + 2]
+                s3 += v[k + 3] * v[k + 3]
+                s4 += v[k + 4] * v[k + 4]
+                s5 += v[k + 5] * v[k + 5]
+                s6 += v[k + 6] * v[k + 6]
+                s7 += v[k + 7] * v[k + 7]
+            for k in range(n8, w):  # the last w mod 8 squares
+                s0 += v[k] * v[k]
+            acc = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
             nrm = np.sqrt(acc)
             norms[r, j] = nrm
             for k in range(w):

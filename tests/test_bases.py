@@ -250,3 +250,71 @@ def test_brownian_domain_errors():
         base.prepare(np.array([[[0.5, 1.5]]]), ["b"], 5, "t")
     # laplace without 'domain' is the same base as before
     assert make_base("laplace", {"scale": 2.0}, 3).params == (("scale", 2.0),)
+
+
+def _normalize_reference(x):
+    """rfsgen._compiled.normalize's definition in numpy (elementwise IEEE operations, so the
+    same bits): scale by 2^-e (e: frexp's exponent of the largest magnitude, at least -1023),
+    sum the squares left to right (w <= 16) or in 8 running sums, square root, divide."""
+    x = x.copy()
+    w = x.shape[2]
+    mx = np.abs(x).max(axis=2)
+    e = np.maximum(np.frexp(mx)[1], -1023)
+    t = x * np.ldexp(1.0, -e)[..., None]
+    if w <= 16:
+        acc = t[..., 0] * t[..., 0]
+        for k in range(1, w):
+            acc = acc + t[..., k] * t[..., k]
+    else:
+        s = [np.zeros(x.shape[:2]) for _ in range(8)]
+        n8 = w - w % 8
+        for k in range(n8):
+            s[k % 8] = s[k % 8] + t[..., k] * t[..., k]
+        for k in range(n8, w):
+            s[0] = s[0] + t[..., k] * t[..., k]
+        acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+    nrm = np.sqrt(acc)
+    zero = mx == 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(zero[..., None], x, t / nrm[..., None])
+    return out, np.where(zero, 0.0, nrm)
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 5, 16, 17, 40])
+def test_normalize_has_the_bits_of_its_definition(w):
+    """The compiled normalisation (short vectors many at once from the bits, longer ones in
+    8 running sums) against the definition in numpy: ordinary, zero and signed-zero vectors,
+    subnormal ones on both sides of 2^-1023, ones near the largest float64 and exponents
+    spread over the whole range, on one and several row parts."""
+    from rfsgen import _compiled
+    from rfsgen._compiled import normalize
+
+    rng = np.random.default_rng(w)
+    x = rng.standard_normal((64, 37, w))
+    x[0] = 0.0
+    x[1, :, 0] = -0.0
+    x[2] *= 1e-310
+    x[3] *= 1e300
+    x[4] *= 5e-324
+    x[5] = rng.uniform(-1, 1, x[5].shape) * np.finfo(float).max
+    x[6, 0] = 0.0
+    x[6, 0, -1] = np.finfo(float).max
+    x[7, 0] = 0.0
+    x[7, 0, 0] = 2.0**-1023
+    x[7, 1] = 0.0
+    x[7, 1, 0] = -(2.0**-1024)
+    x[7, 2] = 0.0
+    x[7, 2, -1] = 2.0**1023
+    x[8] *= 2.0 ** rng.integers(-1074, 1023, x[8].shape)
+    x[9] = rng.choice([0.0, -0.0, 1e-320, -3.0, 2.0**-1022], x[9].shape)
+    want, want_norms = _normalize_reference(x)
+    for parts in (1, 3):
+        got, norms = x.copy(), np.empty(x.shape[:2])
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_compiled, "threads", lambda: parts)
+            mp.setattr(_compiled, "_rows_for", lambda n: 1)
+            normalize(got, norms)
+        assert got.tobytes() == want.tobytes()
+        assert norms.tobytes() == want_norms.tobytes()
+    with pytest.raises(ValueError, match="C-ordered float64"):
+        normalize(x[::2], np.empty((32, 37)))

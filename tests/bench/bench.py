@@ -418,8 +418,8 @@ def bench_heavy(args, tmp, res):
 
     out = []
     rng = np.random.default_rng(0)
-    for d in args.heavy_widths:
-        x = rng.standard_normal((args.heavy_rows, d)).astype(np.float32)
+    for d, rows in ((d, rows) for rows in args.heavy_rows for d in args.heavy_widths):
+        x = rng.standard_normal((rows, d)).astype(np.float32)
         fss, trs = {}, {}
         for act in ("relu", "step"):
             with warnings.catch_warnings():  # step over coordinate: the infinite-variance warning
@@ -481,8 +481,7 @@ def bench_peak(args, tmp, res):
     out = []
     for path in sorted((ROOT / "skeletons").glob("*.yaml")):
         s = load_shipped(str(path))
-        feats, rows = tmp / f"peak-{path.stem}.h5", tmp / f"peak-{path.stem}.npy"
-        np.save(rows, rows_for(s, args.peak_rows, seed=0).astype(np.float32))
+        feats = tmp / f"peak-{path.stem}.h5"
         n = args.peak_columns
         while True:  # a skeleton with fewer distinct features (categorical-poly): (nearly) all of them
             try:
@@ -493,16 +492,19 @@ def bench_peak(args, tmp, res):
                 cap = int(most.group(1).replace(",", "")) if most else n
                 n = cap if cap < n else max(1, n * 19 // 20)
         save_features(fs, feats, overwrite=True)
-        r = {"skeleton": path.stem, "rows": args.peak_rows, "columns": fs.columns}
-        for who in ("rfsgen", "rbfsampler"):
-            r[f"{who}_s"], r[f"{who}_rss_mib"], _ = run_rss([PY, "-c", _PEAK, who, feats, rows, fs.columns])
-        r["ratio"] = r["rfsgen_rss_mib"] / r["rbfsampler_rss_mib"]
-        out.append(r)
-        print(f"  peak RSS {path.stem:>18}, {args.peak_rows} rows, D = {fs.columns}: rfsgen "
-              f"{r['rfsgen_rss_mib']:.0f} MiB, RBFSampler {r['rbfsampler_rss_mib']:.0f} MiB "
-              f"(rfsgen/RBFSampler = {r['ratio']:.2f})", flush=True)
+        for m in args.peak_rows:  # the fixed part (numba's compiler and code) weighs less at more rows
+            rows = tmp / f"peak-{path.stem}-{m}.npy"
+            np.save(rows, rows_for(s, m, seed=0).astype(np.float32))
+            r = {"skeleton": path.stem, "rows": m, "columns": fs.columns}
+            for who in ("rfsgen", "rbfsampler"):
+                r[f"{who}_s"], r[f"{who}_rss_mib"], _ = run_rss([PY, "-c", _PEAK, who, feats, rows, fs.columns])
+            r["ratio"] = r["rfsgen_rss_mib"] / r["rbfsampler_rss_mib"]
+            out.append(r)
+            print(f"  peak RSS {path.stem:>18}, {m} rows, D = {fs.columns}: rfsgen "
+                  f"{r['rfsgen_rss_mib']:.0f} MiB, RBFSampler {r['rbfsampler_rss_mib']:.0f} MiB "
+                  f"(rfsgen/RBFSampler = {r['ratio']:.2f})", flush=True)
+            rows.unlink()
         feats.unlink()
-        rows.unlink()
     res["peak"] = out
 
 
@@ -1305,13 +1307,14 @@ def main(argv=None):
     args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 10_000, 100_000, 10_000, (4096, 16384)
     args.check_rows, args.check_columns, args.check_repeats, args.check_processes = 10_000, 10_000, 7, 6
     args.dask_rows, args.dask_columns, args.dask_repeats = 20_000, 10_000, 3
-    args.heavy_widths, args.heavy_rows, args.heavy_columns = (64, 784), 10_000, 2048
+    # 10^5 rows: the speed issue's case (per-call set-up weighs in at 10^4)
+    args.heavy_widths, args.heavy_rows, args.heavy_columns = (64, 784), (10_000, 100_000), 2048
     args.sparse_rows = 20_000
-    args.peak_rows, args.peak_columns = 10_000, 4096
+    args.peak_rows, args.peak_columns = (10_000, 40_000), 4096
     if args.quick:
-        args.heavy_rows, args.heavy_columns = 1000, 512
+        args.heavy_rows, args.heavy_columns = (1000,), 512
         args.sparse_rows = 1000
-        args.peak_rows, args.peak_columns = 1000, 512
+        args.peak_rows, args.peak_columns = (1000,), 512
         args.rks_rows, args.rks_laplace_rows, args.rks_sparse_rows, args.rks_columns = 300, 3000, 300, (4096,)
         args.columns, args.rows, args.repeats = 1000, 1000, 2
         args.sample_sizes, args.e2e_rows, args.e2e_repeats = (10**4,), 2000, 1
