@@ -255,6 +255,33 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums
     return data, indices, counts
 
 
+def compress_into(vals: np.ndarray, data: np.ndarray, indices: np.ndarray, counts: np.ndarray) -> int:
+    """``vals`` (float ``(m, D)``) without its exact zeros (+0 or -0), row after row, into the
+    front of ``data`` (its dtype) and ``indices`` (int32 or int64), each at least ``m * D``
+    long; each row's count into ``counts`` (int64 ``(m,)``).  Returns the values kept: what
+    :func:`rfsgen._compiled.compress_rows` gives, with the rows split over the threads (a
+    counting pass, then each row written at its place), as :func:`_sparse_parts` does."""
+    from ._compiled import compress_hashed, compress_rows, on_rows, stored_counts
+
+    m, d = vals.shape
+    if (vals.dtype not in (np.float32, np.float64) or data.dtype != vals.dtype or indices.dtype != np.int32
+            or not vals.flags.c_contiguous or not m or not d):
+        return compress_rows(vals, data, indices, counts)
+    if data.size < m * d or indices.size < m * d or counts.size < m:
+        raise ValueError(f"compress_into: data and indices must hold {m} x {d} values, counts {m}")
+    w = vals.view(np.uint32)
+    dper = vals.dtype.itemsize // 4
+    none = np.empty((0, 8), dtype=np.uint32)
+    masks = (np.uint32(0), np.uint32(0), np.uint32(1))
+    min_rows = max(1, (1 << 17) // d)
+    on_rows(stored_counts, m, w, dper, 0, False, *masks, counts, none, min_rows=min_rows)
+    ptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts[:m], out=ptr[1:])
+    on_rows(compress_hashed, m, w, dper, ptr, data.view(np.uint32), indices.view(np.uint32), 0, False, *masks, none,
+            min_rows=min_rows)
+    return int(ptr[-1])
+
+
 # ----------------------------------------------------------------------------- integrity record
 #: The root attribute holding the integrity record (one canonical JSON text).
 RECORD_ATTR = "rfsgen_record"

@@ -119,7 +119,7 @@ def _csr_known_rows(tr, src, chunk_rows, progress):
     straight into arrays sized for the dense case (m * D), trimmed at the end."""
     import scipy.sparse as sp
 
-    from ._compiled import compress_rows
+    from .output import compress_into
 
     n, D = src.n_rows, tr.columns
     if getattr(tr, "direct_csr", False):  # EOF: CSR rows written straight, at most T a row (rfsgen.eof)
@@ -131,7 +131,7 @@ def _csr_known_rows(tr, src, chunk_rows, progress):
     for row0, vals in tr.chunks(src, chunk_rows):
         m = vals.shape[0]
         counts = np.empty(m, dtype=np.int64)
-        nnz += compress_rows(vals, data[nnz:], indices[nnz:], counts)
+        nnz += compress_into(vals, data[nnz:], indices[nnz:], counts)  # on every thread
         np.cumsum(counts, out=indptr[row0 + 1:row0 + m + 1])
         indptr[row0 + 1:row0 + m + 1] += indptr[row0]
         if progress:

@@ -635,3 +635,33 @@ def test_patch_skeleton_chunks_are_sized_from_their_atoms():
     assert tr.source_width == 2 * 12643
     rows = default_chunk_rows(tr.columns, tr.row_bytes)
     assert rows * tr.row_bytes <= 64 << 20 and rows < 2048
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compress_into_is_compress_rows_on_every_thread(dtype, monkeypatch):
+    """The in-memory CSR's compression (a counting pass, then every row written at its place,
+    rows split over threads) gives compress_rows' arrays: exact zeros of either sign dropped,
+    NaN, subnormals and full rows kept, written at an offset into longer arrays."""
+    from rfsgen import _compiled
+    from rfsgen._compiled import compress_rows
+    from rfsgen.output import compress_into
+
+    rng = np.random.default_rng(3)
+    vals = rng.standard_normal((6000, 70)).astype(dtype)  # rows for 3 parts of 1,872
+    vals[rng.random(vals.shape) < 0.3] = 0.0
+    vals[5] = -0.0
+    vals[6, 3] = np.nan
+    vals[7, 9] = np.finfo(dtype).tiny / 4
+    vals[8] = 1.0
+    want_d, want_i, want_c = np.zeros(420_009, dtype), np.zeros(420_009, np.int32), np.zeros(6000, np.int64)
+    k = compress_rows(vals, want_d, want_i, want_c)
+    for parts in (1, 3):
+        monkeypatch.setattr(_compiled, "threads", lambda: parts)
+        assert len(_compiled.row_parts(6000, min_rows=(1 << 17) // 70)) - 1 == parts
+        data, indices, counts = np.zeros(420_009, dtype), np.zeros(420_009, np.int32), np.zeros(6000, np.int64)
+        assert compress_into(vals, data[9:], indices[9:], counts) == k
+        assert data[9:9 + k].tobytes() == want_d[:k].tobytes()
+        assert indices[9:9 + k].tolist() == want_i[:k].tolist() and counts.tolist() == want_c.tolist()
+        assert not data[:9].any() and not data[9 + k:].any()  # nothing written outside its place
+    with pytest.raises(ValueError, match="must hold"):
+        compress_into(vals, np.zeros(100, dtype), np.zeros(100, np.int32), np.zeros(6000, np.int64))
