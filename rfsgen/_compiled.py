@@ -455,6 +455,9 @@ def normalize(x, norms) -> None:
     """
     if not (x.dtype == np.float64 and x.flags.c_contiguous and x.ndim == 3 and norms.shape == x.shape[:2]):
         raise ValueError("normalize: x must be C-ordered float64 (m, G, w) and norms (m, G)")
+    if x.shape[2] == 0:  # empty vectors: zero vectors (norm 0), nothing to read
+        norms[...] = 0.0
+        return
     if x.shape[2] <= 16:  # short vectors (a pixel's channels): many at once, without C-library calls
         on_rows(_normalize_short, x.shape[0], x, x.view(np.uint64), norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
         return

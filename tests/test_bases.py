@@ -318,3 +318,6 @@ def test_normalize_has_the_bits_of_its_definition(w):
         assert norms.tobytes() == want_norms.tobytes()
     with pytest.raises(ValueError, match="C-ordered float64"):
         normalize(x[::2], np.empty((32, 37)))
+    empty, norms = np.zeros((4, 3, 0)), np.full((4, 3), np.nan)
+    normalize(empty, norms)  # no value to read or write: zero vectors
+    assert not norms.any()
