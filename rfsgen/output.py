@@ -212,8 +212,6 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums
     the CSR rows, global ``row0`` onwards, each hashed in the pass that last touched it
     (:meth:`DataChecksum.csr_parts`).
     """
-    from ._compiled import compress_hashed, on_rows, stored_counts
-
     m, d = vals.shape
     index_dtype = np.int32 if d < 2**31 else np.int64
     if (vals.dtype not in (np.float32, np.float64) or index_dtype != np.int32 or not m or not d
@@ -230,14 +228,9 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums
             sums.csr(data, indices, np.concatenate([[0], np.cumsum(counts)]), row0)
         return data, indices, counts
     vals = np.ascontiguousarray(vals)
-    w = vals.view(np.uint32)
-    dper = vals.dtype.itemsize // 4
-    hashing = sums is not None
-    out = np.empty((m if hashing else 0, 8), dtype=np.uint32)
-    masks = sums.masks if hashing else (np.uint32(0), np.uint32(0), np.uint32(1))
+    passes = _RowPasses(vals, row0, sums)
     counts = np.empty(m, dtype=np.int64)
-    min_rows = max(1, (1 << 17) // d)
-    on_rows(stored_counts, m, w, dper, int(row0), hashing, *masks, counts, out, min_rows=min_rows)
+    passes.count(counts)
     if (counts == d).all():
         if full_indices is None or full_indices.size < m * d:
             full_indices = np.tile(np.arange(d, dtype=index_dtype), m)
@@ -248,11 +241,46 @@ def _sparse_parts(vals: np.ndarray, full_indices: np.ndarray | None = None, sums
         nnz = int(ptr[-1])
         data = np.empty(nnz, dtype=vals.dtype)
         indices = np.empty(nnz, dtype=index_dtype)
-        on_rows(compress_hashed, m, w, dper, ptr, data.view(np.uint32), indices.view(np.uint32), int(row0), hashing,
-                *masks, out, min_rows=min_rows)
-    if hashing:
-        sums._add(out[:, :6])
+        passes.compress(ptr, data, indices)
+    passes.finish(sums)
     return data, indices, counts
+
+
+class _RowPasses:
+    """The two passes that make a dense chunk's CSR pieces, rows split over the threads
+    (:func:`rfsgen._compiled.stored_counts`, :func:`rfsgen._compiled.compress_hashed`):
+    ``vals`` C-ordered float32 or float64 ``(m, D)``, int32 columns; with ``sums`` (a CSR
+    :class:`DataChecksum`), each row hashed in the pass that last touched it, global
+    ``row0`` onwards."""
+
+    def __init__(self, vals: np.ndarray, row0: int = 0, sums=None):
+        m, d = vals.shape
+        self.m, self.row0 = m, int(row0)
+        self.w = vals.view(np.uint32)
+        self.dper = vals.dtype.itemsize // 4
+        self.hashing = sums is not None
+        self.out = np.empty((m if self.hashing else 0, 8), dtype=np.uint32)
+        self.masks = sums.masks if self.hashing else (np.uint32(0), np.uint32(0), np.uint32(1))
+        self.min_rows = max(1, (1 << 17) // d)
+
+    def count(self, counts: np.ndarray) -> None:
+        """Each row's values that are not exactly zero into ``counts`` (int64 ``(m,)``)."""
+        from ._compiled import on_rows, stored_counts
+
+        on_rows(stored_counts, self.m, self.w, self.dper, self.row0, self.hashing, *self.masks, counts, self.out,
+                min_rows=self.min_rows)
+
+    def compress(self, ptr: np.ndarray, data: np.ndarray, indices: np.ndarray) -> None:
+        """Row ``r``'s kept values and columns into ``data`` and ``indices`` at ``ptr[r]:ptr[r + 1]``
+        (the counts summed)."""
+        from ._compiled import compress_hashed, on_rows
+
+        on_rows(compress_hashed, self.m, self.w, self.dper, ptr, data.view(np.uint32), indices.view(np.uint32),
+                self.row0, self.hashing, *self.masks, self.out, min_rows=self.min_rows)
+
+    def finish(self, sums) -> None:
+        if self.hashing:
+            sums._add(self.out[:, :6])
 
 
 def compress_into(vals: np.ndarray, data: np.ndarray, indices: np.ndarray, counts: np.ndarray) -> int:
@@ -261,7 +289,7 @@ def compress_into(vals: np.ndarray, data: np.ndarray, indices: np.ndarray, count
     long; each row's count into ``counts`` (int64 ``(m,)``).  Returns the values kept: what
     :func:`rfsgen._compiled.compress_rows` gives, with the rows split over the threads (a
     counting pass, then each row written at its place), as :func:`_sparse_parts` does."""
-    from ._compiled import compress_hashed, compress_rows, on_rows, stored_counts
+    from ._compiled import compress_rows
 
     m, d = vals.shape
     if (vals.dtype not in (np.float32, np.float64) or data.dtype != vals.dtype or indices.dtype != np.int32
@@ -269,16 +297,11 @@ def compress_into(vals: np.ndarray, data: np.ndarray, indices: np.ndarray, count
         return compress_rows(vals, data, indices, counts)
     if data.size < m * d or indices.size < m * d or counts.size < m:
         raise ValueError(f"compress_into: data and indices must hold {m} x {d} values, counts {m}")
-    w = vals.view(np.uint32)
-    dper = vals.dtype.itemsize // 4
-    none = np.empty((0, 8), dtype=np.uint32)
-    masks = (np.uint32(0), np.uint32(0), np.uint32(1))
-    min_rows = max(1, (1 << 17) // d)
-    on_rows(stored_counts, m, w, dper, 0, False, *masks, counts, none, min_rows=min_rows)
+    passes = _RowPasses(vals)
+    passes.count(counts)
     ptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(counts[:m], out=ptr[1:])
-    on_rows(compress_hashed, m, w, dper, ptr, data.view(np.uint32), indices.view(np.uint32), 0, False, *masks, none,
-            min_rows=min_rows)
+    passes.compress(ptr, data, indices)
     return int(ptr[-1])
 
 
