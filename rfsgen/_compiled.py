@@ -217,18 +217,8 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, 
     factors, where z^-k = conj(z)^k.  Each output value depends only on its own row
     and is computed the same way whatever the thread count or number of rows.
     """
-    d = out.shape[1]
     n_atoms = ir.size
-    n_factors = n_atoms + xatom.size
-    one = n_factors  # an extra lane row holding the factor 1 (columns without terms)
-    base = n_factors + 1  # and one for the base being squared while raising a power
-    d8 = d - d % TILE
-    fr = np.empty((n_factors + 2, TILE))
-    fi = np.empty((n_factors + 2, TILE))
-    for t in range(TILE):
-        fr[one, t] = 1.0
-        fi[one, t] = 0.0
-    tile = np.empty((d, TILE), dtype=out.dtype)
+    fr, fi, tile = tile_buffers(n_atoms + xatom.size, out)
     part = np.zeros((TILE, src.shape[1]))  # the last, partial tile's rows, zero-padded
     for r0 in range(start, stop, TILE):
         n = min(TILE, stop - r0)
@@ -247,27 +237,54 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, 
             else:
                 for t in range(TILE):
                     fi[k, t] = 0.0
-        for e in range(xatom.size):
-            _power_rows(fr, fi, xatom[e], xpow[e], n_atoms + e, base)
-        for p in range(d):
-            q0 = fptr[p]
-            q1 = fptr[p + 1]
-            if q1 > q0:
-                if real[p] and not product_real(fr, fidx[q0], fidx, q0 + 1, q1, sc[p], tile, p):
-                    continue
-                product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
-            else:
-                product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
-        if n == TILE:
-            for j in range(0, d8, TILE):
-                transpose_out(tile, pos, j, out, r0)
-            for t in range(TILE):
-                for j in range(d8, d):
-                    out[r0 + t, j] = tile[pos[j], t]
+        tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, tile, out, r0, n)
+
+
+@numba.njit(cache=True, nogil=True)
+def tile_buffers(n_factors, out):  # pragma: no cover - compiled
+    """The lane rows ``(fr, fi)`` (float64 ``(n_factors + 2, TILE)``: the factors, then the
+    factor 1 and a scratch row for :func:`tile_columns`) and the column-major tile (``(D,
+    TILE)`` of ``out``'s dtype) of one thread's product loop."""
+    fr = np.empty((n_factors + 2, TILE))
+    fi = np.empty((n_factors + 2, TILE))
+    for t in range(TILE):
+        fr[n_factors, t] = 1.0
+        fi[n_factors, t] = 0.0
+    return fr, fi, np.empty((out.shape[1], TILE), dtype=out.dtype)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, tile, out, r0, n):  # pragma: no cover
+    """The columns of one tile of rows ``r0:r0 + n`` (n <= TILE) whose atoms fill lane rows
+    ``0:n_atoms`` of ``(fr, fi)`` (from :func:`tile_buffers`): the powers ``xatom, xpow``
+    raised into the next lane rows, each column's product (:func:`_columns`' arrays), and
+    the tile moved into ``out``'s rows (only its first ``n`` lanes)."""
+    d = out.shape[1]
+    n_factors = n_atoms + xatom.size
+    one = n_factors  # the lane row holding the factor 1 (columns without terms)
+    base = n_factors + 1  # and the one for the base being squared while raising a power
+    d8 = d - d % TILE
+    for e in range(xatom.size):
+        _power_rows(fr, fi, xatom[e], xpow[e], n_atoms + e, base)
+    for p in range(d):
+        q0 = fptr[p]
+        q1 = fptr[p + 1]
+        if q1 > q0:
+            if real[p] and not product_real(fr, fidx[q0], fidx, q0 + 1, q1, sc[p], tile, p):
+                continue
+            product(fr, fi, fidx[q0], fidx, q0 + 1, q1, imag[p], sc[p], tile, p)
         else:
-            for t in range(n):
-                for j in range(d):
-                    out[r0 + t, j] = tile[pos[j], t]
+            product(fr, fi, one, fidx, q0, q0, imag[p], sc[p], tile, p)
+    if n == TILE:
+        for j in range(0, d8, TILE):
+            transpose_out(tile, pos, j, out, r0)
+        for t in range(TILE):
+            for j in range(d8, d):
+                out[r0 + t, j] = tile[pos[j], t]
+    else:
+        for t in range(n):
+            for j in range(d):
+                out[r0 + t, j] = tile[pos[j], t]
 
 
 def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, real=None) -> None:
@@ -417,13 +434,31 @@ def _gather_columns32(x, cols, ucols, out, top, start, stop):  # pragma: no cove
     for r in range(start, stop):
         for k in range(cols.size):
             out[r, k] = np.float32(np.float64(x[r, cols[k]]))  # rounded once to nearest; beyond float32: inf
-        hi = -np.inf
-        lo = np.inf
-        for k in range(ucols.size):
-            v = np.float64(x[r, ucols[k]])
-            hi = max(hi, v)
-            lo = min(lo, v)
-        top[r] = max(hi, -lo)
+        top[r] = _peak(x, r, ucols)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _peak(x, r, ucols):  # pragma: no cover - compiled
+    hi = -np.inf
+    lo = np.inf
+    for k in range(ucols.size):
+        v = np.float64(x[r, ucols[k]])
+        hi = max(hi, v)
+        lo = min(lo, v)
+    return max(hi, -lo)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _row_peaks(x, ucols, top, start, stop):  # pragma: no cover - compiled
+    for r in range(start, stop):
+        top[r] = _peak(x, r, ucols)
+
+
+def row_peaks(x, ucols, top) -> None:
+    """:func:`gather_columns32`'s ``top`` alone: ``top[r]`` the largest ``|x[r, ucols[k]]|``
+    (float64, ``max(max, -min)``); x float32/float64 ``(m, w)`` finite, ucols int64, each
+    value in ``[0, w)``."""
+    on_rows(_row_peaks, x.shape[0], x, ucols, top, min_rows=_rows_for(ucols.size))
 
 
 def gather_columns32(x, cols, ucols, out, top) -> None:

@@ -42,6 +42,8 @@ import numpy as np
 from llvmlite import ir
 
 from ._signals import deferred
+from ._compiled import TILE as LANES
+from ._compiled import tile_buffers, tile_columns
 from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, _quadrant, redo_slow
 
 with deferred():
@@ -111,19 +113,11 @@ def _ptr(context, builder, aryty, ary, *indices):
     return cgutils.get_item_pointer(context, builder, aryty, arr, list(indices), wraparound=False)
 
 
-@intrinsic
-def angle_tile(typingctx, x, r0, nr, col0, w, tile, c0, dst, init):
-    """``dst[i, t] = fma-sum over c < w of x[r0 + min(i, nr - 1), col0 + c] * tile[c0 + c, t]``
-    for i < ROWS, t < TILE, continued from ``dst`` (or from +0.0 when ``init``), in
-    the order c = 0, 1, ...: one register tile (ROWS x 2 vectors of ATOMS).  ``x``,
-    ``tile`` (a packed tile: ``(w, TILE)``), ``dst`` (``(ROWS, TILE)``) float32
-    C-ordered; rows past ``nr`` repeat the last row (computed, ignored by the caller).
-    The tile's frequencies of one term are 128 contiguous bytes, the next term's right
-    after them."""
-    f32 = types.float32
-    if not (_matrix(x, f32) and _matrix(tile, f32) and _matrix(dst, f32)):
-        return None
-    sig = types.void(x, r0, nr, col0, w, tile, c0, dst, init)
+def _angle_codegen(indexed):
+    """The code of :func:`angle_tile` (``indexed`` False: arguments ``x, r0, nr, col0, w,
+    tile, c0, dst, init``) and of :func:`angle_tile_at` (True: ``x, r0, nr, cols, col0, w,
+    tile, c0, dst, init``, term c of a row read at ``x[row, cols[col0 + c]]``)."""
+    shift = 1 if indexed else 0
     nvec = TILE // ATOMS
 
     def codegen(context, builder, signature, args):
@@ -140,25 +134,33 @@ def angle_tile(typingctx, x, r0, nr, col0, w, tile, c0, dst, init):
         fma = _fma_fn(builder, vt)
         i32 = ir.IntType(32)
         last = builder.sub(ix(2), const(1))
-        om_base = builder.bitcast(_ptr(context, builder, t[5], args[5], ix(6), const(0)), vt.as_pointer())
+        om_base = builder.bitcast(_ptr(context, builder, t[5 + shift], args[5 + shift], ix(6 + shift), const(0)),
+                                  vt.as_pointer())
         xrows = []
         for i in range(ROWS):
             ci = const(i)
             off = builder.select(builder.icmp_signed("<", ci, last), ci, last)
-            xrows.append(_ptr(context, builder, t[0], args[0], builder.add(ix(1), off), ix(3)))
-        first = context.cast(builder, args[8], t[8], types.boolean)
+            first_col = const(0) if indexed else ix(3)
+            xrows.append(_ptr(context, builder, t[0], args[0], builder.add(ix(1), off), first_col))
+        if indexed:
+            col_ptr = _ptr(context, builder, t[3], args[3], ix(4))
+        first = context.cast(builder, args[8 + shift], t[8 + shift], types.boolean)
         zero = ir.Constant(vt, [0.0] * ATOMS)
-        dbase = builder.bitcast(_ptr(context, builder, t[7], args[7], const(0), const(0)), vt.as_pointer())
+        dbase = builder.bitcast(_ptr(context, builder, t[7 + shift], args[7 + shift], const(0), const(0)),
+                                vt.as_pointer())
         dvecs = [builder.gep(dbase, [const(i * nvec + j)]) for i in range(ROWS) for j in range(nvec)]
         accs = [cgutils.alloca_once_value(builder, builder.select(first, zero, builder.load(p, align=4)))
                 for p in dvecs]
         undef = ir.Constant(vt, ir.Undefined)
         mask = ir.Constant(ir.VectorType(i32, ATOMS), [0] * ATOMS)
-        with cgutils.for_range_slice(builder, const(0), ix(4), const(1), inc=True) as (c, _):
+        with cgutils.for_range_slice(builder, const(0), ix(4 + shift), const(1), inc=True) as (c, _):
             row = builder.gep(om_base, [builder.mul(c, const(nvec))])
             ovs = [builder.load(builder.gep(row, [const(j)]), align=4) for j in range(nvec)]
+            at = c
+            if indexed:
+                at = context.cast(builder, builder.load(builder.gep(col_ptr, [c])), t[3].dtype, intp)
             for i in range(ROWS):
-                xv = builder.load(builder.gep(xrows[i], [c]), align=4)
+                xv = builder.load(builder.gep(xrows[i], [at]), align=4)
                 xs = builder.shuffle_vector(builder.insert_element(undef, xv, ir.Constant(i32, 0)), undef, mask)
                 for j in range(nvec):
                     acc = accs[i * nvec + j]
@@ -167,10 +169,37 @@ def angle_tile(typingctx, x, r0, nr, col0, w, tile, c0, dst, init):
             builder.store(builder.load(acc), p, align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
 
 
-# ----------------------------------------------------------------------------- cos and sin
+@intrinsic
+def angle_tile(typingctx, x, r0, nr, col0, w, tile, c0, dst, init):
+    """``dst[i, t] = fma-sum over c < w of x[r0 + min(i, nr - 1), col0 + c] * tile[c0 + c, t]``
+    for i < ROWS, t < TILE, continued from ``dst`` (or from +0.0 when ``init``), in
+    the order c = 0, 1, ...: one register tile (ROWS x 2 vectors of ATOMS).  ``x``,
+    ``tile`` (a packed tile: ``(w, TILE)``), ``dst`` (``(ROWS, TILE)``) float32
+    C-ordered; rows past ``nr`` repeat the last row (computed, ignored by the caller).
+    The tile's frequencies of one term are 128 contiguous bytes, the next term's right
+    after them."""
+    f32 = types.float32
+    if not (_matrix(x, f32) and _matrix(tile, f32) and _matrix(dst, f32)):
+        return None
+    return types.void(x, r0, nr, col0, w, tile, c0, dst, init), _angle_codegen(False)
+
+
+@intrinsic
+def angle_tile_at(typingctx, x, r0, nr, cols, col0, w, tile, c0, dst, init):
+    """:func:`angle_tile` with each row's terms read through ``cols`` (int64 1-D): term c of
+    row ``r`` is ``x[r, cols[col0 + c]]`` (the caller keeps ``cols[col0:col0 + w]`` within
+    ``x``'s columns), so a patch's values are read where they sit in the input row, not
+    gathered first.  The same fma chain, so the same bits."""
+    f32 = types.float32
+    if not (_matrix(x, f32) and _matrix(tile, f32) and _matrix(dst, f32) and isinstance(cols, types.Array)
+            and cols.ndim == 1 and isinstance(cols.dtype, types.Integer)):
+        return None
+    return types.void(x, r0, nr, cols, col0, w, tile, c0, dst, init), _angle_codegen(True)
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _kernels(r):  # pragma: no cover - compiled
     z = r * r
@@ -467,6 +496,78 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
                                     v = sb[i * TILE + t] if imag[k + t] else cb[i * TILE + t]
                                     out[r0 + i, c] = sc[k + t] * v
             b0 = b1
+
+
+def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow, fidx, fptr, sc, imag,
+                  pos, real, out) -> None:
+    """:func:`phases` and the product loop (:func:`rfsgen._compiled.columns`) in one pass
+    over each tile of rows, so that the atoms' float64 cos and sin (135 KB a row for
+    mnist-conv) never reach memory: per tile of rows, each packed tile's angles, their
+    cos and sin straight into the product loop's lane rows, then the tile's columns.
+
+    ``x`` float32 ``(m, width)`` C order, the rows; node g's term c is ``x[:, cols[g w +
+    c]]`` (``cols`` int64, read in place: :func:`angle_tile_at`); atoms, blocks and packed
+    frequencies as for :func:`phases`, in node order, atom k of the blocks being lane row k
+    of the product loop with factors ``cr = ci = 1`` (its gather's ``1.0 * cos`` and ``1.0
+    * sin`` are the values themselves); ``n_atoms`` their number; ``xatom`` ... ``real``
+    and ``out`` as for :func:`rfsgen._compiled.columns`.  The same sums, cos, sin and
+    products in the same order, so the bytes of :func:`phases` followed by the product
+    loop.  The caller makes sure no angle can overflow, as for :func:`phases_out`
+    (rfsgen.bases.gathered_columns); angles beyond the fast range are redone by
+    :func:`sincos_into`.  Raises ValueError where ``cols`` or the blocks would read outside
+    ``x``, ``cols`` or the lane rows."""
+    from ._compiled import on_rows
+
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or cols.dtype != np.int64:
+        raise ValueError("x must be C-ordered float32 rows and cols int64")
+    if cols.size and not (0 <= int(cols.min()) and int(cols.max()) < x.shape[1]):
+        raise ValueError("cols must point into x's columns")
+    if blk_start.size and not (int(blk_node.min()) >= 0 and (int(blk_node.max()) + 1) * w <= cols.size
+                               and int(blk_start.min()) >= 0 and int(blk_end.max()) <= n_atoms
+                               and tile0.size == blk_start.size + 1 and int(tile0[-1]) <= tiles.shape[0]
+                               and tiles.shape[1] >= w):
+        raise ValueError("the blocks must read within cols, the atoms and the packed tiles")
+    on_rows(_phase_columns, x.shape[0], x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow,
+            fidx, fptr, sc, imag, pos, real, out, align=LANES, min_rows=LANES)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow, fidx, fptr, sc, imag,
+                   pos, real, out, start, stop):  # pragma: no cover - compiled
+    # Per tile of LANES rows: each packed tile of atoms' angles, register tile by register
+    # tile of ROWS rows (the sums continued in runs of kc terms, as in _phases), cos and
+    # sin of its atoms only, into the lane rows; then the product loop's columns.
+    kc = min(w, SUM_BLOCK)
+    fr, fi, tile = tile_buffers(n_atoms + xatom.size, out)
+    sub = -(-LANES // ROWS)
+    part = np.empty((sub, ROWS, TILE), np.float32)
+    packed = np.empty(LANES * TILE, np.float32)
+    frv = fr.reshape(-1)
+    fiv = fi.reshape(-1)
+    for r0 in range(start, stop, LANES):
+        n = min(LANES, stop - r0)
+        for b in range(blk_start.size):
+            k0 = blk_start[b]
+            for j in range(tile0[b], tile0[b + 1]):
+                k = k0 + TILE * (j - tile0[b])
+                kn = min(TILE, blk_end[b] - k)
+                for q in range(sub):
+                    nr = min(ROWS, n - q * ROWS)
+                    if nr <= 0:
+                        break
+                    for c0 in range(0, w, kc):
+                        angle_tile_at(x, r0 + q * ROWS, nr, cols, blk_node[b] * w + c0, min(kc, w - c0), tiles[j], c0,
+                                      part[q], c0 == 0)
+                for t in range(kn):  # lane-major: atom k + t's LANES rows, as its lane row holds them
+                    for i in range(LANES):
+                        packed[t * LANES + i] = part[i // ROWS, i % ROWS, t] if i < n else 0.0
+                sincos_into(packed, kn * LANES, frv[k * LANES:], fiv[k * LANES:])
+                if n < LANES:  # the product loop's zero rows past the last
+                    for t in range(kn):
+                        for i in range(n, LANES):
+                            fr[k + t, i] = 0.0
+                            fi[k + t, i] = 0.0
+        tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, tile, out, r0, n)
 
 
 # ----------------------------------------------------------------------------- angles of CSR rows

@@ -641,6 +641,43 @@ def gathered_phases(base, x, cols, gi, omega, out, where=None, buf=None, ucols=N
     return re, im
 
 
+def gathered_columns(base, x, cols, gi, omega, static, out, ucols=None, buf=None) -> bool:
+    """Output columns of a transformer whose atoms are one such group's, in node order
+    (:func:`rfsgen._sincos32.phase_columns`): :func:`gathered_phases` and the product loop
+    in one pass, each patch's values read where they sit in the row, the same bits.  ``x``
+    checked rows (float32 or float64 ``(m, width)``, C order, finite), ``cols`` and
+    ``ucols`` as for :func:`gathered_phases`; ``static`` the product loop's arrays
+    ``(xatom, xpow, fidx, fptr, sc, imag, pos, real)`` (:func:`rfsgen._compiled.columns`);
+    ``out`` float32 or float64 ``(m, D)`` C order; ``buf``, if given, a float32 array of at
+    least ``m * width`` values for float64 rows rounded to float32.  False, with ``out``
+    not written, where the rows need :func:`gathered_phases`' other paths: atoms not in
+    node order, an infinite frequency, a row whose angles could overflow float32 (the
+    scaled float64 redo), rows mostly zeros (the CSR rows' loop)."""
+    from ._compiled import row_peaks
+    from ._sincos32 import SPARSE_RATIO, phase_columns
+
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    plan = _phase_plan(gi, omega, base.param("scale"))
+    m, a = x.shape[0], plan.order.size
+    if not (m and a) or not plan.in_order or not np.isfinite(plan.l1):
+        return False
+    row_max = np.empty(m)
+    row_peaks(x, np.unique(cols) if ucols is None else ucols, row_max)
+    with np.errstate(over="ignore", invalid="ignore"):  # as in gathered_phases
+        if not np.all((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)):
+            return False
+    w = base.width
+    if cols.size == w and np.count_nonzero(x[:, cols]) * SPARSE_RATIO < m * w:
+        return False
+    if x.dtype != np.float32:  # rounded once, as the float64 gather's float32 copy rounds them
+        x32 = (buf[:x.size] if buf is not None else np.empty(x.size, np.float32)).reshape(x.shape)
+        with np.errstate(over="ignore"):  # (columns of other groups: never read)
+            np.copyto(x32, x, casting="unsafe")
+        x = x32
+    phase_columns(x, cols, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, a, *static, out)
+    return True
+
+
 def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     """The values of a continuous base's atoms (nodes ``gi``, frequencies ``omega``) on rows
     given in CSR form (:func:`rfsgen._sincos32.phases_csr`: ``ptr``, ``pos`` positions in

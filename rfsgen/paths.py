@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bases import csr_phases, gathered_phases
+from .bases import csr_phases, gathered_columns, gathered_phases
 from .errors import DataError
 from .featureset import FORMAT_VERSION, ColumnKind, FeatureSet, buffered_chunks
 from .inputs import SparseRows, check_finite
@@ -197,6 +197,7 @@ class Transformer:
         self.real = np.ascontiguousarray((all_real & ~imag)[order])
         self.sc = np.where(imag, -1.0, 1.0)[order] * fs.scale.astype(np.float64)[order]
         self._plan_fused(fs, term_atom, power, n_atoms)
+        self._plan_phase_products()
 
     def _plan_fused(self, fs, term_atom, power, n_atoms):
         """Whether :meth:`chunk` may write the columns straight from the angles
@@ -225,6 +226,27 @@ class Transformer:
         self.fused_col = col
         self.fused_sc, self.fused_imag = np.ascontiguousarray(self.sc[p]), np.ascontiguousarray(self.imag[p])
         self.fused = True
+
+    def _plan_phase_products(self):
+        """Whether :meth:`chunk` may run the angles and the product loop in one pass over
+        each tile of rows (:func:`rfsgen.bases.gathered_columns`), so that the atoms' float64
+        cos and sin never reach memory: the atoms are one gaussian or laplace group's, read
+        straight from its float32 gather (as :meth:`source` reads them), each atom k's cos at
+        source column k and sin at ``a + k`` with factors ``cr = ci = 1`` (the group's
+        atoms in node order), no log-domain columns, on the CPU, and not a plain random
+        Fourier features skeleton (:meth:`_plan_fused` writes those straight from the
+        angles).  :data:`FUSED` False forces the two passes (tests)."""
+        self.phase_products = False
+        if not FUSED or self.fused or self.device != "cpu" or len(self.groups) != 1 or self.huge.size:
+            return
+        ga = self.groups[0]
+        a = ga.gi.size
+        if ga.linear or ga.group not in self._direct or ga.offset != 0 or self.ir.size != a:
+            return
+        k = np.arange(a)
+        if np.array_equal(self.ir, k) and np.array_equal(self.ii, a + k) and np.all(self.cr == 1.0) \
+                and np.all(self.ci == 1.0):
+            self.phase_products = True
 
     def _plan_huge(self, fs, term_atom, power, imag):
         """Find the columns whose values could overflow.
@@ -542,6 +564,18 @@ class Transformer:
                 src = None
             else:
                 src = self._source_of(xp, m, row0, source, True)
+        elif getattr(self, "phase_products", False) and m and self.columns and not isinstance(x, SparseRows):
+            # one gaussian or laplace group: the angles and the products in one pass over each
+            # tile of rows where the dense loop applies (rfsgen.bases.gathered_columns)
+            x = checked_rows(self.skeleton, x, row0, source)
+            ga = self.groups[0]
+            cols, ucols = self._flat_cols(ga.group)
+            static = (self.xatom, self.xpow, self.fidx, self.fptr, self.sc, self.imag, self.pos, self.real)
+            if gathered_columns(self.skeleton.input_groups[ga.group][0], x, cols, ga.gi, ga.codes, static, out,
+                                ucols=ucols, buf=self._gather_buffer(x.size, True)):
+                src = None
+            else:
+                src = self.source(x, row0, source, scratch=True)
         elif self.device == "cuda" and m and self.columns and not self.huge.size and not isinstance(x, SparseRows):
             # the GPU: atoms computed and multiplied into columns there, without a round
             # trip of the atoms through the host, where no part needs the host's path
@@ -550,7 +584,7 @@ class Transformer:
         else:
             src = self.source(x, row0, source, scratch=True)
         if m and self.columns:
-            if src is not None:  # (None: written by fused_values or _gpu_resident)
+            if src is not None:  # (None: written by fused_values, gathered_columns or _gpu_resident)
                 static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
                           self.imag, self.pos)
                 if self.device == "cuda":

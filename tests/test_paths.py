@@ -305,3 +305,130 @@ def test_fused_columns_match_a_reference_one_operation_at_a_time():
         k = int(np.flatnonzero(t.fused_col == j)[0])
         part = src[:, a + k] if t.fused_imag[k] else src[:, k]
         assert (t.fused_sc[k] * part).astype(np.float32).tobytes() == got[:, j].tobytes()
+
+
+# ---------------------------------------------------------------- angles and products in one pass
+RELU_GAUSS = """
+rfsgen: 1
+input: {width: 14}
+nodes:
+  - {name: g, base: gaussian, scale: 0.6, columns: "1:11"}
+  - {name: out, activation: {name: polynomial, degree: 3, c: 1}, inputs: [g]}
+"""
+
+PATCH_LAPLACE = """
+rfsgen: 1
+input: {shape: [6, 6, 1]}
+nodes:
+  - {name: p, base: laplace, scale: 0.5, per: patch, patch: {size: 3, stride: 1}}
+  - {name: b, activation: {name: exp, beta: 1.0}, conv: {size: 2, stride: 2}}
+  - {name: out, activation: relu, dense: true}
+"""
+
+
+@pytest.fixture
+def one_pass_calls(monkeypatch):
+    """Counts the chunks whose angles and products ran in one pass (rfsgen.bases.gathered_columns)."""
+    import rfsgen.bases as bases
+    import rfsgen.paths as paths
+
+    calls = []
+    real = bases.gathered_columns
+
+    def spy(*a, **k):
+        ok = real(*a, **k)
+        calls.append(ok)
+        return ok
+
+    monkeypatch.setattr(paths, "gathered_columns", spy)
+    return calls
+
+
+def _one_pass_skeleton(name):
+    text = {"relu-gauss": RELU_GAUSS, "patch-laplace": PATCH_LAPLACE}.get(name)
+    return parse_skeleton(text, f"{name}.yaml") if text else _skeleton(name)
+
+
+@pytest.mark.parametrize("name", ["mnist-conv", "relu-gauss", "patch-laplace"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rows", ["float32", "float64"])
+def test_angles_and_products_in_one_pass_give_the_two_passes_bytes(name, dtype, rows, monkeypatch, one_pass_calls):
+    """Rows with zero rows, -0.0, tiny values and angles beyond the fast range (the
+    Payne-Hanek redo), in chunks that end inside a tile of 8 rows, on 1 and 2 threads,
+    float32 and float64 rows (rounded to float32 in place of the gather): the bytes of
+    the angle loop followed by the product loop (FUSED False)."""
+    skel = _one_pass_skeleton(name)
+    fs = sample(skel, 300, seed=5)
+    t = Transformer(fs, np.dtype(dtype))
+    assert t.phase_products and not t.fused
+    n = 21 if name == "mnist-conv" else 45
+    x = _fused_rows(skel.width, n, 1).astype(rows)
+    for chunk_rows in (1, 7, 64):
+        for threads in (1, 2):
+            one_pass_calls.clear()
+            with using(min(threads, _most())):
+                got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=chunk_rows)
+            assert got.tobytes() == want.tobytes(), (chunk_rows, threads)
+            # (a single node's zero row alone in its chunk takes the CSR rows' loop)
+            assert one_pass_calls and all(one_pass_calls[1:]) and (one_pass_calls[0] or name == "relu-gauss")
+
+
+def test_one_pass_falls_back_where_the_dense_loop_does_not_apply(monkeypatch, one_pass_calls):
+    """A row whose angles could overflow float32 (the scaled float64 redo) and rows mostly
+    zeros over a single node (the CSR rows' loop) take the two passes; a value beyond
+    float32 in a column the group never reads does not stop the one pass."""
+    fs = sample(_one_pass_skeleton("relu-gauss"), 200, seed=3)
+    rng = np.random.default_rng(4)
+    over = rng.standard_normal((9, 14))
+    over[4, 3] = 1e36
+    mostly_zero = np.zeros((9, 14))
+    mostly_zero[:, 5] = rng.standard_normal(9)
+    for x in (over, mostly_zero):
+        one_pass_calls.clear()
+        for dtype in ("float32", "float64"):
+            got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=64)
+            assert got.tobytes() == want.tobytes()
+        assert one_pass_calls and not any(one_pass_calls)
+    outside = rng.standard_normal((9, 14))
+    outside[:, 0] = 1e300  # column 0 is not the node's: rounded to inf in float32, never read
+    outside[:, 13] = -1e300
+    one_pass_calls.clear()
+    got, want = _both(fs, outside, monkeypatch, dtype="float64", chunk_rows=64)
+    assert got.tobytes() == want.tobytes() and one_pass_calls == [True]
+    # CSR rows take the CSR loop
+    one_pass_calls.clear()
+    got, want = _both(fs, _rows(14, 20, 0.3, 1), monkeypatch, dtype="float32")
+    assert got.tobytes() == want.tobytes() and not one_pass_calls
+
+
+def test_one_pass_only_for_one_gaussian_or_laplace_group_on_the_cpu():
+    """Other atoms (a sphere group, two groups), plain random Fourier features (written
+    straight from the angles) and the GPU keep their own paths."""
+    for name, want in (("sphere-gauss", False), ("mixed", False), ("gauss-laplace", False), ("rbf", False),
+                       ("mnist-conv", True), ("relu-gauss", True)):
+        assert Transformer(sample(_one_pass_skeleton(name), 100, seed=1)).phase_products is want, name
+    fs = sample(_one_pass_skeleton("relu-gauss"), 100, seed=1)
+    assert not Transformer(fs, device="cuda").phase_products
+
+
+def test_phase_columns_refuses_reads_outside_its_arrays():
+    from rfsgen._sincos32 import phase_columns
+    from rfsgen.bases import _phase_plan
+
+    fs = sample(_one_pass_skeleton("relu-gauss"), 50, seed=1)
+    t = Transformer(fs)
+    ga = t.groups[0]
+    plan = _phase_plan(ga.gi, np.ascontiguousarray(ga.codes, dtype=np.float64), 0.6)
+    x = np.zeros((8, 14), np.float32)
+    out = np.empty((8, fs.columns), np.float32)
+    static = (t.xatom, t.xpow, t.fidx, t.fptr, t.sc, t.imag, t.pos, t.real)
+    cols = np.arange(1, 11, dtype=np.int64)
+
+    def call(x=x, cols=cols, n_atoms=plan.order.size, w=10):
+        phase_columns(x, cols, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, n_atoms, *static, out)
+
+    call()
+    for bad in (dict(cols=cols + 4), dict(cols=cols - 2), dict(cols=cols[:9], w=10), dict(n_atoms=3),
+                dict(x=x.astype(np.float64)), dict(cols=cols.astype(np.int32))):
+        with pytest.raises(ValueError):
+            call(**bad)

@@ -98,9 +98,11 @@ def test_output_does_not_depend_on_how_rows_are_split_over_threads(name, make, c
     from rfsgen import _sincos32
     from rfsgen.paths import Transformer
 
-    # plain random Fourier features write their columns straight from the angles
-    fused = getattr(Transformer(fs, np.float64), "fused", False)
-    assert (_sincos32._phases_out if fused else _compiled._columns) in calls
+    # plain random Fourier features write their columns straight from the angles; a single
+    # gaussian or laplace group runs its angles and products in one pass
+    tr = Transformer(fs, np.float64)
+    loop = _sincos32._phases_out if tr.fused else _sincos32._phase_columns if tr.phase_products else _compiled._columns
+    assert loop in calls
     assert one.tobytes() == many.tobytes()
 
 
