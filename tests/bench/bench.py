@@ -15,7 +15,7 @@ suite.  Measures, on the machine it runs on:
   a single laplace node at d = 32 (D = 2048, 1e5 rows), a gaussian node on CSR rows
   (d = 1e4, 1% stored, D = 2048; RBFSampler on the same CSR matrix), mnist-conv and
   cifar-patches (D = 4096), with the profile of rfsgen's time (angles and cos/sin,
-  products into columns);
+  products into columns; or the one pass of a single gaussian or laplace group);
 * sparse rows: CSR rows (d = 1e4, 1% stored, D = 2048, 2e4 rows) through one gaussian node,
   read as CSR by the angle loop, against the same rows densified per chunk and against
   RBFSampler on the same CSR matrix, alternately (ratio peer / rfsgen);
@@ -327,18 +327,25 @@ def bench_rks(args, tmp, res):
         times = alternate({"rfsgen": ours, "rbfsampler": peer}, args.repeats)
         tr = Transformer(fs, np.float32)
         dense = x.toarray() if hasattr(x, "toarray") else x
-        t0 = time.perf_counter()
-        src = tr.source(dense)
-        t1 = time.perf_counter()
-        o = np.empty((dense.shape[0], tr.columns), np.float32)
-        product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag, tr.pos, o,
-                        tr.real)
-        t2 = time.perf_counter()
+        if tr.phase_products:  # one pass (rfsgen._sincos32.phase_columns): no split to profile
+            o = np.empty((dense.shape[0], tr.columns), np.float32)
+            t0 = time.perf_counter()
+            tr.chunk(dense, out=o)
+            profile = {"angles, cos/sin and products in one pass": time.perf_counter() - t0}
+        else:
+            t0 = time.perf_counter()
+            src = tr.source(dense)
+            t1 = time.perf_counter()
+            o = np.empty((dense.shape[0], tr.columns), np.float32)
+            product_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.xatom, tr.xpow, tr.fidx, tr.fptr, tr.sc, tr.imag,
+                            tr.pos, o, tr.real)
+            t2 = time.perf_counter()
+            profile = {"rows, angles and cos/sin": t1 - t0, "products into columns": t2 - t1}
         r = {"case": name, "rows": int(x.shape[0]), "columns": D, "atoms": int(tr.ir.size), "runs": times,
              "rfsgen_s": min(times["rfsgen"]), "rbfsampler_s": min(times["rbfsampler"]),
              "rfsgen_range_s": [min(times["rfsgen"]), max(times["rfsgen"])],
              "rbfsampler_range_s": [min(times["rbfsampler"]), max(times["rbfsampler"])],
-             "profile_s": {"rows, angles and cos/sin": t1 - t0, "products into columns": t2 - t1}}
+             "profile_s": profile}
         r["speedup"] = r["rbfsampler_s"] / r["rfsgen_s"]
         out.append(r)
         print(f"  {name}, {r['rows']} rows ({r['atoms']} atoms): rfsgen {r['rfsgen_s']:.3f} s "

@@ -1,6 +1,7 @@
 """Print, as JSON, SHA-256 hashes of output definition 3's angles (rfsgen._sincos32 through
 rfsgen.bases.phases_of: dense tiles, runs of terms, several nodes, sparse rows) and of a
-whole transform of gaussian and laplace nodes (dense rows, and CSR rows read as CSR), and
+whole transform of gaussian and laplace nodes (dense rows, CSR rows read as CSR, columns
+straight from the angles, angles and products in one pass), and
 whether the compiled angle loops use hardware FMA instructions or call the C library's fmaf.  tests/test_reproducible.py runs
 it with the default CPU and with NUMBA_CPU_NAME=generic (no FMA), each with an empty
 numba cache, and compares.  Run: python tests/tools/fma_bytes.py
@@ -62,9 +63,24 @@ def main() -> dict:
         assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), "fused columns differ"
         paths.FUSED = True
         h[f"transform rbf {dtype}"] = hashlib.sha256(got).hexdigest()
+    # patches of one gaussian group under activations: the angles and the products in one
+    # pass (rfsgen._sincos32.phase_columns), against the two passes' bytes
+    conv = parse_skeleton("rfsgen: 1\ninput: {shape: [8, 8, 1]}\nnodes:\n"
+                          "  - {name: p, base: gaussian, scale: 0.4, per: patch, patch: {size: 3, stride: 1}}\n"
+                          "  - {name: b, activation: {name: exp, beta: 1.0}, conv: {size: 2, stride: 2}}\n"
+                          "  - {name: out, activation: relu, dense: true}\n", "conv")
+    fs = sample(conv, 300, seed=6)
+    x = rng.standard_normal((21, 64))
+    x[5] *= 1e6  # angles beyond the fast range
+    for dtype in ("float32", "float64"):
+        got = transform(fs, x, layout="dense", dtype=dtype).tobytes()
+        paths.FUSED = False
+        assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), "one-pass columns differ"
+        paths.FUSED = True
+        h[f"transform conv {dtype}"] = hashlib.sha256(got).hexdigest()
     asm = "\n".join("\n".join(f.inspect_asm().values())
                     for f in (_sincos32._phases, _sincos32._phases_sparse, _sincos32._phases_csr,
-                              _sincos32._phases_out))
+                              _sincos32._phases_out, _sincos32._phase_columns))
     return {"hashes": h, "vfmadd": "vfmadd" in asm, "calls fmaf": "fmaf" in asm}
 
 
