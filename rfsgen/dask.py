@@ -593,6 +593,76 @@ def write_shard(fs: FeatureSet, spec: str, path: str, start: int, stop: int, pro
     return int(info["rows"])
 
 
+def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int, start: int, a: int, b: int,
+               dtype: str, chunk_rows: int | None, layer: str | None = None, device: str = "cpu") -> dict:
+    """On a worker: rows ``a:b`` of the input ``spec`` (an absolute path) through ``fs``
+    written in place into the dense uncompressed output that the client is writing at
+    ``path`` (its data area from byte ``offset``, rows of ``row_bytes`` from row
+    ``start``: :func:`rfsgen.output.fill_rows`), computed on ``device`` as this worker
+    resolves it.  Returns the rows' data checksum digests."""
+    from .errors import OutputError
+    from .inputs import open_input
+    from .output import DTYPES, fill_rows
+    from .transform import Transformer, resolve_device
+
+    try:
+        with _task_threads(), open_input(spec, layer=layer) as src:
+            tr = Transformer(fs, DTYPES[dtype], resolve_device(device)[0])
+            return fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows)
+    except OSError as e:  # not the scheduler's: this worker's file system
+        import socket
+
+        raise OutputError(f"{path}: a Dask worker on {socket.gethostname()} cannot write its rows {a}:{b} there "
+                          f"({e.strerror or e}); check that every worker shares the output's directory, or give "
+                          "--shard-dir") from None
+
+
+class _InPlace:
+    """:func:`rfsgen.output.write_output`'s engine for a dense uncompressed output that the
+    workers write in place (:func:`write_rows`): the client places ``X`` in the temporary
+    output, each range's task writes its rows there, and the record's checksum is the sum
+    of the ranges' (:meth:`known_digests`).  The file is the local run's, byte for byte:
+    the same HDF5 calls in the same order, only the data area is filled by other processes."""
+
+    remote = True
+
+    def __init__(self, client, address, fs, fs_future, spec, ranges, dtype, chunk_rows, layer, device):
+        from .output import DTYPES
+
+        self.client, self.address, self.fs_future, self.spec = client, address, fs_future, spec
+        self.ranges, self.dtype_name, self.chunk_rows, self.layer, self.device = ranges, dtype, chunk_rows, layer, device
+        self.columns = fs.columns
+        self.dtype = np.dtype(DTYPES[dtype])
+        self.what = "the transform"
+        self.digests = []
+
+    def fill_placed(self, path, offset, row_bytes, start, stop, progress) -> int:
+        import secrets
+
+        def submit(a, b):
+            return _guarded(self.address, lambda: self.client.submit(
+                write_rows, self.fs_future, self.spec, path, offset, row_bytes, start, a, b, self.dtype_name,
+                self.chunk_rows, self.layer, self.device, pure=False,
+                key=f"rfsgen-rows-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
+
+        futures = [submit(a, b) for a, b in self.ranges]
+        try:
+            for i, (a, b) in enumerate(self.ranges):  # in order: the progress bar counts whole ranges
+                self.digests.append(_shard_result(self.address, futures, i, lambda a=a, b=b: submit(a, b),
+                                                  f"transforming rows {a}:{b}"))
+                if progress:
+                    progress(b - a)
+        finally:
+            for f in futures:
+                f.cancel()
+        return stop - start
+
+    def known_digests(self) -> dict:
+        from .output import add_digests
+
+        return add_digests(*self.digests)
+
+
 def row_ranges(start: int, stop: int, threads: int, chunk_rows: int) -> list:
     """``start:stop`` cut into nearly equal contiguous ranges: :data:`RANGES_PER_THREAD`
     per worker thread, each at least a chunk and at most :data:`MAX_RANGE_CHUNKS` chunks
@@ -733,6 +803,18 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                 write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
                 device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
+        if layout == "dense" and compression == "none" and not chosen:
+            # The workers see the output's directory (the probe): they write their rows
+            # straight into the output, with no shard to copy.
+            from .inputs import open_input
+            from .output import write_output
+
+            engine = _InPlace(client, address, fs, fs_future, spec, ranges, dtype, chunk_rows, layer, device)
+            with open_input(spec, layer=layer) as src:
+                info = write_output(final, engine, src, start, stop, layout=layout, dtype=dtype,
+                                    compression=compression, chunk_rows=chunk_rows, overwrite=True, inputs=[],
+                                    progress=progress, provenance=provenance)
+            return info, len(ranges)
         futures = [submit(a, b, p) for (a, b), p in zip(ranges, paths)]
         for i, ((a, b), p) in enumerate(zip(ranges, paths)):  # in order: the progress bar counts whole ranges
             _shard_result(address, futures, i, lambda a=a, b=b, p=p: submit(a, b, p), f"transforming rows {a}:{b}")

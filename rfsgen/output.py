@@ -868,6 +868,9 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
         copy_into = getattr(tr, "copy_into", None)  # a merge of dense shards: their bytes, verified as copied
         if copy_into is not None:
             return copy_into(fd, offset, row_bytes, start, stop, progress)
+        fill_placed = getattr(tr, "fill_placed", None)  # other processes write the rows (rfsgen.dask)
+        if fill_placed is not None:
+            return fill_placed(sink.path, offset, row_bytes, start, stop, progress)
         # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
         if reserved and not getattr(tr, "remote", False):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum)
@@ -884,6 +887,38 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
         return _overlapped(tr.chunks(src, chunk_rows, start, stop, buffers=2), put, progress)
     finally:
         os.close(fd)
+
+
+def fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows) -> dict:
+    """Rows ``a:b`` of ``src`` through ``tr`` written into the placed dense ``X`` of the
+    file ``path`` that another process is writing (:func:`_write_dense_placed`, through a
+    ``tr`` with ``fill_placed``): row ``r`` at byte ``offset + (r - start) * row_bytes``,
+    with ``pwrite``, in chunks of ``chunk_rows`` (None: the default).  ``path`` must exist
+    (it is never created: a run that failed and removed it fails here too).  Returns the
+    rows' data checksum (:meth:`DataChecksum.hexdigests`), to be added to the other
+    ranges' (:func:`add_digests`)."""
+    import os
+
+    from .inputs import chunk_row_bytes
+
+    if not (start <= a <= b) or row_bytes != tr.columns * np.dtype(tr.dtype).itemsize:
+        raise ValueError(f"rows {a}:{b} of a dataset from row {start} with {row_bytes}-byte rows: not this transform's")
+    chunk_rows = default_chunk_rows(tr.columns, chunk_row_bytes(tr, src), getattr(tr, "what", ""), chunk_rows)
+    sums = DataChecksum("dense", tr.dtype, tr.columns, threads=True)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        def put(row0, vals):
+            sums.dense(vals, row0)
+            data = memoryview(np.ascontiguousarray(vals)).cast("B")
+            pos = offset + (row0 - start) * row_bytes
+            while data:  # pwrite may write less than asked
+                k = os.pwrite(fd, data, pos)
+                data, pos = data[k:], pos + k
+
+        _overlapped(tr.chunks(src, chunk_rows, a, b, buffers=2), put, None)
+    finally:
+        os.close(fd)
+    return sums.hexdigests()
 
 
 def _reserve(fd, offset, size) -> bool:

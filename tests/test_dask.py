@@ -149,8 +149,8 @@ def shell_cluster(tmp_path_factory):
 
 @pytest.mark.parametrize("layout", ["csr", "dense"])
 def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, monkeypatch):
-    """The workers write shards beside the output (merged, then removed), or with
-    --dask-gather send the chunks here: the local run's file either way."""
+    """The workers write dense rows in place into the output, CSR shards beside it (merged,
+    then removed), or with --dask-gather send the chunks here: the local run's file each way."""
     base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 37, "-q"]
     assert run(base + ["-o", "local.h5"]).exit_code == 0
     res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
@@ -189,7 +189,8 @@ def test_the_workers_shards_are_consumed_as_they_are_merged(files, shell_cluster
     base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 37, "-q"]
     assert run(base + ["-o", "local.h5"]).exit_code == 0
     assert not freed
-    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
+    (files / "sd").mkdir()  # dense: shards only where --shard-dir is given (else written in place)
+    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster] + (["--shard-dir", "sd"] * (layout == "dense")))
     assert res.exit_code == 0, res.output
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
     assert freed, "the merge did not consume the shards"
@@ -240,7 +241,8 @@ def _die(*args, **kwargs):
     os._exit(3)
 
 
-@pytest.mark.parametrize("path, task, rows", [("gather", "transform_block", "0:50"), ("shards", "write_shard", "0:150")])
+@pytest.mark.parametrize("path, task, rows", [("gather", "transform_block", "0:50"), ("shards", "write_shard", "0:150"),
+                                              ("in place", "write_rows", "0:150")])
 def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch, path, task, rows):
     import dask
 
@@ -249,6 +251,7 @@ def test_a_dying_worker_is_one_line_and_leaves_nothing(files, monkeypatch, path,
                                       dashboard_address=":0") as c:
             monkeypatch.setattr(rd, task, _die)  # what the workers are asked to run
             res = run(["transform", "f.h5", "x.npy", "-o", "o.h5", "--chunk-rows", 50,
+                       "--layout", "csr" if path == "shards" else "dense",  # dense: written in place
                        "--dask-scheduler", c.scheduler_address] + (["--dask-gather"] if path == "gather" else []))
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert f"a Dask worker died while transforming rows {rows}" in res.output
@@ -522,6 +525,104 @@ def test_a_worker_killed_while_writing_its_shard_ends_in_the_same_file(files, sh
     assert os.listdir(files / "sd") == []
     with distributed.Client(shell_cluster, timeout=30) as client:
         client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
+
+
+def test_dense_rows_are_written_in_place_by_the_workers(files, shell_cluster, monkeypatch):
+    """Dense uncompressed output without --shard-dir: each range's worker writes its rows
+    straight into the output (rfsgen.dask.write_rows), no shard is written or merged, and
+    the file is the local run's, float32 and float64, all rows and a --rows range."""
+    import rfsgen.merge as rm
+
+    filled = []
+    real = rd._InPlace.fill_placed
+
+    def spy(self, *a, **k):
+        filled.append(len(self.ranges))
+        return real(self, *a, **k)
+
+    def no_merge(*a, **k):
+        raise AssertionError("dense rows were merged from shards")
+
+    monkeypatch.setattr(rd._InPlace, "fill_placed", spy)
+    monkeypatch.setattr(rm, "merge_files", no_merge)
+    for extra in ([], ["--dtype", "float64"], ["--rows", "5:71"]):
+        base = ["transform", "f.h5", "x.npy", "--layout", "dense", "--chunk-rows", 9, "-q", *extra]
+        assert run(base + ["-o", "local.h5", "--overwrite"]).exit_code == 0
+        res = run(base + ["-o", "remote.h5", "--overwrite", "--dask-scheduler", shell_cluster])
+        assert res.exit_code == 0, res.output
+        assert open("remote.h5", "rb").read() == open("local.h5", "rb").read(), extra
+    assert len(filled) == 3 and min(filled) > 1  # several ranges, on the workers
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "local.h5", "remote.h5", "x.npy"]
+
+
+def test_a_worker_killed_while_writing_in_place_ends_in_the_same_file(files, shell_cluster):
+    """The first range to start writing in place SIGKILLs its worker after its first
+    chunk: the range is written again by the other worker (the same bytes at the same
+    place), and the file is the local run's, with no temporary file left."""
+    def arm(flag):
+        import os
+        import signal
+
+        import rfsgen.output as out
+
+        real = out.DataChecksum.dense
+
+        def dying(self, vals, row0):
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # only the first, on any worker
+            except FileExistsError:
+                return real(self, vals, row0)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        out.DataChecksum.dense, out._real_dense = dying, real
+
+    def disarm():
+        import rfsgen.output as out
+
+        out.DataChecksum.dense = getattr(out, "_real_dense", out.DataChecksum.dense)
+
+    base = ["transform", "f.h5", "x.npy", "--layout", "dense", "--chunk-rows", 10, "-q"]
+    assert run(base + ["-o", "local.h5"]).exit_code == 0
+    _on_workers(shell_cluster, arm, str(files / "killed"))
+    try:
+        res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
+    finally:
+        _on_workers(shell_cluster, disarm)
+    assert res.exit_code == 0, res.output
+    assert (files / "killed").exists()
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "killed", "local.h5", "remote.h5", "x.npy"]
+    with distributed.Client(shell_cluster, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
+
+
+def test_a_worker_failing_to_write_in_place_is_one_line_and_leaves_nothing(files, shell_cluster):
+    """A worker whose write fails (its file system refuses the output's file) fails the run
+    in one line naming the file and the fix; no output and no temporary file remain."""
+    def arm():
+        import errno
+
+        import rfsgen.output as out
+
+        def refused(*a, **k):
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        out._real_fill_rows, out.fill_rows = out.fill_rows, refused
+
+    def disarm():
+        import rfsgen.output as out
+
+        out.fill_rows = getattr(out, "_real_fill_rows", out.fill_rows)
+
+    _on_workers(shell_cluster, arm)
+    try:
+        res = run(["transform", "f.h5", "x.npy", "--layout", "dense", "-o", "remote.h5", "-q",
+                   "--dask-scheduler", shell_cluster])
+    finally:
+        _on_workers(shell_cluster, disarm)
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "a Dask worker on" in res.output and "cannot write its rows" in res.output and "--shard-dir" in res.output
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
 
 
 def test_workers_that_cannot_see_the_shard_directory(files, shell_cluster):
