@@ -594,12 +594,13 @@ def write_shard(fs: FeatureSet, spec: str, path: str, start: int, stop: int, pro
 
 
 def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int, start: int, a: int, b: int,
-               dtype: str, chunk_rows: int | None, layer: str | None = None, device: str = "cpu") -> dict:
+               dtype: str, chunk_rows: int | None, layer: str | None = None, device: str = "cpu",
+               reserved: bool = False) -> dict:
     """On a worker: rows ``a:b`` of the input ``spec`` (an absolute path) through ``fs``
     written in place into the dense uncompressed output that the client is writing at
     ``path`` (its data area from byte ``offset``, rows of ``row_bytes`` from row
-    ``start``: :func:`rfsgen.output.fill_rows`), computed on ``device`` as this worker
-    resolves it.  Returns the rows' data checksum digests."""
+    ``start``, mapped where the client ``reserved`` its blocks: :func:`rfsgen.output.fill_rows`),
+    computed on ``device`` as this worker resolves it.  Returns the rows' data checksum digests."""
     from .errors import OutputError
     from .inputs import open_input
     from .output import DTYPES, fill_rows
@@ -608,7 +609,7 @@ def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int
     try:
         with _task_threads(), open_input(spec, layer=layer) as src:
             tr = Transformer(fs, DTYPES[dtype], resolve_device(device)[0])
-            return fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows)
+            return fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows, reserved)
     except OSError as e:  # not the scheduler's: this worker's file system
         import socket
 
@@ -636,13 +637,13 @@ class _InPlace:
         self.what = "the transform"
         self.digests = []
 
-    def fill_placed(self, path, offset, row_bytes, start, stop, progress) -> int:
+    def fill_placed(self, path, offset, row_bytes, start, stop, progress, reserved=False) -> int:
         import secrets
 
         def submit(a, b):
             return _guarded(self.address, lambda: self.client.submit(
                 write_rows, self.fs_future, self.spec, path, offset, row_bytes, start, a, b, self.dtype_name,
-                self.chunk_rows, self.layer, self.device, pure=False,
+                self.chunk_rows, self.layer, self.device, reserved, pure=False,
                 key=f"rfsgen-rows-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
         futures = [submit(a, b) for a, b in self.ranges]
