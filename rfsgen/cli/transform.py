@@ -29,14 +29,16 @@ from ._budget import max_memory_option, threads_option
 @click.option("--dask-scheduler", "--scheduler", "dask_scheduler", metavar="tcp://HOST:PORT", envvar="RFSGEN_SCHEDULER",
               help="Compute on this running Dask cluster (default: $RFSGEN_SCHEDULER; without either, here: Dask's "
                    "own DASK_SCHEDULER_ADDRESS is not used); the output is the same "
-                   "file as a local run's. The workers write their row ranges as shards into a directory they share "
-                   "with this process (--shard-dir), which are then verified and merged here and removed; where "
-                   "they cannot see it, the chunks come here and are written here. Needs the 'dask' extra here and "
-                   "rfsgen on the workers.")
+                   "file as a local run's. Dense uncompressed rows are written by the workers straight into the "
+                   "output (its directory shared with them); otherwise the workers write their row ranges as shards "
+                   "into a directory they share with this process (--shard-dir), which are then verified and merged "
+                   "here and removed; where they cannot see it, the chunks come here and are written here. Needs "
+                   "the 'dask' extra here and rfsgen on the workers.")
 @click.option("--shard-dir", metavar="DIR", type=click.Path(file_okay=False),
               help="With --dask-scheduler: where the workers write their shards (a directory on a file system "
-                   "every worker and this process share; default: OUTPUT's directory). The shards live in a "
-                   "hidden directory there, removed when the run ends, whether it succeeds or fails.")
+                   "every worker and this process share; default: OUTPUT's directory, where dense uncompressed "
+                   "rows are written in place instead). The shards live in a hidden directory there, removed when "
+                   "the run ends, whether it succeeds or fails.")
 @click.option("--dask-gather", is_flag=True,
               help="With --dask-scheduler: send the computed chunks to this process and write them here (for "
                    "workers without a shared file system; at most 4 chunks are on the cluster at a time).")
