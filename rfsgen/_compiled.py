@@ -119,6 +119,7 @@ class _Pool:
         while True:
             job = self.tasks.get()
             job.work()
+            job = None  # (held while waiting, it would keep the last job's arrays, a file map among them, alive)
 
 
 _local = threading.local()
@@ -287,11 +288,44 @@ def tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, 
                 out[r0 + t, j] = tile[pos[j], t]
 
 
+def check_products(n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, m) -> None:
+    """Raise ValueError unless the product loop's arrays (:func:`_columns`) keep every read
+    and write inside them for ``m`` rows of ``n_atoms`` atoms into ``out``: contiguous
+    1-D arrays of their types and sizes, ``fptr`` non-decreasing from 0 into ``fidx``,
+    factors below ``n_atoms + xatom.size``, powers of atoms below ``n_atoms``, ``pos`` a
+    permutation's values below D, ``out`` C-ordered ``(m, D)`` float32 or float64.  Built
+    from a checked feature file they always do; this keeps the compiled loop in bounds
+    whatever a caller passes (O(D + nnz), against the loop's O(m nnz))."""
+    def flat(a, kind):
+        return isinstance(a, np.ndarray) and a.ndim == 1 and a.flags.c_contiguous and a.dtype.kind == kind
+
+    D = fptr.size - 1 if isinstance(fptr, np.ndarray) else -1
+    ok = (all(flat(a, "i") for a in (xatom, xpow, fidx, fptr, pos)) and flat(sc, "f") and flat(imag, "b")
+          and flat(real, "b") and D >= 0 and xatom.size == xpow.size and sc.size == imag.size == pos.size == real.size == D
+          and isinstance(out, np.ndarray) and out.ndim == 2 and out.flags.c_contiguous
+          and out.dtype in (np.float32, np.float64) and out.shape == (m, D))
+    if ok and fptr.size:
+        ok = int(fptr[0]) == 0 and bool(np.all(np.diff(fptr) >= 0)) and int(fptr[-1]) <= fidx.size
+    if ok and fidx.size:
+        ok = 0 <= int(fidx.min()) and int(fidx.max()) < n_atoms + xatom.size
+    if ok and xatom.size:
+        ok = 0 <= int(xatom.min()) and int(xatom.max()) < n_atoms
+    if ok and D:
+        ok = 0 <= int(pos.min()) and int(pos.max()) < D
+    if not ok:
+        raise ValueError("the product loop's arrays do not fit one another or the output")
+
+
 def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, real=None) -> None:
     """:func:`_columns` over all rows of ``src``, on :func:`threads` threads (``real``: by
     default no column takes the real-factor path)."""
     if real is None:
         real = np.zeros(fptr.size - 1, np.bool_)
+    check_products(ir.size, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, src.shape[0])
+    if not (ir.size == ii.size == cr.size == ci.size and src.ndim == 2 and src.flags.c_contiguous
+            and (not ir.size or (0 <= int(ir.min()) and int(max(ir.max(), ii.max())) < src.shape[1]
+                                 and int(ii.min()) >= -1))):
+        raise ValueError("the atoms must read within the rows' source values")
     on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out,
             align=TILE, min_rows=TILE)
 

@@ -516,19 +516,36 @@ def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atom
     (rfsgen.bases.gathered_columns); angles beyond the fast range are redone by
     :func:`sincos_into`.  Raises ValueError where ``cols`` or the blocks would read outside
     ``x``, ``cols`` or the lane rows."""
-    from ._compiled import on_rows
+    from ._compiled import check_products, on_rows
 
-    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or cols.dtype != np.int64:
-        raise ValueError("x must be C-ordered float32 rows and cols int64")
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or cols.dtype != np.int64 \
+            or cols.ndim != 1 or not cols.flags.c_contiguous:
+        raise ValueError("x must be C-ordered float32 rows and cols contiguous int64")
     if cols.size and not (0 <= int(cols.min()) and int(cols.max()) < x.shape[1]):
         raise ValueError("cols must point into x's columns")
-    if blk_start.size and not (int(blk_node.min()) >= 0 and (int(blk_node.max()) + 1) * w <= cols.size
-                               and int(blk_start.min()) >= 0 and int(blk_end.max()) <= n_atoms
-                               and tile0.size == blk_start.size + 1 and int(tile0[-1]) <= tiles.shape[0]
-                               and tiles.shape[1] >= w):
-        raise ValueError("the blocks must read within cols, the atoms and the packed tiles")
+    _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, cols.size)
+    check_products(n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, x.shape[0])
     on_rows(_phase_columns, x.shape[0], x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow,
             fidx, fptr, sc, imag, pos, real, out, align=LANES, min_rows=LANES)
+
+
+def _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, n_values) -> None:
+    """Raise ValueError unless the blocks of atoms (:func:`phases`' arrays) read only atoms
+    below ``n_atoms``, node values below ``n_values`` (``w`` a node) and packed tiles that
+    exist: each block a non-empty run of atoms in order, its tiles ``tile0[b]:tile0[b + 1]``
+    (enough for its atoms) within ``tiles`` (float32 ``(n, >= w, TILE)``, C order)."""
+    ints = (blk_start, blk_end, blk_node, tile0)
+    ok = (w >= 1 and all(isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype.kind == "i" for a in ints)
+          and blk_start.size == blk_end.size == blk_node.size and tile0.size == blk_start.size + 1
+          and isinstance(tiles, np.ndarray) and tiles.dtype == np.float32 and tiles.ndim == 3
+          and tiles.flags.c_contiguous and tiles.shape[1] >= w and tiles.shape[2] == TILE)
+    if ok and blk_start.size:
+        need = -(-(blk_end - blk_start) // TILE)
+        ok = (int(blk_start.min()) >= 0 and bool(np.all(blk_end > blk_start)) and int(blk_end.max()) <= n_atoms
+              and int(blk_node.min()) >= 0 and (int(blk_node.max()) + 1) * w <= n_values
+              and int(tile0[0]) >= 0 and bool(np.all(np.diff(tile0) == need)) and int(tile0[-1]) <= tiles.shape[0])
+    if not ok:
+        raise ValueError("the blocks must read within the atoms, the node values and the packed tiles")
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

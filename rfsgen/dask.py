@@ -594,13 +594,13 @@ def write_shard(fs: FeatureSet, spec: str, path: str, start: int, stop: int, pro
 
 
 def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int, start: int, a: int, b: int,
-               dtype: str, chunk_rows: int | None, layer: str | None = None, device: str = "cpu",
-               reserved: bool = False) -> dict:
+               dtype: str, chunk_rows: int | None, layer: str | None = None, device: str = "cpu") -> tuple:
     """On a worker: rows ``a:b`` of the input ``spec`` (an absolute path) through ``fs``
     written in place into the dense uncompressed output that the client is writing at
     ``path`` (its data area from byte ``offset``, rows of ``row_bytes`` from row
-    ``start``, mapped where the client ``reserved`` its blocks: :func:`rfsgen.output.fill_rows`),
-    computed on ``device`` as this worker resolves it.  Returns the rows' data checksum digests."""
+    ``start``: :func:`rfsgen.output.fill_rows`), computed on ``device`` as this worker
+    resolves it.  Returns the rows' data checksum digests and the transformer's count of
+    clipped values (EOF; None for kinds that clip nothing)."""
     from .errors import OutputError
     from .inputs import open_input
     from .output import DTYPES, fill_rows
@@ -609,7 +609,8 @@ def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int
     try:
         with _task_threads(), open_input(spec, layer=layer) as src:
             tr = Transformer(fs, DTYPES[dtype], resolve_device(device)[0])
-            return fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows, reserved)
+            digests = fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows)
+            return digests, getattr(tr, "clipped", None)
     except OSError as e:  # not the scheduler's: this worker's file system
         import socket
 
@@ -636,21 +637,27 @@ class _InPlace:
         self.dtype = np.dtype(DTYPES[dtype])
         self.what = "the transform"
         self.digests = []
+        #: values clipped to the box (EOF), summed over the ranges as a local run counts them;
+        #: None for kinds that clip nothing (write_output records it where it is not None)
+        self.clipped = None
 
-    def fill_placed(self, path, offset, row_bytes, start, stop, progress, reserved=False) -> int:
+    def fill_placed(self, path, offset, row_bytes, start, stop, progress) -> int:
         import secrets
 
         def submit(a, b):
             return _guarded(self.address, lambda: self.client.submit(
                 write_rows, self.fs_future, self.spec, path, offset, row_bytes, start, a, b, self.dtype_name,
-                self.chunk_rows, self.layer, self.device, reserved, pure=False,
+                self.chunk_rows, self.layer, self.device, pure=False,
                 key=f"rfsgen-rows-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
         futures = [submit(a, b) for a, b in self.ranges]
         try:
             for i, (a, b) in enumerate(self.ranges):  # in order: the progress bar counts whole ranges
-                self.digests.append(_shard_result(self.address, futures, i, lambda a=a, b=b: submit(a, b),
-                                                  f"transforming rows {a}:{b}"))
+                digests, clipped = _shard_result(self.address, futures, i, lambda a=a, b=b: submit(a, b),
+                                                 f"transforming rows {a}:{b}")
+                self.digests.append(digests)
+                if clipped is not None:
+                    self.clipped = (self.clipped or 0) + int(clipped)
                 if progress:
                     progress(b - a)
         finally:
@@ -659,9 +666,9 @@ class _InPlace:
         return stop - start
 
     def known_digests(self) -> dict:
-        from .output import add_digests
+        from .output import DataChecksum, add_digests
 
-        return add_digests(*self.digests)
+        return add_digests(DataChecksum("dense", self.dtype, self.columns).hexdigests(), *self.digests)
 
 
 def row_ranges(start: int, stop: int, threads: int, chunk_rows: int) -> list:
@@ -804,7 +811,7 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                 write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
                 device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
-        if layout == "dense" and compression == "none" and not chosen:
+        if layout == "dense" and compression == "none" and not chosen and stop > start:
             # The workers see the output's directory (the probe): they write their rows
             # straight into the output, with no shard to copy.
             from .inputs import open_input

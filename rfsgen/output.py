@@ -870,7 +870,7 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
             return copy_into(fd, offset, row_bytes, start, stop, progress)
         fill_placed = getattr(tr, "fill_placed", None)  # other processes write the rows (rfsgen.dask)
         if fill_placed is not None:
-            return fill_placed(sink.path, offset, row_bytes, start, stop, progress, reserved)
+            return fill_placed(sink.path, offset, row_bytes, start, stop, progress)
         # A remote engine computes elsewhere: its chunks arrive as arrays and are written.
         if reserved and not getattr(tr, "remote", False):
             return _fill_mapped(fd, offset, row_bytes, tr, src, start, stop, chunk_rows, progress, checksum)
@@ -889,15 +889,16 @@ def _write_dense_placed(f, tr, src, start, stop, dtype, chunk_rows, progress, si
         os.close(fd)
 
 
-def fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows, reserved=False) -> dict:
+def fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows) -> dict:
     """Rows ``a:b`` of ``src`` through ``tr`` written into the placed dense ``X`` of the
     file ``path`` that another process is writing (:func:`_write_dense_placed`, through a
     ``tr`` with ``fill_placed``): row ``r`` at byte ``offset + (r - start) * row_bytes``,
-    in chunks of ``chunk_rows`` (None: the default); computed straight into a map of the
-    file where its blocks are ``reserved`` (:func:`_fill_mapped`, as a local run writes),
-    else written with ``pwrite``.  ``path`` must exist (it is never created: a run that
-    failed and removed it fails here too).  Returns the rows' data checksum
-    (:meth:`DataChecksum.hexdigests`), to be added to the other ranges' (:func:`add_digests`)."""
+    in chunks of ``chunk_rows`` (None: the default).  Written with ``pwrite``, never
+    through a map of the file: ranges meet inside pages, and where several hosts share
+    the file (NFS) a mapped page goes back whole, over its other bytes.  ``path`` must
+    exist (it is never created: a run that failed and removed it fails here too).
+    Returns the rows' data checksum (:meth:`DataChecksum.hexdigests`), to be added to the
+    other ranges' (:func:`add_digests`)."""
     import os
 
     from .inputs import chunk_row_bytes
@@ -908,10 +909,6 @@ def fill_rows(path, offset, row_bytes, tr, src, start, a, b, chunk_rows, reserve
     sums = DataChecksum("dense", tr.dtype, tr.columns, threads=True)
     fd = os.open(path, os.O_RDWR)
     try:
-        if reserved and a < b and row_bytes:
-            _fill_mapped(fd, offset + (a - start) * row_bytes, row_bytes, tr, src, a, b, chunk_rows, None, sums)
-            return sums.hexdigests()
-
         def put(row0, vals):
             sums.dense(vals, row0)
             data = memoryview(np.ascontiguousarray(vals)).cast("B")

@@ -391,14 +391,15 @@ def test_eof_on_a_cluster_counts_clipped_values_like_the_local_run(tmp_path, she
     x = np.random.default_rng(4).random((300, 3)) * 1.2 - 0.1  # some values outside [0, 1]
     np.save("x.npy", x)
     assert run(["sample", "s.yaml", "--scheme", "eof", "--level", "3", "-o", "f.h5", "-q"]).exit_code == 0
-    base = ["transform", "f.h5", "x.npy", "--chunk-rows", 37, "-q"]
-    assert run(base + ["-o", "local.h5"]).exit_code == 0
-    res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
-    assert res.exit_code == 0, res.output
     want = int(np.count_nonzero((x[:, [0, 2]] < 0) | (x[:, [0, 2]] > 1)))
-    with h5py.File("remote.h5") as f:
-        assert f.attrs["clipped_values"] == want > 0
-    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    for layout in ("auto", "dense"):  # csr through shards; dense written in place
+        base = ["transform", "f.h5", "x.npy", "--chunk-rows", 37, "-q", "--layout", layout, "--overwrite"]
+        assert run(base + ["-o", "local.h5"]).exit_code == 0
+        res = run(base + ["-o", "remote.h5", "--dask-scheduler", shell_cluster])
+        assert res.exit_code == 0, res.output
+        with h5py.File("remote.h5") as f:
+            assert f.attrs["clipped_values"] == want > 0
+        assert open("remote.h5", "rb").read() == open("local.h5", "rb").read(), layout
 
 
 def test_shutdown_stops_workers_then_scheduler_without_tracebacks_or_lingering_processes(tmp_path):
@@ -544,14 +545,16 @@ def test_dense_rows_are_written_in_place_by_the_workers(files, shell_cluster, mo
         raise AssertionError("dense rows were merged from shards")
 
     monkeypatch.setattr(rd._InPlace, "fill_placed", spy)
-    monkeypatch.setattr(rm, "merge_files", no_merge)
-    for extra in ([], ["--dtype", "float64"], ["--rows", "5:71"]):
+    merge = rm.merge_files
+    for extra in ([], ["--dtype", "float64"], ["--rows", "5:71"], ["--rows", "5:5"]):
+        # (no rows: an empty shard, merged, as the local run writes an empty X)
+        monkeypatch.setattr(rm, "merge_files", merge if extra == ["--rows", "5:5"] else no_merge)
         base = ["transform", "f.h5", "x.npy", "--layout", "dense", "--chunk-rows", 9, "-q", *extra]
         assert run(base + ["-o", "local.h5", "--overwrite"]).exit_code == 0
         res = run(base + ["-o", "remote.h5", "--overwrite", "--dask-scheduler", shell_cluster])
         assert res.exit_code == 0, res.output
         assert open("remote.h5", "rb").read() == open("local.h5", "rb").read(), extra
-    assert len(filled) == 3 and min(filled) > 1  # several ranges, on the workers
+    assert len(filled) == 3 and min(filled) > 1  # several ranges, on the workers (no rows: through a shard)
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "local.h5", "remote.h5", "x.npy"]
 
 

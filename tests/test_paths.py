@@ -424,11 +424,41 @@ def test_phase_columns_refuses_reads_outside_its_arrays():
     static = (t.xatom, t.xpow, t.fidx, t.fptr, t.sc, t.imag, t.pos, t.real)
     cols = np.arange(1, 11, dtype=np.int64)
 
-    def call(x=x, cols=cols, n_atoms=plan.order.size, w=10):
-        phase_columns(x, cols, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, n_atoms, *static, out)
+    def call(x=x, cols=cols, n_atoms=plan.order.size, w=10, tiles=plan.pan, tile0=plan.tile0, ends=plan.ends,
+             static=static, out=out):
+        phase_columns(x, cols, w, plan.starts, ends, plan.nodes, tile0, tiles, n_atoms, *static, out)
 
     call()
+    xatom, xpow, fidx, fptr, sc, imag, pos, real = static
+    wide = np.arange(1, 21, dtype=np.int64)
     for bad in (dict(cols=cols + 4), dict(cols=cols - 2), dict(cols=cols[:9], w=10), dict(n_atoms=3),
-                dict(x=x.astype(np.float64)), dict(cols=cols.astype(np.int32))):
+                dict(x=x.astype(np.float64)), dict(cols=cols.astype(np.int32)),
+                dict(cols=wide[::2]),  # in range, but not contiguous
+                dict(out=out[:5]), dict(out=np.empty((8, fs.columns + 1), np.float32)),
+                dict(tiles=np.ascontiguousarray(plan.pan[:, :, :16])), dict(tiles=plan.pan[:-1]),
+                dict(tile0=plan.tile0 + 1), dict(ends=plan.ends + 40), dict(w=0),
+                dict(static=(xatom, xpow, fidx + 1000, fptr, sc, imag, pos, real)),
+                dict(static=(xatom, xpow, fidx, fptr[::-1].copy(), sc, imag, pos, real)),
+                dict(static=(xatom, xpow, fidx, fptr, sc, imag, pos + fs.columns, real)),
+                dict(static=(xatom, xpow, fidx, fptr, sc[:-1], imag, pos, real))):
+        with pytest.raises(ValueError):
+            call(**bad)
+
+
+def test_the_product_loop_refuses_reads_outside_its_arrays():
+    from rfsgen._compiled import columns
+
+    fs = sample(_one_pass_skeleton("relu-gauss"), 50, seed=1)
+    t = Transformer(fs)
+    src = t.source(np.zeros((8, 14)))
+    out = np.empty((8, fs.columns), np.float32)
+
+    def call(src=src, ir=t.ir, ii=t.ii, fidx=t.fidx, pos=t.pos, out=out):
+        columns(src, ir, t.cr, ii, t.ci, t.xatom, t.xpow, fidx, t.fptr, t.sc, t.imag, pos, out, t.real)
+
+    call()
+    for bad in (dict(ir=t.ir + src.shape[1]), dict(ii=t.ii + src.shape[1]), dict(ii=np.full_like(t.ii, -7)),
+                dict(fidx=t.fidx + t.ir.size), dict(pos=t.pos - 1), dict(out=out[:4]),
+                dict(src=np.asfortranarray(src))):
         with pytest.raises(ValueError):
             call(**bad)

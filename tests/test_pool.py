@@ -60,6 +60,35 @@ def test_the_pool_is_made_once_and_reused():
     assert np.array_equal(out, x)
 
 
+def test_the_workers_keep_no_array_of_a_finished_call():
+    """A worker waiting for the next call holds nothing of the last one: an output mapped
+    from a file (the Dask workers' in place, a local run's) is unmapped, and a deleted
+    file's space freed, once its caller lets it go."""
+    import gc
+    import weakref
+
+    class Tracked(np.ndarray):
+        pass
+
+    started = threading.Barrier(3)
+
+    def kernel(out, a, b):
+        if a == 0:  # the caller's own part waits until both workers hold one
+            started.wait(timeout=20)
+        elif a in (10, 20):
+            started.wait(timeout=20)
+        out[a:b] = 1
+
+    out = np.zeros(30).view(Tracked)
+    gone = weakref.ref(out)
+    _compiled._the_pool().grow(2)
+    _compiled.run_parts(kernel, [0, 10, 20, 30], out)
+    assert out.sum() == 30
+    del out
+    gc.collect()
+    assert gone() is None, "a pool worker still holds the finished call's arguments"
+
+
 def test_an_error_in_a_part_reaches_the_caller():
     def kernel(out, a, b):
         if a:
