@@ -230,9 +230,9 @@ class Transformer:
     def _plan_phase_products(self):
         """Whether :meth:`chunk` may run the angles and the product loop in one pass over
         each tile of rows (:func:`rfsgen.bases.gathered_columns`), so that the atoms' float64
-        cos and sin never reach memory: the atoms are one gaussian or laplace group's, read
-        straight from its float32 gather (as :meth:`source` reads them), each atom k's cos at
-        source column k and sin at ``a + k`` with factors ``cr = ci = 1`` (the group's
+        cos and sin never reach memory: the atoms are one gaussian or laplace group's whose
+        preparation leaves the values alone (read in place from the rows), each atom k's cos
+        at source column k and sin at ``a + k`` with factors ``cr = ci = 1`` (the group's
         atoms in node order), no log-domain columns, on the CPU, and not a plain random
         Fourier features skeleton (:meth:`_plan_fused` writes those straight from the
         angles).  :data:`FUSED` False forces the two passes (tests)."""
