@@ -536,6 +536,15 @@ SAFE_ANGLE = 1e37
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _angles_fit(top, l1):
+    """Whether the rows whose largest |value| is ``top`` (float64, an array or a number)
+    keep every partial float32 sum of their angles finite: ``top * l1`` (``l1`` the
+    plan's largest L1 norm of a frequency row) under :data:`SAFE_ANGLE`, and every value
+    within float32.  Elementwise, NaN and overflow read as False."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (top * l1 < SAFE_ANGLE) & (top <= F32_MAX)
+
+
 def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     # A fixed-order compiled sum of float32 fused multiply-adds (output definition 3,
     # rfsgen._sincos32), not a BLAS product: BLAS rounds differently with the number of
@@ -553,7 +562,7 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
         # recomputed in float64 with scaling; the other values keep their bits.
         with np.errstate(over="ignore", invalid="ignore"):
             row_max = np.maximum(xp.max(axis=(1, 2)), -xp.min(axis=(1, 2)))  # max |x|, without an |x| copy
-            over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
+        over = np.flatnonzero(~_angles_fit(row_max, plan.l1))
         if over.size:
             _careful_angles(xp, gi, omega, scale, re, im, over, where)
     return re, im
@@ -574,7 +583,7 @@ def gpu_phases_job(base, xp, gi, omega):
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         row_max = np.maximum(xp.max(axis=(1, 2)), -xp.min(axis=(1, 2)))
-        if not ((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)).all():
+        if not _angles_fit(row_max, plan.l1).all():
             return None
         x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
     return x2, xp.shape[2], plan
@@ -601,7 +610,7 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
     xp = np.ascontiguousarray(xp, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         top = max(float(xp.max()), -float(xp.min()))
-        if not (top * plan.l1 < SAFE_ANGLE and top <= F32_MAX):
+        if not _angles_fit(top, plan.l1):
             return False
         x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
     w = xp.shape[2]
@@ -633,8 +642,7 @@ def gathered_phases(base, x, cols, gi, omega, out, where=None, buf=None, ucols=N
     row_max = np.empty(m)
     gather_columns32(x, cols, np.unique(cols) if ucols is None else ucols, x2, row_max)
     re, im = _phases32(x2, m, base.width, plan, out)
-    with np.errstate(over="ignore", invalid="ignore"):  # as in _values_continuous
-        over = np.flatnonzero(~((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)))
+    over = np.flatnonzero(~_angles_fit(row_max, plan.l1))
     if over.size:
         xp = x[:, cols].astype(np.float64).reshape(m, -1, base.width)  # the float64 gather (rare rows)
         _careful_angles(xp, gi, omega, scale, re, im, over, where)
@@ -663,9 +671,8 @@ def gathered_columns(base, x, cols, gi, omega, static, out, ucols=None, buf=None
         return False
     row_max = np.empty(m)
     row_peaks(x, np.unique(cols) if ucols is None else ucols, row_max)
-    with np.errstate(over="ignore", invalid="ignore"):  # as in gathered_phases
-        if not np.all((row_max * plan.l1 < SAFE_ANGLE) & (row_max <= F32_MAX)):
-            return False
+    if not _angles_fit(row_max, plan.l1).all():
+        return False
     w = base.width
     if cols.size == w and np.count_nonzero(x[:, cols]) * SPARSE_RATIO < m * w:
         return False
@@ -694,10 +701,9 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     plan = _phase_plan(gi, omega, base.param("scale"))
     if not np.isfinite(plan.l1):
         return False
-    with np.errstate(over="ignore", invalid="ignore"):
-        top = float(np.abs(vals).max()) if vals.size else 0.0
-        if not (top * plan.l1 < SAFE_ANGLE and top <= F32_MAX):
-            return False
+    top = float(np.abs(vals).max()) if vals.size else 0.0
+    if not _angles_fit(top, plan.l1):
+        return False
     m, a = ptr.size - 1, plan.order.size
     re, im = out
     re_s, im_s = (re, im) if plan.in_order else (np.empty((m, a)), np.empty((m, a)))

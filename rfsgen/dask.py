@@ -650,19 +650,10 @@ class _InPlace:
                 self.chunk_rows, self.layer, self.device, pure=False,
                 key=f"rfsgen-rows-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
-        futures = [submit(a, b) for a, b in self.ranges]
-        try:
-            for i, (a, b) in enumerate(self.ranges):  # in order: the progress bar counts whole ranges
-                digests, clipped = _shard_result(self.address, futures, i, lambda a=a, b=b: submit(a, b),
-                                                 f"transforming rows {a}:{b}")
-                self.digests.append(digests)
-                if clipped is not None:
-                    self.clipped = (self.clipped or 0) + int(clipped)
-                if progress:
-                    progress(b - a)
-        finally:
-            for f in futures:
-                f.cancel()
+        for digests, clipped in _in_order(self.address, self.ranges, lambda i: submit(*self.ranges[i]), progress):
+            self.digests.append(digests)
+            if clipped is not None:
+                self.clipped = (self.clipped or 0) + int(clipped)
         return stop - start
 
     def known_digests(self) -> dict:
@@ -778,7 +769,6 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
     except OSError as e:
         raise OutputError(f"{base}: cannot create the shard directory there ({e.strerror}); give a writable "
                           "--shard-dir") from None
-    futures = []
     try:
         token = secrets.token_hex(16)
         with open(os.path.join(run_dir, "probe"), "w", encoding="ascii") as fh:
@@ -823,11 +813,7 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                                     compression=compression, chunk_rows=chunk_rows, overwrite=True, inputs=[],
                                     progress=progress, provenance=provenance)
             return info, len(ranges)
-        futures = [submit(a, b, p) for (a, b), p in zip(ranges, paths)]
-        for i, ((a, b), p) in enumerate(zip(ranges, paths)):  # in order: the progress bar counts whole ranges
-            _shard_result(address, futures, i, lambda a=a, b=b, p=p: submit(a, b, p), f"transforming rows {a}:{b}")
-            if progress:
-                progress(b - a)
+        _in_order(address, ranges, lambda i: submit(*ranges[i], paths[i]), progress)
         # The run directory goes whatever happens: its shards are consumed as they are copied.
         info = merge_files(paths, final, overwrite=True, progress=progress, consume=True)
     except RfsgenError:
@@ -835,14 +821,31 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
     except OSError as e:
         raise OutputError(f"{run_dir}: {e.strerror or e}; check the shard directory") from None
     finally:
-        for f in futures:
-            f.cancel()
         shutil.rmtree(run_dir, ignore_errors=True)
     return info, len(ranges)
 
 
 #: Times a range whose task the scheduler cancelled is submitted again.
 RESUBMITS = 2
+
+
+def _in_order(address, ranges, submit, progress) -> list:
+    """Every range's task, ``submit(i)`` for range ``i`` of ``ranges`` (``(a, b)`` rows),
+    sent at once, then waited for in order (:func:`_shard_result`: a cancelled task is
+    sent again), each range's rows counted on ``progress`` as it ends (the bar counts
+    whole ranges).  The tasks still running are cancelled on the way out, whether the
+    run succeeds or fails.  Returns the tasks' results, in range order."""
+    futures = [submit(i) for i in range(len(ranges))]
+    results = []
+    try:
+        for i, (a, b) in enumerate(ranges):
+            results.append(_shard_result(address, futures, i, lambda i=i: submit(i), f"transforming rows {a}:{b}"))
+            if progress:
+                progress(b - a)
+    finally:
+        for f in futures:
+            f.cancel()
+    return results
 
 
 def _shard_result(address, futures, i, resubmit, what):

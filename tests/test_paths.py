@@ -63,21 +63,27 @@ def _dense_of(x):
         return src.read()
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """Counts the chunks that took the CSR angle loop (a silent fall back to dense fails)."""
-    import rfsgen.paths as paths
-
+def _spy(monkeypatch, module, name):
+    """Replace ``module.name`` by a wrapper that appends each call's result (whether the
+    path applied) to the returned list."""
     calls = []
-    real = paths.csr_phases
+    real = getattr(module, name)
 
     def spy(*a, **k):
         ok = real(*a, **k)
         calls.append(ok)
         return ok
 
-    monkeypatch.setattr(paths, "csr_phases", spy)
+    monkeypatch.setattr(module, name, spy)
     return calls
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the chunks that took the CSR angle loop (a silent fall back to dense fails)."""
+    import rfsgen.paths as paths
+
+    return _spy(monkeypatch, paths, "csr_phases")
 
 
 @pytest.mark.parametrize("name", ["rbf", "laplace", "mnist-conv", "mixed", "sphere-gauss", "gauss-laplace"])
@@ -213,16 +219,7 @@ def fused_calls(monkeypatch):
     """Counts the chunks written straight from the angles (rfsgen.bases.fused_values)."""
     import rfsgen.bases as bases
 
-    calls = []
-    real = bases.fused_values
-
-    def spy(*a, **k):
-        ok = real(*a, **k)
-        calls.append(ok)
-        return ok
-
-    monkeypatch.setattr(bases, "fused_values", spy)
-    return calls
+    return _spy(monkeypatch, bases, "fused_values")
 
 
 def _fused_rows(width, n, seed):
@@ -329,19 +326,9 @@ nodes:
 @pytest.fixture
 def one_pass_calls(monkeypatch):
     """Counts the chunks whose angles and products ran in one pass (rfsgen.bases.gathered_columns)."""
-    import rfsgen.bases as bases
     import rfsgen.paths as paths
 
-    calls = []
-    real = bases.gathered_columns
-
-    def spy(*a, **k):
-        ok = real(*a, **k)
-        calls.append(ok)
-        return ok
-
-    monkeypatch.setattr(paths, "gathered_columns", spy)
-    return calls
+    return _spy(monkeypatch, paths, "gathered_columns")
 
 
 def _one_pass_skeleton(name):

@@ -25,6 +25,23 @@ from rfsgen.bases import phases_of  # noqa: E402
 from rfsgen.transform import transform  # noqa: E402
 
 
+def _against_two_passes(name, fs, x) -> dict:
+    """The hashes of ``fs``'s transform of ``x`` in float32 and float64, each checked against
+    the bytes of the angle loop followed by the product loop (rfsgen.paths.FUSED off)."""
+    import rfsgen.paths as paths
+
+    h = {}
+    for dtype in ("float32", "float64"):
+        got = transform(fs, x, layout="dense", dtype=dtype).tobytes()
+        paths.FUSED = False
+        try:
+            assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), f"{name}: columns differ"
+        finally:
+            paths.FUSED = True
+        h[f"transform {name} {dtype}"] = hashlib.sha256(got).hexdigest()
+    return h
+
+
 def main() -> dict:
     h = {}
     rng = np.random.default_rng(5)
@@ -51,18 +68,11 @@ def main() -> dict:
     h["transform gauss-laplace CSR rows float32"] = hashlib.sha256(csr).hexdigest()
     # one gaussian node (plain random Fourier features): the columns written straight from
     # the angles (rfsgen._sincos32.phases_out), against the product loop's bytes
-    import rfsgen.paths as paths
-
     rbf = parse_skeleton("rfsgen: 1\ninput: {width: 300}\nnodes:\n  - {name: x, base: gaussian, scale: 0.2}\n", "rbf")
     fs = sample(rbf, 200, seed=4)
     x = rng.standard_normal((29, 300))
     x[3] *= 1e5  # angles beyond the fast range
-    for dtype in ("float32", "float64"):
-        got = transform(fs, x, layout="dense", dtype=dtype).tobytes()
-        paths.FUSED = False
-        assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), "fused columns differ"
-        paths.FUSED = True
-        h[f"transform rbf {dtype}"] = hashlib.sha256(got).hexdigest()
+    h.update(_against_two_passes("rbf", fs, x))
     # patches of one gaussian group under activations: the angles and the products in one
     # pass (rfsgen._sincos32.phase_columns), against the two passes' bytes
     conv = parse_skeleton("rfsgen: 1\ninput: {shape: [8, 8, 1]}\nnodes:\n"
@@ -72,12 +82,7 @@ def main() -> dict:
     fs = sample(conv, 300, seed=6)
     x = rng.standard_normal((21, 64))
     x[5] *= 1e6  # angles beyond the fast range
-    for dtype in ("float32", "float64"):
-        got = transform(fs, x, layout="dense", dtype=dtype).tobytes()
-        paths.FUSED = False
-        assert got == transform(fs, x, layout="dense", dtype=dtype).tobytes(), "one-pass columns differ"
-        paths.FUSED = True
-        h[f"transform conv {dtype}"] = hashlib.sha256(got).hexdigest()
+    h.update(_against_two_passes("conv", fs, x))
     asm = "\n".join("\n".join(f.inspect_asm().values())
                     for f in (_sincos32._phases, _sincos32._phases_sparse, _sincos32._phases_csr,
                               _sincos32._phases_out, _sincos32._phase_columns))
