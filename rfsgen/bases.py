@@ -102,6 +102,23 @@ class Base:
             x = x.copy()
         return self.kind.prepare(self, x, nodes, row0, source)
 
+    def prepare_columns(self, x: np.ndarray, cols: np.ndarray, nodes: list[str], row0: int,
+                        source: str) -> np.ndarray:
+        """:meth:`prepare` of the values ``x[:, cols]``: ``x`` checked rows, float32 or float64
+        ``(m, w)`` C order with finite values; ``cols`` int64 ``(G, width)``, each in ``[0, w)``.
+        Returns the prepared float64 ``(m, G, width)``.  Bases whose preparation can run as
+        the values are gathered (sphere) do both in one pass, with the same bits."""
+        m, (g, width) = x.shape[0], cols.shape
+        flat = np.ascontiguousarray(cols, dtype=np.int64).reshape(-1)
+        if self.kind.prepare_columns is not None:
+            return self.kind.prepare_columns(self, x, flat, g, nodes, row0, source)
+        from ._compiled import gather_columns
+
+        gathered = np.empty((m, g, width))
+        if m:
+            gather_columns(x, flat, gathered.reshape(m, -1))
+        return self.kind.prepare(self, gathered, nodes, row0, source)
+
     def gram(self, xp: np.ndarray, yp: np.ndarray):
         """Exact base kernel between prepared ``(m, G, w)`` and ``(n, G, w)`` rows:
         ``(rho, delta, eps)``, float64 ``(G, m, n)`` each, where ``delta = 1 - rho`` and
@@ -179,6 +196,9 @@ class BaseKind:
     uniform_codes: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
+    #: prepare_columns(base, x, cols, G, nodes, row0, source): the preparation of rows' columns
+    #: ``cols`` (int64, flat) done as they are gathered (:meth:`Base.prepare_columns`), or None
+    prepare_columns: Callable | None = None
     #: why a node of this base has no compositional features or exact kernel (the walked schemes,
     #: ``rfsgen kernel`` without ``--eof``): a message with its fix, or None where it has them
     walk_problem: Callable = lambda base: None
@@ -249,6 +269,23 @@ def _prepare_sphere(base, x, nodes, row0, source):
     x = np.ascontiguousarray(x)
     norms = np.empty(x.shape[:-1])
     normalize(x, norms)  # in place; a row's values never depend on the rest of its chunk
+    return _sphere_zeros(base, x, norms, nodes, row0, source)
+
+
+def _prepare_sphere_columns(base, x, cols, g, nodes, row0, source):
+    from ._compiled import gather_normalize
+
+    m = x.shape[0]
+    out = np.empty((m, g, base.width))
+    norms = np.empty((m, g))
+    if m:
+        gather_normalize(x, cols, out, norms)  # what gather_columns then normalize give, in one pass
+    return _sphere_zeros(base, out, norms, nodes, row0, source)
+
+
+def _sphere_zeros(base, x, norms, nodes, row0, source):
+    """The normalised vectors ``x`` (float64 ``(m, G, width)``) with their zero vectors
+    (``norms`` 0) refused or mapped to the uniform unit vector, as the node says."""
     zero = norms == 0
     if zero.any():
         if base.param("zero") == "error":
@@ -1155,7 +1192,7 @@ _register(BaseKind(
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
     _prepare_sphere, _gram_sphere, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
-    uniform_codes=_sphere_codes,
+    uniform_codes=_sphere_codes, prepare_columns=_prepare_sphere_columns,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

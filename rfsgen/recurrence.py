@@ -48,25 +48,24 @@ def checked_rows(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str =
         origin = None if not skeleton.auto else f"binding it (Skeleton.bind({skeleton.width}))"
         raise width_error(source, got, skeleton.width, skeleton.path, origin=origin,
                           fix=f"pass rows of {skeleton.width} values, or bind the skeleton to {got}" if origin else None)
-    check_finite(x, row0, source)
-    return np.ascontiguousarray(x)
+    from ._compiled import all_finite
+
+    x = np.ascontiguousarray(x)
+    if not all_finite(x):
+        check_finite(x, row0, source)  # names the first bad value
+    return x
 
 
 def prepare_groups(skeleton: Skeleton, x: np.ndarray, row0: int = 0, source: str = "<array>", skip=()) -> list:
     """:func:`prepare_inputs` of rows already checked by :func:`checked_rows`; the groups in
     ``skip`` (whose preparation leaves the values alone) are not gathered: None there."""
-    from ._compiled import gather_columns
-
     out = []
     for g, (base, ids, cols) in enumerate(skeleton.input_groups):
         if g in skip:
             out.append(None)
             continue
         labels = [skeleton.nodes[i].label for i in ids]
-        gathered = np.empty((x.shape[0], ids.size, base.width))
-        if x.shape[0]:
-            gather_columns(x, np.ascontiguousarray(cols, dtype=np.int64).reshape(-1), gathered.reshape(x.shape[0], -1))
-        out.append(base.prepare(gathered, labels, row0, source, overwrite=True))
+        out.append(base.prepare_columns(x, np.asarray(cols).reshape(ids.size, base.width), labels, row0, source))
     return out
 
 

@@ -321,3 +321,84 @@ def test_normalize_has_the_bits_of_its_definition(w):
     empty, norms = np.zeros((4, 3, 0)), np.full((4, 3), np.nan)
     normalize(empty, norms)  # no value to read or write: zero vectors
     assert not norms.any()
+
+
+def _special_vectors(rng, m, g, w):
+    """Rows of ``g`` vectors of ``w`` values with every case the normalisation treats apart:
+    zero, signed-zero, subnormal, huge and spread-exponent vectors."""
+    x = rng.standard_normal((m, g, w))
+    x[0] = 0.0
+    x[1, :, 0] = -0.0
+    x[2] *= 1e-310
+    x[3] *= 1e300
+    x[4] *= 5e-324
+    x[5, 0] = 0.0
+    x[5, 0, -1] = np.finfo(float).max
+    x[6, 0] = 0.0
+    x[6, 0, 0] = 2.0**-1023
+    x[7] *= 2.0 ** rng.integers(-1074, 1023, x[7].shape)
+    x[8] = rng.choice([0.0, -0.0, 1e-320, -3.0, 2.0**-1022], x[8].shape)
+    return x
+
+
+@pytest.mark.parametrize("w", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gather_normalize_has_the_bits_of_gather_then_normalize(w, dtype):
+    """The sphere's one-pass preparation (coordinate-major rows for w <= 16, a few rows at a
+    time for longer vectors) gives the bytes of gather_columns then normalize: columns read
+    in any order and more than once, float32 and float64 rows, every special vector, on one
+    and several row parts; shapes it cannot index are refused before any row is read."""
+    from rfsgen import _compiled
+    from rfsgen._compiled import gather_columns, gather_normalize, normalize
+
+    rng = np.random.default_rng(w)
+    g, width = 5, 7 * w
+    x = _special_vectors(rng, 40, 7, w).reshape(40, width)
+    x = np.clip(x, -3e38, 3e38).astype(dtype) if dtype == np.float32 else x
+    cols = rng.integers(0, width, g * w).astype(np.int64)
+    cols[:w] = np.arange(w)  # a whole vector of row 0..8's special cases
+    want = np.empty((40, g, w))
+    gather_columns(x, cols, want.reshape(40, -1))
+    want_norms = np.empty((40, g))
+    normalize(want, want_norms)
+    for parts in (1, 3):
+        got, norms = np.full((40, g, w), np.nan), np.full((40, g), np.nan)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_compiled, "threads", lambda: parts)
+            mp.setattr(_compiled, "_rows_for", lambda n: 1)
+            gather_normalize(x, cols, got, norms)
+        assert got.tobytes() == want.tobytes()
+        assert norms.tobytes() == want_norms.tobytes()
+    out, norms = np.empty((40, g, w)), np.empty((40, g))
+    bad = cols.copy()
+    bad[-1] = width
+    with pytest.raises(ValueError, match=r"cols must lie in \[0, x.shape\[1\]\)"):
+        gather_normalize(x, bad, out, norms)
+    bad[-1] = -1
+    with pytest.raises(ValueError, match="cols must lie"):
+        gather_normalize(x, bad, out, norms)
+    for args in ((x[:, ::2], cols // 2, out, norms), (x, cols[:-1], out, norms),
+                 (x, cols, out[:39], norms), (x, cols, out, norms[:, :1]), (x, cols.astype(np.int32), out, norms),
+                 (x, cols, out.astype(np.float32), norms)):
+        with pytest.raises(ValueError, match="gather_normalize: x"):
+            gather_normalize(*args)
+
+
+def test_sphere_nodes_prepare_as_they_gather():
+    """A sphere group's preparation runs in the gather (Base.prepare_columns), with the
+    bits of gathering then preparing, its zero vectors refused or mapped as the node says;
+    bases without a one-pass preparation gather, then prepare."""
+    from rfsgen.errors import DataError
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 12))
+    x[2, 3:6] = 0.0
+    cols = np.arange(12).reshape(4, 3)[::-1].copy()
+    for base in (make_base("sphere", {"zero": "uniform"}, 3), make_base("gaussian", {}, 3),
+                 make_base("brownian", {"domain": [-9, 9]}, 3)):
+        want = base.prepare(x[:, cols.ravel()].reshape(6, 4, 3), ["a"] * 4, 0, "t")
+        assert base.prepare_columns(x, cols, ["a"] * 4, 0, "t").tobytes() == want.tobytes()
+    assert base.prepare_columns(x[:0], cols, ["a"] * 4, 0, "t").shape == (0, 4, 3)
+    strict = make_base("sphere", {}, 3)
+    with pytest.raises(DataError, match="row 12, node 'c': the vector is all zeros"):
+        strict.prepare_columns(x, cols, ["a", "b", "c", "d"], 10, "t")

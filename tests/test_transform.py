@@ -508,6 +508,38 @@ def _decimal_value(fs, j, x):
     return float(val)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_are_checked_finite_on_every_thread(dtype):
+    """The rows' finiteness is tested by a compiled read on the row parts (all_finite), and
+    the first bad value in row order is still the one named, whichever part holds it."""
+    from rfsgen import _compiled
+    from rfsgen.errors import DataError
+    from rfsgen.recurrence import checked_rows
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 9}\nnodes:\n  - {name: x, base: gaussian}\noutput: x\n", "f.yaml")
+    x = np.random.default_rng(0).standard_normal((50, 9)).astype(dtype)
+    for parts in (1, 4):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_compiled, "threads", lambda: parts)
+            mp.setattr(_compiled, "_rows_for", lambda n: 1)
+            assert _compiled.all_finite(x)
+            assert checked_rows(skel, x, 0, "t") is x
+            for (r, c), v in (((0, 0), np.nan), ((49, 8), np.inf), ((20, 4), -np.inf)):
+                y = x.copy()
+                y[r, c] = v
+                assert not _compiled.all_finite(y)
+                with pytest.raises(DataError, match=rf"t: row {r + 7}, column {c}: value is {v}"):
+                    checked_rows(skel, y, 7, "t")
+            y = x.copy()
+            y[45, 1], y[12, 6] = np.nan, np.inf  # two parts hold one each: row 12 is named
+            with pytest.raises(DataError, match="row 12, column 6: value is inf"):
+                checked_rows(skel, y, 0, "t")
+    assert checked_rows(skel, x[::2], 0, "t").flags.c_contiguous
+    assert _compiled.all_finite(x[:0])
+    with pytest.raises(ValueError, match="all_finite: x must be C-ordered"):
+        _compiled.all_finite(x[:, ::2])
+
+
 def test_high_powers_never_give_nan():
     """The issue's reproducer: step over a sphere 'coordinate' node draws powers in the
     millions; (sqrt(2) x_j)^p overflowed while another factor underflowed, and 0 * inf
