@@ -428,7 +428,8 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
             b0 = b1
 
 
-def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out) -> None:
+def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out, col2=None, sc2=None,
+               imag2=None) -> None:
     """:func:`phases`' dense loop, its values written straight into output columns: atom
     k (in the blocks' sorted order) is output column ``col[k]`` of ``out`` (float32 or
     float64 ``(m, D)`` C order), ``out[r, col[k]] = sc[k] * (sin if imag[k] else cos)``
@@ -438,15 +439,23 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
     float64 values in between.  ``col`` int64, each below ``out.shape[1]``; ``sc``
     float64, ``imag`` bool, ``(a,)`` each.  The caller makes sure no angle can overflow
     (rfsgen.bases.fused_values); angles beyond the fast range are redone by
-    :func:`sincos_into` as in :func:`phases`."""
+    :func:`sincos_into` as in :func:`phases`.  ``col2``, ``sc2``, ``imag2`` (optional,
+    ``(a,)`` each): a second column of the same atom, written the same way (the [cos, sin]
+    pairs of ``--scheme orf``: one angle, both columns); -1 where an atom has one column."""
     from ._compiled import on_rows
 
+    a = col.size
+    if col2 is None:
+        col2, sc2, imag2 = np.full(a, -1, np.int64), np.zeros(a), np.zeros(a, np.bool_)
+    if not (sc.size == imag.size == col2.size == sc2.size == imag2.size == a and col.dtype == col2.dtype == np.int64):
+        raise ValueError("phases_out: col, sc, imag, col2, sc2 and imag2 must hold one entry per atom (col int64)")
     on_rows(_phases_out, x2.shape[0], x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out,
-            align=ROWS, min_rows=ROWS)
+            col2, sc2, imag2, align=ROWS, min_rows=ROWS)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out, start, stop):  # pragma: no cover
+def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out, col2, sc2, imag2, start,
+                stop):  # pragma: no cover
     # _phases' loops and sums, the same tiles in the same order; only the store differs.
     nb = blk_start.size
     d = out.shape[1]
@@ -495,6 +504,10 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
                                 if 0 <= c < d:  # (always: the caller's columns; keeps the stores in bounds)
                                     v = sb[i * TILE + t] if imag[k + t] else cb[i * TILE + t]
                                     out[r0 + i, c] = sc[k + t] * v
+                                c = col2[k + t]
+                                if 0 <= c < d:  # the atom's second column (-1: none)
+                                    v = sb[i * TILE + t] if imag2[k + t] else cb[i * TILE + t]
+                                    out[r0 + i, c] = sc2[k + t] * v
             b0 = b1
 
 

@@ -626,7 +626,7 @@ def gpu_phases_job(base, xp, gi, omega):
     return x2, xp.shape[2], plan
 
 
-def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
+def fused_values(base, xp, gi, omega, col, sc, imag, out, second=None) -> bool:
     """Output columns of one factor each, straight from the angles: atom k (nodes ``gi``,
     frequencies ``omega``, on the prepared group ``xp`` ``(m, G, width)``) is output column
     ``col[k]``, ``out[:, col[k]] = sc[k] * (sin if imag[k] else cos)`` of its angle in
@@ -634,7 +634,9 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
     :func:`_values_continuous` followed by the product loop for such columns.  False,
     with nothing written, where the CPU's dense loop is not what :func:`phases_of` runs
     or rows need the scaled float64 redo: atoms not in node order, an infinite frequency,
-    a row whose angles could overflow float32, rows mostly zeros (the CSR rows' loop)."""
+    a row whose angles could overflow float32, rows mostly zeros (the CSR rows' loop).
+    ``second``: ``(col2, sc2, imag2)``, each atom's second column written the same way
+    (-1: none), or None."""
     from ._sincos32 import SPARSE_RATIO, phases_out
 
     m, a = xp.shape[0], gi.size
@@ -653,7 +655,8 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out) -> bool:
     w = xp.shape[2]
     if x2.shape[1] == w and np.count_nonzero(x2) * SPARSE_RATIO < m * w:
         return False
-    phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out)
+    phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out,
+               *(second or ()))
     return True
 
 

@@ -68,6 +68,41 @@ def _frequencies(omega, offsets, width):
     return omega[offsets[:, None] + np.arange(width)[None, :]]
 
 
+#: Odd multipliers of the frequencies' bits in :func:`_frequency_twins`' hash (fixed: any
+#: collision is caught by the comparison that follows it).
+_TWIN_MIX = np.random.default_rng(0x7157).integers(1, 2**63, 4096, dtype=np.uint64) | np.uint64(1)
+
+
+def _frequency_twins(omega, node, code, cont, group_of, skel) -> np.ndarray:
+    """For each term (int64 ``(n,)``): the first term of the same node whose frequency row
+    (``omega[code[t]:code[t] + width]``) has the same bits, itself where none does; -1 for
+    terms of bases without frequencies.  Rows are hashed (their bits times fixed odd
+    multipliers, summed modulo 2^64, with the node) and equal hashes confirmed bit by bit,
+    so a collision only leaves two atoms apart.  One pass over each group's frequencies."""
+    twin = np.full(node.size, -1, np.int64)
+    terms = np.flatnonzero(cont)
+    if not terms.size:
+        return twin
+    groups = group_of[node[terms]]
+    for g in np.unique(groups):
+        t = terms[groups == g]
+        width = skel.input_groups[int(g)][0].width
+        bits = np.ascontiguousarray(_frequencies(omega, code[t], width)).view(np.uint64)
+        mix = np.resize(_TWIN_MIX, width)
+        with np.errstate(over="ignore"):
+            h = bits @ mix + node[t].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        order = np.argsort(h, kind="stable")  # equal hashes in term order: the first is the twin
+        hs = h[order]
+        start = np.ones(t.size, dtype=bool)
+        start[1:] = hs[1:] != hs[:-1]
+        lead = order[np.flatnonzero(start)[np.cumsum(start) - 1]]  # (in order) the first of each hash
+        cand = np.empty(t.size, np.int64)
+        cand[order] = lead
+        same = (node[t] == node[t[cand]]) & (bits == bits[cand]).all(axis=1)
+        twin[t] = np.where(same, t[cand], t)
+    return twin
+
+
 #: Whether a transformer may write plain random Fourier features' columns straight from the
 #: angles (Transformer._plan_fused); False forces the product loop (tests compare the bytes).
 FUSED = True
@@ -114,9 +149,12 @@ class Transformer:
         node, code = fs.node.astype(np.int64), fs.code.astype(np.int64)
         n_terms = node.size
         is_cont = cont[node] if n_terms else np.zeros(0, dtype=bool)
-        # Integer terms share atoms (node, code); continuous terms are atoms of their own.
+        # Integer terms share atoms (node, code); continuous terms are atoms of their own,
+        # unless their frequencies are the same bits at the same node (the [cos, sin] pairs
+        # of --scheme orf): one angle, and its cos and sin, then serve both columns.
         # Sorting by group first makes each group's atoms one block.
-        keys = np.stack([group_of[node], node, np.where(is_cont, 0, code), np.where(is_cont, np.arange(n_terms), -1)])
+        twin = _frequency_twins(fs.omega, node, code, is_cont, group_of, skel)
+        keys = np.stack([group_of[node], node, np.where(is_cont, 0, code), np.where(is_cont, twin, -1)])
         uniq, first, term_atom = _unique_columns(keys)
         n_atoms = uniq.shape[1]
         a_node, a_code = node[first], code[first]
@@ -201,12 +239,14 @@ class Transformer:
 
     def _plan_fused(self, fs, term_atom, power, n_atoms):
         """Whether :meth:`chunk` may write the columns straight from the angles
-        (:func:`rfsgen.bases.fused_values`): every column is one factor, power 1, of its own
-        atom of a single gaussian or laplace group (a plain random Fourier features
-        skeleton), on the CPU, float32 or float64 output.  Such a column's value in the product loop is ``sc *
+        (:func:`rfsgen.bases.fused_values`): every column is one factor, power 1, of an atom
+        of a single gaussian or laplace group (a plain random Fourier features skeleton),
+        each atom in one or two columns (``--scheme orf``'s [cos, sin] pairs), on the CPU,
+        float32 or float64 output.  Such a column's value in the product loop is ``sc *
         (1.0 * cos)`` or ``sc * (1.0 * sin)`` (rfsgen._vector.product with no further factor;
         ``cr = ci = 1`` for these atoms), which the fused loop reproduces bit for bit.
-        ``fused_col``, ``fused_sc``, ``fused_imag``: each atom's column, scale and part.
+        ``fused_col``, ``fused_sc``, ``fused_imag``: each atom's (first) column, scale and
+        part; ``fused_second``: the same for its second column (-1: none), or None.
         :data:`FUSED` False (or :attr:`fused` set False) forces the product loop (tests)."""
         self.fused = False
         D = fs.columns
@@ -216,15 +256,24 @@ class Transformer:
         if (self.device != "cpu" or self.dtype not in (np.float32, np.float64) or len(self.groups) != 1 or self.groups[0].linear
                 or self.huge.size
                 or not self.skeleton.input_groups[self.groups[0].group][0].continuous
-                or n_atoms != D or term_atom.size != D or not D or np.any(counts != 1) or np.any(power != 1)):
+                or term_atom.size != D or not D or np.any(counts != 1) or np.any(power != 1)):
             return
+        uses = np.bincount(term_atom, minlength=n_atoms)
+        if np.any(uses < 1) or np.any(uses > 2) or np.any(self.cr != 1.0) or np.any(self.ci != 1.0):
+            return
+        # one term a column: term j is column j's; an atom's first column is its smallest
         col = np.full(n_atoms, -1, np.int64)
-        col[term_atom] = np.arange(D)  # one term a column: term j is column j's
-        if np.any(col < 0) or np.any(self.cr != 1.0) or np.any(self.ci != 1.0):
-            return
+        col[term_atom[::-1]] = np.arange(D)[::-1]
+        col2 = np.full(n_atoms, -1, np.int64)
+        later = np.flatnonzero(col[term_atom] != np.arange(D))
+        col2[term_atom[later]] = later
         p = self.pos[col]
         self.fused_col = col
         self.fused_sc, self.fused_imag = np.ascontiguousarray(self.sc[p]), np.ascontiguousarray(self.imag[p])
+        self.fused_second = None
+        if later.size:
+            p2 = self.pos[np.maximum(col2, 0)]
+            self.fused_second = (col2, np.where(col2 >= 0, self.sc[p2], 0.0), np.ascontiguousarray(self.imag[p2]))
         self.fused = True
 
     def _plan_phase_products(self):
@@ -560,7 +609,7 @@ class Transformer:
             xp = prepare_inputs(self.skeleton, x, row0, source)
             ga = self.groups[0]
             if fused_values(self.skeleton.input_groups[ga.group][0], xp[ga.group], ga.gi, ga.codes, self.fused_col,
-                            self.fused_sc, self.fused_imag, out):
+                            self.fused_sc, self.fused_imag, out, self.fused_second):
                 src = None
             else:
                 src = self._source_of(xp, m, row0, source, True)

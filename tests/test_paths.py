@@ -304,6 +304,60 @@ def test_fused_columns_match_a_reference_one_operation_at_a_time():
         assert (t.fused_sc[k] * part).astype(np.float32).tobytes() == got[:, j].tobytes()
 
 
+@pytest.mark.parametrize("name", ["rbf", "mnist-conv"])
+def test_orf_pairs_share_one_angle(name, monkeypatch, fused_calls):
+    """--scheme orf's [cos, sin] pairs hold the same frequency bits: one atom serves both
+    columns (half the angles), with the bytes of one atom per term (the twins switched off)
+    and of the product loop; a plain node writes both columns from the fused loop."""
+    import rfsgen.paths as paths
+
+    skel = _skeleton(name)
+    fs = sample(skel, 300, seed=5, scheme="orf")
+    t = Transformer(fs)
+    assert 2 * t.ir.size == fs.node.size
+    assert t.fused == (name == "rbf") and (t.fused_second is not None if t.fused else t.phase_products)
+    x = _fused_rows(skel.width, 24, 2)
+    for dtype in ("float32", "float64"):
+        got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=7)
+        assert got.tobytes() == want.tobytes()
+        with monkeypatch.context() as mp:
+            mp.setattr(paths, "_frequency_twins", lambda omega, node, code, cont, *_: np.where(cont, np.arange(node.size), -1))
+            assert 2 * Transformer(fs).ir.size == 2 * fs.node.size
+            alone = transform(fs, x, layout="dense", dtype=dtype, chunk_rows=7)
+        assert got.tobytes() == alone.tobytes()
+    assert any(fused_calls) == (name == "rbf")
+    # every hash alike: only rows of the same bits share an atom (the comparison decides)
+    monkeypatch.setattr(paths, "_TWIN_MIX", np.zeros_like(paths._TWIN_MIX))
+    collided = Transformer(fs)
+    assert t.ir.size <= collided.ir.size <= fs.node.size
+    assert collided.chunk(x).tobytes() == t.chunk(x).tobytes()
+    if name == "rbf":  # the second columns' arrays must cover every atom
+        from rfsgen._sincos32 import phases_out
+
+        col2, sc2, imag2 = t.fused_second
+        for bad in ((col2[:-1], sc2, imag2), (col2, sc2[:-1], imag2), (col2.astype(np.int32), sc2, imag2)):
+            with pytest.raises(ValueError, match="one entry per atom"):
+                phases_out(np.zeros((8, 40), np.float32), 40, *([np.zeros(1, np.int64)] * 5), t.fused_col, t.fused_sc,
+                           t.fused_imag, np.empty((8, fs.columns), np.float32), *bad)
+
+
+def test_frequency_twins_need_the_same_node_and_bits():
+    """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
+    sign of zero apart stay apart; integer terms are not frequencies (-1)."""
+    from rfsgen.paths import _frequency_twins
+
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: a, base: gaussian, columns: '0:2'}\n"
+                          "  - {name: b, base: gaussian, columns: '2:4'}\n  - {name: c, activation: relu, "
+                          "inputs: [a, b]}\noutput: c\n", "t.yaml")
+    rows = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, np.nextafter(2.0, 3.0)], [0.0, 1.0], [-0.0, 1.0], [1.0, 2.0]])
+    node = np.array([0, 0, 0, 0, 0, 1, 2])
+    code = np.array([0, 2, 4, 6, 8, 10, 99])
+    omega = np.concatenate([rows.ravel(), [0.0] * 88])
+    group_of = np.array([0, 0, -1])
+    twin = _frequency_twins(omega, node, code, np.array([True] * 6 + [False]), group_of, skel)
+    assert twin.tolist() == [0, 0, 2, 3, 4, 5, -1]
+
+
 # ---------------------------------------------------------------- angles and products in one pass
 RELU_GAUSS = """
 rfsgen: 1

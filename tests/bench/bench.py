@@ -278,7 +278,9 @@ def bench_gaussian(args, tmp, res):
 
 
 def _rks_cases(args):
-    """(name, skeleton text or path, input rows, D, RBFSampler gamma) of the rks section."""
+    """(name, skeleton text or path, input rows, D, RBFSampler gamma, scheme) of the rks section.
+    The gaussian nodes also run with ``--scheme orf`` at the first D: its [cos, sin] pairs
+    share one angle per frequency (half of RBFSampler's multiply-adds at the same D)."""
     rng = np.random.default_rng(0)
     n = args.rks_rows
 
@@ -289,17 +291,19 @@ def _rks_cases(args):
     for d in (784, 3072):
         x = rng.standard_normal((n, d)).astype(np.float32)
         for D in args.rks_columns:
-            cases.append((f"gaussian d={d} D={D}", node(d, "gaussian", 1 / np.sqrt(d)), x, D, 0.5 / d))
+            cases.append((f"gaussian d={d} D={D}", node(d, "gaussian", 1 / np.sqrt(d)), x, D, 0.5 / d, "rfs"))
+        D = args.rks_columns[0]
+        cases.append((f"gaussian d={d} D={D} --scheme orf", node(d, "gaussian", 1 / np.sqrt(d)), x, D, 0.5 / d, "orf"))
     x = rng.random((args.rks_laplace_rows, 32)).astype(np.float32)
-    cases.append(("laplace d=32 D=2048", node(32, "laplace", 1.0), x, 2048, 0.5))
+    cases.append(("laplace d=32 D=2048", node(32, "laplace", 1.0), x, 2048, 0.5, "rfs"))
     import scipy.sparse as sp
 
     xs = sp.random(args.rks_sparse_rows, 10_000, density=0.01, format="csr", dtype=np.float32, random_state=1)
-    cases.append(("gaussian CSR d=1e4 1% D=2048", node(10_000, "gaussian", 0.1), xs, 2048, 0.005))
+    cases.append(("gaussian CSR d=1e4 1% D=2048", node(10_000, "gaussian", 0.1), xs, 2048, 0.005, "rfs"))
     mn = rng.standard_normal((n, 784)).astype(np.float32)
-    cases.append(("mnist-conv D=4096", ROOT / "skeletons" / "mnist-conv.yaml", mn, 4096, 1 / 784))
+    cases.append(("mnist-conv D=4096", ROOT / "skeletons" / "mnist-conv.yaml", mn, 4096, 1 / 784, "rfs"))
     cf = load_rows(args.data, n)[0]
-    cases.append(("cifar-patches D=4096", ROOT / "skeletons" / "cifar-patches.yaml", cf, 4096, 1 / 1728))
+    cases.append(("cifar-patches D=4096", ROOT / "skeletons" / "cifar-patches.yaml", cf, 4096, 1 / 1728, "rfs"))
     return cases
 
 
@@ -313,9 +317,9 @@ def bench_rks(args, tmp, res):
     from rfsgen.transform import Transformer
 
     out = []
-    for name, skel, x, D, gamma in _rks_cases(args):
+    for name, skel, x, D, gamma, scheme in _rks_cases(args):
         sk = load_skeleton(skel) if isinstance(skel, Path) else parse_skeleton(skel, "rks.yaml")
-        fs = sample(sk, D, seed=1)
+        fs = sample(sk, D, seed=1, scheme=scheme)
         transform(fs, x[:64], layout="dense")  # compile / load the cache
 
         def ours():
