@@ -639,12 +639,9 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out, second=None) -> bool:
     (-1: none), or None."""
     from ._sincos32 import SPARSE_RATIO, phases_out
 
-    m, a = xp.shape[0], gi.size
-    if not (m and a):
-        return False
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
-    plan = _phase_plan(gi, omega, base.param("scale"))
-    if not plan.in_order or not np.isfinite(plan.l1) or col.size != a or sc.size != a or imag.size != a:
+    m = xp.shape[0]
+    plan = _fused_plan(base, gi, omega, col, sc, imag) if m else None
+    if plan is None:
         return False
     xp = np.ascontiguousarray(xp, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -657,6 +654,54 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out, second=None) -> bool:
         return False
     phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out,
                *(second or ()))
+    return True
+
+
+def _fused_plan(base, gi, omega, col, sc, imag):
+    """The angle plan of :func:`fused_values` and :func:`fused_gathered`, or None where
+    their loop does not apply (no atoms, atoms not in node order, an infinite frequency,
+    column arrays that do not match the atoms)."""
+    a = gi.size
+    if not a or col.size != a or sc.size != a or imag.size != a:
+        return None
+    plan = _phase_plan(gi, np.ascontiguousarray(omega, dtype=np.float64), base.param("scale"))
+    return plan if plan.in_order and np.isfinite(plan.l1) else None
+
+
+#: Rows of a chunk whose zeros decide whether a single node's angles are summed over the
+#: nonzero values only (the CSR rows' loop): a choice of speed, the bits are the same.
+SPARSE_SAMPLE = 64
+
+
+def fused_gathered(base, x, cols, gi, omega, col, sc, imag, out, second=None, ucols=None, buf=None) -> bool:
+    """:func:`fused_values` on checked rows ``x`` (float32 or float64 ``(m, width)``, C
+    order, finite) of a group whose preparation leaves the values alone, the group's
+    values ``x[:, cols]`` (int64 ``(G * width,)``; ``ucols``, if given, their distinct
+    values) gathered straight into float32 with each row's largest magnitude, in one pass
+    on every thread (:func:`rfsgen._compiled.gather_columns32`), where the float64 gather,
+    its float32 copy, the chunk's maximum and minimum and its count of nonzeros took five
+    passes, four on one thread.  The same values, so the same bits.  ``buf``, if given, a
+    float32 array of at least ``m * cols.size`` values to gather into.  Whether a single
+    node's rows are mostly zeros (then False: the CSR rows' loop) is judged on the first
+    :data:`SPARSE_SAMPLE` rows."""
+    from ._compiled import gather_columns32
+    from ._sincos32 import SPARSE_RATIO, phases_out
+
+    m = x.shape[0]
+    plan = _fused_plan(base, gi, omega, col, sc, imag) if m else None
+    if plan is None:
+        return False
+    n = m * cols.size
+    x2 = (buf[:n] if buf is not None else np.empty(n, np.float32)).reshape(m, cols.size)
+    top = np.empty(m)
+    gather_columns32(x, cols, np.unique(cols) if ucols is None else ucols, x2, top)
+    if not _angles_fit(top, plan.l1).all():
+        return False
+    w = base.width
+    head = x2[:SPARSE_SAMPLE]
+    if cols.size == w and np.count_nonzero(head) * SPARSE_RATIO < head.size:
+        return False
+    phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out, *(second or ()))
     return True
 
 

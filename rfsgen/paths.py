@@ -68,17 +68,13 @@ def _frequencies(omega, offsets, width):
     return omega[offsets[:, None] + np.arange(width)[None, :]]
 
 
-#: Odd multipliers of the frequencies' bits in :func:`_frequency_twins`' hash (fixed: any
-#: collision is caught by the comparison that follows it).
-_TWIN_MIX = np.random.default_rng(0x7157).integers(1, 2**63, 4096, dtype=np.uint64) | np.uint64(1)
-
-
 def _frequency_twins(omega, node, code, cont, group_of, skel) -> np.ndarray:
     """For each term (int64 ``(n,)``): the first term of the same node whose frequency row
     (``omega[code[t]:code[t] + width]``) has the same bits, itself where none does; -1 for
-    terms of bases without frequencies.  Rows are hashed (their bits times fixed odd
-    multipliers, summed modulo 2^64, with the node) and equal hashes confirmed bit by bit,
-    so a collision only leaves two atoms apart.  One pass over each group's frequencies."""
+    terms of bases without frequencies.  Rows are hashed by their node and first four
+    values' bits (random frequencies differ there), and only terms whose hash an earlier
+    term shares are compared bit by bit, so a collision only leaves two atoms apart and a
+    feature set without twins costs one sort of its terms."""
     twin = np.full(node.size, -1, np.int64)
     terms = np.flatnonzero(cont)
     if not terms.size:
@@ -87,19 +83,23 @@ def _frequency_twins(omega, node, code, cont, group_of, skel) -> np.ndarray:
     for g in np.unique(groups):
         t = terms[groups == g]
         width = skel.input_groups[int(g)][0].width
-        bits = np.ascontiguousarray(_frequencies(omega, code[t], width)).view(np.uint64)
-        mix = np.resize(_TWIN_MIX, width)
-        with np.errstate(over="ignore"):
-            h = bits @ mix + node[t].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        rows = _frequencies(omega, code[t], width)
+        h = node[t].astype(np.uint64)
+        for k in range(min(width, 4)):  # (uint64 arithmetic wraps around)
+            h = h * np.uint64(0x9E3779B97F4A7C15) + np.ascontiguousarray(rows[:, k]).view(np.uint64)
         order = np.argsort(h, kind="stable")  # equal hashes in term order: the first is the twin
         hs = h[order]
         start = np.ones(t.size, dtype=bool)
         start[1:] = hs[1:] != hs[:-1]
-        lead = order[np.flatnonzero(start)[np.cumsum(start) - 1]]  # (in order) the first of each hash
         cand = np.empty(t.size, np.int64)
-        cand[order] = lead
-        same = (node[t] == node[t[cand]]) & (bits == bits[cand]).all(axis=1)
-        twin[t] = np.where(same, t[cand], t)
+        cand[order] = order[np.flatnonzero(start)[np.cumsum(start) - 1]]
+        own = np.arange(t.size)
+        maybe = np.flatnonzero(cand != own)
+        if maybe.size:
+            a, b = np.ascontiguousarray(rows[maybe]), np.ascontiguousarray(rows[cand[maybe]])
+            same = (node[t[maybe]] == node[t[cand[maybe]]]) & (a.view(np.uint64) == b.view(np.uint64)).all(axis=1)
+            own[maybe[same]] = cand[maybe[same]]
+        twin[t] = t[own]
     return twin
 
 
@@ -603,16 +603,25 @@ class Transformer:
             raise ValueError(f"out must be a C-contiguous ({m}, {self.columns}) {self.dtype} array")
         if getattr(self, "fused", False) and m and not isinstance(x, SparseRows):
             # a plain random Fourier features skeleton: the columns straight from the angles
-            # where the dense loop applies (rfsgen.bases.fused_values), else the rows' source
-            from .bases import fused_values
+            # where the dense loop applies (rfsgen.bases.fused_gathered from the rows' own
+            # columns, fused_values from a prepared group), else the rows' source
+            from .bases import fused_gathered, fused_values
 
-            xp = prepare_inputs(self.skeleton, x, row0, source)
             ga = self.groups[0]
-            if fused_values(self.skeleton.input_groups[ga.group][0], xp[ga.group], ga.gi, ga.codes, self.fused_col,
-                            self.fused_sc, self.fused_imag, out, self.fused_second):
-                src = None
+            base = self.skeleton.input_groups[ga.group][0]
+            fused = (self.fused_col, self.fused_sc, self.fused_imag, out, self.fused_second)
+            if ga.group in self._direct:
+                x = checked_rows(self.skeleton, x, row0, source)
+                cols, ucols = self._flat_cols(ga.group)
+                if fused_gathered(base, x, cols, ga.gi, ga.codes, *fused, ucols=ucols,
+                                  buf=self._gather_buffer(m * cols.size, True)):
+                    src = None
+                else:
+                    src = self.source(x, row0, source, scratch=True)
             else:
-                src = self._source_of(xp, m, row0, source, True)
+                xp = prepare_inputs(self.skeleton, x, row0, source)
+                src = None if fused_values(base, xp[ga.group], ga.gi, ga.codes, *fused) else \
+                    self._source_of(xp, m, row0, source, True)
         elif getattr(self, "phase_products", False) and m and self.columns and not isinstance(x, SparseRows):
             # one gaussian or laplace group: the angles and the products in one pass over each
             # tile of rows where the dense loop applies (rfsgen.bases.gathered_columns)

@@ -63,10 +63,10 @@ def _dense_of(x):
         return src.read()
 
 
-def _spy(monkeypatch, module, name):
+def _spy(monkeypatch, module, name, calls=None):
     """Replace ``module.name`` by a wrapper that appends each call's result (whether the
-    path applied) to the returned list."""
-    calls = []
+    path applied) to the returned list (``calls``, if given)."""
+    calls = [] if calls is None else calls
     real = getattr(module, name)
 
     def spy(*a, **k):
@@ -216,10 +216,11 @@ def test_csr_rows_wider_than_a_column_run(width, counted):
 # ---------------------------------------------------------------- columns straight from the angles
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the chunks written straight from the angles (rfsgen.bases.fused_values)."""
+    """Counts the chunks written straight from the angles (rfsgen.bases.fused_gathered from
+    the rows' columns, fused_values from a prepared group)."""
     import rfsgen.bases as bases
 
-    return _spy(monkeypatch, bases, "fused_values")
+    return _spy(monkeypatch, bases, "fused_values", _spy(monkeypatch, bases, "fused_gathered"))
 
 
 def _fused_rows(width, n, seed):
@@ -258,6 +259,8 @@ def test_fused_columns_give_the_product_loops_bytes(name, dtype, monkeypatch, fu
             with using(min(threads, _most())):
                 got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=chunk_rows)
             assert got.tobytes() == want.tobytes(), (chunk_rows, threads)
+    got, want = _both(fs, x.astype(np.float32), monkeypatch, dtype=dtype, chunk_rows=7)  # float32 rows
+    assert got.tobytes() == want.tobytes()
     if name != "mnist-conv":
         assert any(fused_calls)
         big = np.abs(np.asarray(Transformer(fs).fs.omega)).max() * 1e6
@@ -285,6 +288,25 @@ def test_fused_falls_back_where_the_dense_loop_does_not_apply(name, monkeypatch,
     x = _rows(w, 20, 0.3, 1)
     got, want = _both(fs, x, monkeypatch, dtype="float32")
     assert got.tobytes() == want.tobytes() and not fused_calls
+
+
+def test_fused_judges_zeros_on_the_first_rows_of_a_chunk(monkeypatch, fused_calls):
+    """Whether a chunk's single node is mostly zeros (the CSR rows' loop) is a choice of
+    speed judged on its first rfsgen.bases.SPARSE_SAMPLE rows: a chunk dense there and
+    mostly zeros after them, or the reverse, gives the product loop's bytes either way."""
+    import rfsgen.bases as bases
+
+    monkeypatch.setattr(bases, "SPARSE_SAMPLE", 8)
+    skel = _skeleton("rbf")
+    fs = sample(skel, 64, seed=4)
+    dense = _fused_rows(skel.width, 12, 3)
+    sparse = np.zeros((12, skel.width))
+    sparse[:, 3] = np.arange(1.0, 13.0)
+    for x, fused in ((np.vstack([dense, sparse]), True), (np.vstack([sparse, dense]), False)):
+        fused_calls.clear()
+        got, want = _both(fs, x, monkeypatch, dtype="float32", chunk_rows=24)
+        assert got.tobytes() == want.tobytes()
+        assert fused_calls[0] is fused
 
 
 def test_fused_columns_match_a_reference_one_operation_at_a_time():
@@ -326,11 +348,6 @@ def test_orf_pairs_share_one_angle(name, monkeypatch, fused_calls):
             alone = transform(fs, x, layout="dense", dtype=dtype, chunk_rows=7)
         assert got.tobytes() == alone.tobytes()
     assert any(fused_calls) == (name == "rbf")
-    # every hash alike: only rows of the same bits share an atom (the comparison decides)
-    monkeypatch.setattr(paths, "_TWIN_MIX", np.zeros_like(paths._TWIN_MIX))
-    collided = Transformer(fs)
-    assert t.ir.size <= collided.ir.size <= fs.node.size
-    assert collided.chunk(x).tobytes() == t.chunk(x).tobytes()
     if name == "rbf":  # the second columns' arrays must cover every atom
         from rfsgen._sincos32 import phases_out
 
@@ -343,19 +360,25 @@ def test_orf_pairs_share_one_angle(name, monkeypatch, fused_calls):
 
 def test_frequency_twins_need_the_same_node_and_bits():
     """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
-    sign of zero apart stay apart; integer terms are not frequencies (-1)."""
+    sign of zero apart, and rows that hash alike (the same first four values) but differ
+    further on stay apart; integer terms are not frequencies (-1)."""
     from rfsgen.paths import _frequency_twins
 
-    skel = parse_skeleton("rfsgen: 1\ninput: {width: 4}\nnodes:\n  - {name: a, base: gaussian, columns: '0:2'}\n"
-                          "  - {name: b, base: gaussian, columns: '2:4'}\n  - {name: c, activation: relu, "
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 12}\nnodes:\n  - {name: a, base: gaussian, columns: '0:6'}\n"
+                          "  - {name: b, base: gaussian, columns: '6:12'}\n  - {name: c, activation: relu, "
                           "inputs: [a, b]}\noutput: c\n", "t.yaml")
-    rows = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, np.nextafter(2.0, 3.0)], [0.0, 1.0], [-0.0, 1.0], [1.0, 2.0]])
-    node = np.array([0, 0, 0, 0, 0, 1, 2])
-    code = np.array([0, 2, 4, 6, 8, 10, 99])
-    omega = np.concatenate([rows.ravel(), [0.0] * 88])
+    base = np.arange(1.0, 7.0)
+    rows = np.array([base, base, base, base, base, base, base, base])
+    rows[2, 5] = np.nextafter(6.0, 7.0)  # one ulp apart, same hash
+    rows[3, 0] = 0.0
+    rows[4, 0] = -0.0  # a sign of zero apart from row 3
+    rows[6, 4] = 9.0  # the same first four values: the same hash, other bits
+    node = np.array([0, 0, 0, 0, 0, 1, 0, 0, 2])
+    code = np.concatenate([np.arange(8) * 6, [99]])
+    omega = np.concatenate([rows.ravel(), [0.0] * 70])
     group_of = np.array([0, 0, -1])
-    twin = _frequency_twins(omega, node, code, np.array([True] * 6 + [False]), group_of, skel)
-    assert twin.tolist() == [0, 0, 2, 3, 4, 5, -1]
+    twin = _frequency_twins(omega, node, code, np.array([True] * 8 + [False]), group_of, skel)
+    assert twin.tolist() == [0, 0, 2, 3, 4, 5, 6, 0, -1]
 
 
 # ---------------------------------------------------------------- angles and products in one pass
