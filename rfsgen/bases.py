@@ -196,6 +196,9 @@ class BaseKind:
     uniform_codes: Callable = lambda base: 0
     norm_bound: Callable = lambda base: 1.0
     min_width: int = 1
+    #: whether each node's prepared values are a unit vector (sphere): the factors a column
+    #: takes from one node are then bounded together (rfsgen.paths' overflow check)
+    unit_rows: bool = False
     #: prepare_columns(base, x, cols, G, nodes, row0, source): the preparation of rows' columns
     #: ``cols`` (int64, flat) done as they are gathered (:meth:`Base.prepare_columns`), or None
     prepare_columns: Callable | None = None
@@ -1240,7 +1243,7 @@ _register(BaseKind(
         "zero": ("error", _choice("zero", ("error", "uniform"))),
     }, None, False,
     _prepare_sphere, _gram_sphere, _sample_sphere, _conj_sphere, _values_linear, linear=_linear_sphere,
-    uniform_codes=_sphere_codes, prepare_columns=_prepare_sphere_columns,
+    uniform_codes=_sphere_codes, prepare_columns=_prepare_sphere_columns, unit_rows=True,
     norm_bound=lambda b: math.sqrt(b.width / 2) if b.param("scheme") == "pair" else math.sqrt(b.width),
     min_width=2,
 ))

@@ -163,6 +163,9 @@ class Transformer:
         # the others into [re | im] blocks the base computes per chunk.
         ir, ii = np.zeros(n_atoms, np.int64), np.full(n_atoms, -1, np.int64)
         cr, ci = np.ones(n_atoms), np.zeros(n_atoms)
+        # each atom's unit vector (the first source column of its node's prepared values,
+        # for bases whose nodes' values are unit vectors), else -1: _plan_huge's joint bound
+        self._unit = np.full(n_atoms, -1, np.int64)
         self.groups: list[_GroupAtoms] = []
         width = 0
         for g, (base, ids, _) in enumerate(skel.input_groups):
@@ -174,6 +177,8 @@ class Transformer:
             lin = base.linear(gi, codes) if not base.continuous else None
             if lin is not None:
                 ir[sel], cr[sel], ii[sel], ci[sel] = lin[0] + width, lin[1], np.where(lin[2] >= 0, lin[2] + width, -1), lin[3]
+                if base.kind.unit_rows:
+                    self._unit[sel] = width + gi * base.width
                 self.groups.append(_GroupAtoms(g, gi, codes, width, True))
                 width += ids.size * base.width
             else:
@@ -316,7 +321,47 @@ class Transformer:
         bound = np.log(np.maximum(fs.scale.astype(np.float64), 1e-300)) + np.bincount(col, per_term, fs.columns)
         limit = math.log(np.finfo(self.dtype).max) - 1.0
         self.checked = np.flatnonzero(bound > limit)  # original column indices
+        if self.checked.size:
+            self.checked = self.checked[self._joint_bound(fs, term_atom, power, self.checked) > limit]
         self.log_domain(fs, np.flatnonzero(bound > math.log(1e300)), term_atom, power, imag)
+
+    def _joint_bound(self, fs, term_atom, power, cols) -> np.ndarray:
+        """A log bound (float64) on the modulus of columns ``cols`` (int64, ascending), tighter
+        than :meth:`_plan_huge`'s, which bounds each factor alone: the factors a column takes
+        from one unit vector u (a sphere node's prepared values) are bounded together.
+        Factor k is ``cr u_a + i ci u_b`` (``ci = 0``: real), so ``|z_k| <= c_k s_k`` with
+        ``c_k = max(|cr|, |ci|)`` and ``s_k^2 = u_a^2 (+ u_b^2)``; with each coordinate in at
+        most ``n`` of the column's factors on u, ``sum_k s_k^2 <= n``, and then ``prod_k
+        s_k^p_k <= prod_k (n p_k / P)^(p_k / 2)`` (``P = sum_k p_k``, equality at ``s_k^2 =
+        n p_k / P``), where taking ``s_k <= 1`` alone gave ``prod_k c_k^p_k``.  Other
+        factors keep their bound.  Only the overflow check uses it (which columns are
+        checked for inf after each chunk), never how a value is computed."""
+        ptr = fs.ptr.astype(np.int64)
+        lengths = np.diff(ptr)[cols]
+        col = np.repeat(np.arange(cols.size), lengths)
+        t = np.repeat(ptr[cols], lengths) + (np.arange(col.size) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+        a = term_atom[t]
+        p = np.abs(power[t]).astype(np.float64)
+        unit = self._unit[a]
+        c = np.maximum(np.abs(self.cr[a]), np.where(self.ii[a] >= 0, np.abs(self.ci[a]), 0.0))
+        alone = np.log(np.maximum(c, 1.0))
+        joint = np.log(np.maximum(c, 1e-300))
+        on = unit >= 0
+        if on.any():
+            # (column, unit vector) sets of factors; each coordinate's count of factors in its set
+            key = col[on] * (int(self._unit.max()) + 1) + unit[on]
+            sets, set_of = np.unique(key, return_inverse=True)
+            total = np.bincount(set_of, p[on], sets.size)
+            coords = np.concatenate([np.stack([set_of, self.ir[a[on]]]), np.stack([set_of, self.ii[a[on]]])], axis=1)
+            coords = coords[:, coords[1] >= 0]
+            uniq, inv = np.unique(coords[0] * (self.source_width + 1) + coords[1], return_inverse=True)
+            per_coord = np.bincount(inv.ravel(), minlength=uniq.size)
+            n = np.zeros(sets.size, np.int64)
+            np.maximum.at(n, uniq // (self.source_width + 1), per_coord)
+            share = np.log(np.where(p[on] > 0, n[set_of] * p[on] / np.maximum(total[set_of], 1e-300), 1.0))
+            alone[on] = joint[on] + 0.5 * share
+        per_term = p * alone
+        return np.log(np.maximum(fs.scale.astype(np.float64)[cols], 1e-300)) + np.bincount(col, per_term, cols.size)
 
     def log_domain(self, fs, huge, term_atom, power, imag):
         """Compute columns ``huge`` (int64, original indices, ascending) in the log domain

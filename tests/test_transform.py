@@ -655,6 +655,56 @@ def test_values_too_large_for_float32_are_an_error():
     np.testing.assert_allclose(Transformer(fs, np.float64).chunk(x)[:, 0], [1.0, 2.0**150], rtol=1e-12)
 
 
+JOINT = {
+    "coordinate": "rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: s, base: sphere, scheme: coordinate}\n"
+                  "  - {name: out, activation: step, inputs: [s]}\n",
+    "pair": "rfsgen: 1\ninput: {width: 6}\nnodes:\n  - {name: s, base: sphere, scheme: pair}\n"
+            "  - {name: out, activation: step, inputs: [s]}\n",
+    "two-nodes": "rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: s, base: sphere, scheme: coordinate, per: group, "
+                 "group: 4}\n  - {name: g, base: gaussian, columns: '0:3'}\n  - {name: out, activation: step, "
+                 "inputs: [s, g]}\n",
+}
+
+
+@pytest.mark.filterwarnings("ignore::rfsgen.VarianceWarning")
+@pytest.mark.parametrize("name", list(JOINT))
+def test_the_overflow_checks_joint_bound_holds(name):
+    """The columns checked for inf after each chunk are those whose joint bound (the
+    factors from one unit vector bounded together, Transformer._joint_bound) exceeds the
+    dtype's range: no value of any row goes above that bound, rows built to reach a
+    column's bound reach it (coordinate factors: the bound is the maximum), and step
+    over a coordinate node, whose per-factor bound exceeded float32 for many columns,
+    checks none."""
+    from rfsgen.transform import Transformer
+
+    s = parse_skeleton(JOINT[name], f"{name}.yaml")
+    fs = sample(s, 400, seed=2)
+    tr = Transformer(fs, np.float64)
+    bound = tr._joint_bound(fs, tr.term_atom, fs.power.astype(np.int64), np.arange(fs.columns))
+    assert np.isfinite(bound).all()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, s.width)) * rng.choice([1.0, 1e-3, 1e3], (300, 1))
+    x[:40] = np.where(rng.random((40, s.width)) < 0.6, 0.0, x[:40])  # mass on few coordinates
+    x[:40, ::4] += 1e-9  # (no zero vector)
+    if name == "coordinate":  # for some columns, the coordinates in the proportions of the maximum
+        ptr = fs.ptr.astype(np.int64)
+        reach = [c for c in range(fs.columns) if ptr[c + 1] - ptr[c] > 1][:30]
+        rows = np.zeros((len(reach), s.width))
+        for i, c in enumerate(reach):
+            t = np.arange(ptr[c], ptr[c + 1])
+            rows[i, tr.ir[tr.term_atom[t]]] = np.sqrt(fs.power[t].astype(np.float64))
+        x = np.vstack([x, rows])
+    with np.errstate(divide="ignore"):
+        got = np.log(np.abs(tr.chunk(x)))
+    assert (got <= bound + 1e-9).all()
+    if name == "coordinate":
+        np.testing.assert_allclose(got[300 + np.arange(len(reach)), reach], bound[reach], atol=1e-9)
+        per_factor = Transformer(fs, np.float32)
+        assert per_factor.checked.size == 0
+        wide = sample(parse_skeleton(JOINT[name].replace("width: 8", "width: 64"), "w.yaml"), 2048, seed=1)
+        assert Transformer(wide, np.float32).checked.size == 0  # 429 columns were checked before
+
+
 @pytest.mark.parametrize("args", [
     ["sample", "{skel}", "-n", "20000", "-o", "{out}/o.h5"],
     ["transform", "{feats}", "{rows}", "-o", "{out}/o.h5", "--layout", "csr"],

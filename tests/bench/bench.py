@@ -232,10 +232,20 @@ def bench_startup(args, tmp, res):
     out["warm_transform_s"], out["warm_runs"] = med(warm), warm
     helps = [run_rss(RFSGEN + ["--help"])[0] for _ in range(3)]
     out["help_s"], out["help_runs"] = med(helps), helps
+    # The floor of any warm run: a fresh Python calling one trivial numba function loaded from
+    # numba's cache (numba's import, its CPU target's start-up and its BLAS check's scipy.linalg).
+    (tmp / "numba_floor.py").write_text("import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1.0\n")
+    floor_argv = [PY, "-c", "import numba_floor; numba_floor.f(1.0)"]
+    floor_env = dict(env, PYTHONPATH=str(tmp))
+    run_rss(floor_argv, env=floor_env)  # compiles into the cache
+    floors = [run_rss(floor_argv, env=floor_env)[0] for _ in range(3)]
+    out["numba_floor_s"], out["numba_floor_runs"] = med(floors), floors
     res["startup"] = out
     print(f"  start-up: first transform of 64 rows (empty numba cache) {out['cold_transform_s']:.2f} s, warm "
-          f"{out['warm_transform_s']:.2f} s ({', '.join(f'{v:.2f}' for v in warm)}), --help {out['help_s']:.2f} s",
-          flush=True)
+          f"{out['warm_transform_s']:.2f} s ({', '.join(f'{v:.2f}' for v in warm)}), --help {out['help_s']:.2f} s; "
+          f"the floor, one cached numba function in a fresh Python: {out['numba_floor_s']:.2f} s "
+          f"({', '.join(f'{v:.2f}' for v in floors)}), warm transform ÷ floor = "
+          f"{out['warm_transform_s'] / out['numba_floor_s']:.2f}", flush=True)
 
 
 def bench_gaussian(args, tmp, res):
@@ -1194,7 +1204,8 @@ def table(res) -> str:
         u = res["startup"]
         lines.append(f"| first `rfsgen transform` of 64 rows, empty numba cache | {u['cold_transform_s']:.2f} s | | |")
         lines.append(f"| warm `rfsgen transform` of 64 rows / `rfsgen --help` | {u['warm_transform_s']:.2f} s / "
-                     f"{u['help_s']:.2f} s | | |")
+                     f"{u['help_s']:.2f} s | one cached numba function, fresh Python {u['numba_floor_s']:.2f} s | "
+                     f"{u['warm_transform_s'] / u['numba_floor_s']:.2f}x the floor |")
     if "gaussian" in res:
         g = res["gaussian"]
         lines.append(f"| in-memory mnist-conv, {g['rows']} rows, D = {g['columns']} | {g['rfsgen_s']:.3f} s | "
