@@ -528,6 +528,10 @@ def gather_columns32(x, cols, ucols, out, top) -> None:
     ``(m, w)`` with finite values, cols and ucols int64, each value in ``[0, w)``, out float32
     ``(m, cols.size)``, top float64 ``(m,)``.  One pass where the float64 gather, its float32
     copy and the row maxima took three."""
+    w = x.shape[1]
+    if not (out.ndim == 2 and out.shape[0] >= x.shape[0] and top.shape[0] >= x.shape[0] and out.shape[1] >= cols.size) \
+            or any(c.size and (c.min() < 0 or c.max() >= w) for c in (cols, ucols)):
+        raise ValueError("gather_columns32: cols and ucols must lie in [0, x.shape[1]), out and top hold every row")
     on_rows(_gather_columns32, x.shape[0], x, cols, ucols, out, top, min_rows=_rows_for(cols.size))
 
 

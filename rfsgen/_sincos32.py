@@ -449,6 +449,10 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
         col2, sc2, imag2 = np.full(a, -1, np.int64), np.zeros(a), np.zeros(a, np.bool_)
     if not (sc.size == imag.size == col2.size == sc2.size == imag2.size == a and col.dtype == col2.dtype == np.int64):
         raise ValueError("phases_out: col, sc, imag, col2, sc2 and imag2 must hold one entry per atom (col int64)")
+    if not (x2.ndim == 2 and x2.dtype == np.float32 and x2.flags.c_contiguous and out.ndim == 2
+            and out.shape[0] >= x2.shape[0] and out.flags.c_contiguous):
+        raise ValueError("phases_out: x2 C-ordered float32 (m, G w), out C-ordered with at least m rows")
+    _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, a, x2.shape[1])
     on_rows(_phases_out, x2.shape[0], x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag, out,
             col2, sc2, imag2, align=ROWS, min_rows=ROWS)
 

@@ -590,7 +590,7 @@ def _values_continuous(base, xp, gi, omega, out=None, where=None, device="cpu"):
     # rfsgen._sincos32), not a BLAS product: BLAS rounds differently with the number of
     # rows and with the CPU's kernel, and the bytes must not.
     xp = np.ascontiguousarray(xp, dtype=np.float64)
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    omega = _float64_frequencies(omega)
     scale = base.param("scale")
     plan = _phase_plan(gi, omega, scale)
     re, im = phases_of(xp, gi, None, out=out, plan=plan, device=device)
@@ -616,7 +616,7 @@ def gpu_phases_job(base, xp, gi, omega):
     infinite frequency, or rows whose angles could overflow float32: the scaled redo of
     :func:`_values_continuous`)."""
     xp = np.ascontiguousarray(xp, dtype=np.float64)
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    omega = _float64_frequencies(omega)
     plan = _phase_plan(gi, omega, base.param("scale"))
     m = xp.shape[0]
     if not plan.in_order or not (m and gi.size):
@@ -667,7 +667,7 @@ def _fused_plan(base, gi, omega, col, sc, imag):
     a = gi.size
     if not a or col.size != a or sc.size != a or imag.size != a:
         return None
-    plan = _phase_plan(gi, np.ascontiguousarray(omega, dtype=np.float64), base.param("scale"))
+    plan = _phase_plan(gi, _float64_frequencies(omega), base.param("scale"))
     return plan if plan.in_order and np.isfinite(plan.l1) else None
 
 
@@ -719,7 +719,7 @@ def gathered_phases(base, x, cols, gi, omega, out, where=None, buf=None, ucols=N
     at least ``m * cols.size`` values to gather into; ``ucols``, if given, ``np.unique(cols)``."""
     from ._compiled import gather_columns32
 
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    omega = _float64_frequencies(omega)
     scale = base.param("scale")
     plan = _phase_plan(gi, omega, scale)
     m, a = x.shape[0], plan.order.size
@@ -752,7 +752,7 @@ def gathered_columns(base, x, cols, gi, omega, static, out, ucols=None, buf=None
     from ._compiled import row_peaks
     from ._sincos32 import SPARSE_RATIO, phase_columns
 
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    omega = _float64_frequencies(omega)
     plan = _phase_plan(gi, omega, base.param("scale"))
     m, a = x.shape[0], plan.order.size
     if not (m and a) or not plan.in_order or not np.isfinite(plan.l1):
@@ -785,7 +785,7 @@ def csr_phases(base, ptr, pos, vals, gi, omega, out) -> bool:
     are recomputed with scaling there)."""
     from ._sincos32 import phases_csr
 
-    omega = np.ascontiguousarray(omega, dtype=np.float64)
+    omega = _float64_frequencies(omega)
     plan = _phase_plan(gi, omega, base.param("scale"))
     if not np.isfinite(plan.l1):
         return False
@@ -837,6 +837,14 @@ class _PhasePlan:
 _PLANS: dict = {}  # (id(owner), where omega sits in it, scale) -> (weakref(owner), gi, plan)
 
 
+def _float64_frequencies(omega) -> np.ndarray:
+    """``omega`` as float64, its layout kept: a strided view of a feature set's frequencies
+    (the atoms of ``--scheme orf``'s pairs, every other row) stays a view, for which
+    :func:`_phase_plan` finds its cached plan on every chunk (a copy per chunk would pack
+    the plan anew each time); :func:`_build_plan` makes its own packed copy."""
+    return omega if omega.dtype == np.float64 else omega.astype(np.float64)
+
+
 def _phase_plan(gi, omega, scale=None):
     """The :class:`_PhasePlan` of atoms on nodes ``gi`` with frequencies ``omega`` (a, w)
     times ``scale``; cached while the array that owns ``omega``'s memory lives, for the
@@ -868,6 +876,7 @@ def _build_plan(gi, omega, scale):
     from . import budget
     from ._sincos32 import TILE, atom_block, pack_panels, tile_count
 
+    omega = np.ascontiguousarray(omega, dtype=np.float64)
     a, w = omega.shape
     in_order = bool(np.all(gi[1:] >= gi[:-1]))  # atoms come sorted by node from the transform
     order = np.arange(a) if in_order else np.argsort(gi, kind="stable")

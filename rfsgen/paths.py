@@ -59,12 +59,17 @@ class _GroupAtoms:
 def _frequencies(omega, offsets, width):
     """The ``(a, width)`` frequencies ``omega[offsets[k]:offsets[k] + width]``: a view of
     ``omega`` where they follow one another (as sampled: no copy of 25 MB at d = 784,
-    D = 4096, on every transform), else a copy."""
+    D = 4096, on every transform) or sit a fixed step of at least ``width`` apart (the
+    first of each of ``--scheme orf``'s pairs: a strided view), else a copy."""
     n = offsets.size
-    if n and width and omega.ndim == 1 and offsets[0] >= 0 and offsets[0] + n * width <= omega.size \
-            and np.all(np.diff(offsets) == width):
+    if n and width and omega.ndim == 1 and offsets[0] >= 0:
+        step = int(offsets[1] - offsets[0]) if n > 1 else width
         o = int(offsets[0])
-        return omega[o:o + n * width].reshape(n, width)
+        if step >= width and o + (n - 1) * step + width <= omega.size and np.all(np.diff(offsets) == step):
+            if step == width:
+                return omega[o:o + n * width].reshape(n, width)
+            return np.lib.stride_tricks.as_strided(omega[o:], (n, width), (step * omega.itemsize, omega.itemsize),
+                                                   writeable=False)
     return omega[offsets[:, None] + np.arange(width)[None, :]]
 
 
@@ -84,6 +89,8 @@ def _frequency_twins(omega, node, code, cont, group_of, skel) -> np.ndarray:
         t = terms[groups == g]
         width = skel.input_groups[int(g)][0].width
         rows = _frequencies(omega, code[t], width)
+        if rows.dtype != np.float64:  # (a feature set made in memory: the float64 the angles take)
+            rows = rows.astype(np.float64)
         h = node[t].astype(np.uint64)
         for k in range(min(width, 4)):  # (uint64 arithmetic wraps around)
             h = h * np.uint64(0x9E3779B97F4A7C15) + np.ascontiguousarray(rows[:, k]).view(np.uint64)
@@ -95,10 +102,12 @@ def _frequency_twins(omega, node, code, cont, group_of, skel) -> np.ndarray:
         cand[order] = order[np.flatnonzero(start)[np.cumsum(start) - 1]]
         own = np.arange(t.size)
         maybe = np.flatnonzero(cand != own)
-        if maybe.size:
-            a, b = np.ascontiguousarray(rows[maybe]), np.ascontiguousarray(rows[cand[maybe]])
-            same = (node[t[maybe]] == node[t[cand[maybe]]]) & (a.view(np.uint64) == b.view(np.uint64)).all(axis=1)
-            own[maybe[same]] = cand[maybe[same]]
+        per = max(1, 2**20 // max(width, 1))  # pairs compared at once: 16 MB of copies at most
+        for lo in range(0, maybe.size, per):
+            k = maybe[lo:lo + per]
+            a, b = rows[k].view(np.uint64), rows[cand[k]].view(np.uint64)
+            same = (node[t[k]] == node[t[cand[k]]]) & (a == b).all(axis=1)
+            own[k[same]] = cand[k[same]]
         twin[t] = t[own]
     return twin
 

@@ -358,6 +358,52 @@ def test_orf_pairs_share_one_angle(name, monkeypatch, fused_calls):
                            t.fused_imag, np.empty((8, fs.columns), np.float32), *bad)
 
 
+def test_orf_atoms_are_a_view_of_the_frequencies():
+    """The first frequency of each orf pair is read through a strided view of the feature
+    set's frequencies (no copy kept per transformer, none made per chunk: one cached plan);
+    a feature set made in memory with float32 frequencies transforms as its float64 copy."""
+    import dataclasses
+
+    import rfsgen.bases as bases
+
+    fs = sample(_skeleton("rbf"), 300, seed=5, scheme="orf")
+    t = Transformer(fs)
+    codes = t.groups[0].codes
+    assert np.shares_memory(codes, fs.omega) and not codes.flags.c_contiguous
+    x = _fused_rows(40, 30, 4)
+    plans = len(bases._PLANS)
+    t.chunk(x[:10])
+    t.chunk(x[10:])
+    assert len(bases._PLANS) <= plans + 1
+    fs32 = dataclasses.replace(fs, omega=fs.omega.astype(np.float32))
+    want = dataclasses.replace(fs, omega=fs.omega.astype(np.float32).astype(np.float64))
+    got = transform(fs32, x, layout="dense")
+    assert got.tobytes() == transform(want, x, layout="dense").tobytes()
+
+
+def test_the_fused_loops_refuse_arrays_they_cannot_index():
+    """phases_out and gather_columns32 check their rows, output and columns before any
+    compiled loop reads them."""
+    from rfsgen._compiled import gather_columns32
+    from rfsgen._sincos32 import phases_out
+    from rfsgen.bases import _phase_plan
+
+    fs = sample(_skeleton("rbf"), 64, seed=5)
+    t = Transformer(fs)
+    plan = _phase_plan(t.groups[0].gi, t.groups[0].codes, 1.0)
+    blocks = (plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, t.fused_col, t.fused_sc, t.fused_imag)
+    with pytest.raises(ValueError, match="out C-ordered with at least m rows"):
+        phases_out(np.ones((16, 40), np.float32), 40, *blocks, np.empty((8, 64), np.float32))
+    with pytest.raises(ValueError, match="the blocks must read within"):  # rows narrower than the node
+        phases_out(np.ones((16, 20), np.float32), 40, *blocks, np.empty((16, 64), np.float32))
+    x = np.ones((4, 10))
+    for cols in (np.array([0, 10]), np.array([-1, 3])):
+        with pytest.raises(ValueError, match="cols and ucols must lie in"):
+            gather_columns32(x, cols, np.unique(cols), np.empty((4, 2), np.float32), np.empty(4))
+    with pytest.raises(ValueError, match="out and top hold every row"):
+        gather_columns32(x, np.array([0, 1]), np.array([0, 1]), np.empty((3, 2), np.float32), np.empty(4))
+
+
 def test_frequency_twins_need_the_same_node_and_bits():
     """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
     sign of zero apart, and rows that hash alike (the same first four values) but differ
