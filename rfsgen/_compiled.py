@@ -557,7 +557,10 @@ def normalize(x, norms) -> None:
         norms[...] = 0.0
         return
     if x.shape[2] <= 16:  # short vectors (a pixel's channels): many at once, without C-library calls
-        on_rows(_normalize_short, x.shape[0], x, x.view(np.uint64), norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
+        # each row gathered from itself (every value read before any is written back)
+        flat = x.reshape(x.shape[0], -1)
+        on_rows(_gather_normalize_short, x.shape[0], flat, np.arange(flat.shape[1], dtype=np.int64), x, norms,
+                min_rows=_rows_for(flat.shape[1]))
         return
     on_rows(_normalize, x.shape[0], x, norms, min_rows=_rows_for(x.shape[1] * x.shape[2]))
 
@@ -565,50 +568,48 @@ def normalize(x, norms) -> None:
 _MAGNITUDE = np.uint64(0x7FFFFFFFFFFFFFFF)  # a float64's bits without its sign
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _normalize_short(x, xb, norms, start, stop):  # pragma: no cover - compiled
-    # :func:`normalize` for w <= 16, the same operations as :func:`_normalize` would do one
-    # vector at a time, each pass over all G vectors of a row (the loops over G vectorise):
-    # the largest magnitude as the largest of the magnitudes' bits (ordered as the values),
-    # frexp's exponent and 2^-e from the bits (frexp and ldexp were C-library calls, half
-    # the time at w = 3), the scaled squares summed left to right, the square root, the
-    # quotients.  ``xb`` is ``x`` viewed as uint64; zero vectors are left alone (norm 0).
-    g, w = x.shape[1], x.shape[2]
-    top = np.empty(g, np.uint64)
-    fb = np.empty(g, np.uint64)
-    f = fb.view(np.float64)
-    acc = np.empty(g)
-    for r in range(start, stop):
+@numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _normalize_held(t, tb, top, fb, f, acc, norms, r):  # pragma: no cover - compiled
+    # :func:`normalize` for w <= 16 on row r's G vectors held coordinate-major in ``t``
+    # (t[k, j]: coordinate k of vector j; ``tb`` its bits), in place, the norms into
+    # norms[r]: the same operations as :func:`_normalize` would do one vector at a time,
+    # each pass over all G vectors with unit stride (the loops vectorise): the largest
+    # magnitude as the largest of the magnitudes' bits (ordered as the values), frexp's
+    # exponent and 2^-e from the bits (frexp and ldexp were C-library calls, half the time
+    # at w = 3), the scaled squares summed left to right, the square root, the quotients.
+    # Zero vectors are left alone (norm 0: divided by 1.0, which is exact).  Callers compile
+    # with error_model "numpy": no test for a zero divisor, which would stop vectorising.
+    w, g = t.shape
+    for j in range(g):
+        top[j] = 0
+    for k in range(w):
         for j in range(g):
-            top[j] = 0
-        for k in range(w):
-            for j in range(g):
-                b = xb[r, j, k] & _MAGNITUDE
-                top[j] = b if b > top[j] else top[j]
+            b = tb[k, j] & _MAGNITUDE
+            top[j] = b if b > top[j] else top[j]
+    for j in range(g):
+        m = top[j]
+        field = np.int64(m >> np.uint64(52))
+        # frexp(max)'s exponent e, at least -1023 (subnormal maxima: -1022 from 2^-1023 up)
+        e = field - 1022 if field > 0 else (-1022 if m >= np.uint64(1 << 51) else -1023)
+        p = 1023 - e  # 2^-e has biased exponent p: normal for p >= 1, else the subnormal 2^(51 + p) ulps
+        fb[j] = (np.uint64(p) << np.uint64(52)) if p >= 1 else (np.uint64(1) << np.uint64(51 + p))
+    for j in range(g):
+        v = t[0, j] * f[j]
+        t[0, j] = v
+        acc[j] = v * v
+    for k in range(1, w):
         for j in range(g):
-            m = top[j]
-            field = np.int64(m >> np.uint64(52))
-            # frexp(max)'s exponent e, at least -1023 (subnormal maxima: -1022 from 2^-1023 up)
-            e = field - 1022 if field > 0 else (-1022 if m >= np.uint64(1 << 51) else -1023)
-            p = 1023 - e  # 2^-e has biased exponent p: normal for p >= 1, else the subnormal 2^(51 + p) ulps
-            fb[j] = (np.uint64(p) << np.uint64(52)) if p >= 1 else (np.uint64(1) << np.uint64(51 + p))
+            v = t[k, j] * f[j]
+            t[k, j] = v
+            acc[j] += v * v
+    for j in range(g):
+        nrm = np.sqrt(acc[j])
+        nz = top[j] != 0
+        norms[r, j] = nrm if nz else 0.0
+        acc[j] = nrm if nz else 1.0
+    for k in range(w):
         for j in range(g):
-            v = x[r, j, 0] * f[j]
-            x[r, j, 0] = v
-            acc[j] = v * v
-        for k in range(1, w):
-            for j in range(g):
-                v = x[r, j, k] * f[j]
-                x[r, j, k] = v
-                acc[j] += v * v
-        for j in range(g):
-            nrm = np.sqrt(acc[j])
-            acc[j] = nrm
-            norms[r, j] = nrm if top[j] != 0 else 0.0
-        for k in range(w):
-            for j in range(g):
-                v = x[r, j, k]
-                x[r, j, k] = v / acc[j] if top[j] != 0 else v
+            t[k, j] = t[k, j] / acc[j]
 
 
 #: Rows gathered at once by :func:`gather_normalize` before they are normalised, while they
@@ -627,9 +628,7 @@ def _gather_normalize(x, cols, flat, out, norms, start, stop):  # pragma: no cov
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def _gather_normalize_short(x, cols, out, norms, start, stop):  # pragma: no cover - compiled
-    # w <= 16: _normalize_short's operations on each row gathered coordinate-major into ``t``
-    # (t[k, j] = coordinate k of vector j), so that every loop over the G vectors reads and
-    # writes with unit stride and vectorises (over out[r, j, k] the stride is w values)
+    # w <= 16 (normalize too, x gathered from itself): each row gathered coordinate-major, normalised
     g, w = out.shape[1], out.shape[2]
     t = np.empty((w, g))
     tb = t.view(np.uint64)
@@ -641,35 +640,7 @@ def _gather_normalize_short(x, cols, out, norms, start, stop):  # pragma: no cov
         for j in range(g):
             for k in range(w):
                 t[k, j] = x[r, cols[j * w + k]]
-        for j in range(g):
-            top[j] = 0
-        for k in range(w):
-            for j in range(g):
-                b = tb[k, j] & _MAGNITUDE
-                top[j] = b if b > top[j] else top[j]
-        for j in range(g):
-            m = top[j]
-            field = np.int64(m >> np.uint64(52))
-            e = field - 1022 if field > 0 else (-1022 if m >= np.uint64(1 << 51) else -1023)
-            p = 1023 - e
-            fb[j] = (np.uint64(p) << np.uint64(52)) if p >= 1 else (np.uint64(1) << np.uint64(51 + p))
-        for j in range(g):
-            v = t[0, j] * f[j]
-            t[0, j] = v
-            acc[j] = v * v
-        for k in range(1, w):
-            for j in range(g):
-                v = t[k, j] * f[j]
-                t[k, j] = v
-                acc[j] += v * v
-        for j in range(g):
-            nrm = np.sqrt(acc[j])
-            nz = top[j] != 0
-            norms[r, j] = nrm if nz else 0.0
-            acc[j] = nrm if nz else 1.0  # (v / 1.0 is v: zero vectors are left alone)
-        for k in range(w):  # (error_model "numpy": no test for a zero divisor, which would stop vectorising)
-            for j in range(g):
-                t[k, j] = t[k, j] / acc[j]
+        _normalize_held(t, tb, top, fb, f, acc, norms, r)
         for j in range(g):
             for k in range(w):
                 out[r, j, k] = t[k, j]
@@ -697,7 +668,7 @@ def gather_normalize(x, cols, out, norms) -> None:
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _normalize(x, norms, start, stop):  # pragma: no cover - compiled
-    # :func:`normalize` for w > 16 (8 running sums; shorter vectors: _normalize_short)
+    # :func:`normalize` for w > 16 (8 running sums; shorter vectors: _gather_normalize_short)
     g, w = x.shape[1], x.shape[2]
     for r in range(start, stop):
         for j in range(g):
