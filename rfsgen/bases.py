@@ -634,41 +634,13 @@ def fused_values(base, xp, gi, omega, col, sc, imag, out, second=None) -> bool:
     frequencies ``omega``, on the prepared group ``xp`` ``(m, G, width)``) is output column
     ``col[k]``, ``out[:, col[k]] = sc[k] * (sin if imag[k] else cos)`` of its angle in
     ``out``'s dtype (:func:`rfsgen._sincos32.phases_out`): the bits of
-    :func:`_values_continuous` followed by the product loop for such columns.  False,
-    with nothing written, where the CPU's dense loop is not what :func:`phases_of` runs
-    or rows need the scaled float64 redo: atoms not in node order, an infinite frequency,
-    a row whose angles could overflow float32, rows mostly zeros (the CSR rows' loop).
-    ``second``: ``(col2, sc2, imag2)``, each atom's second column written the same way
-    (-1: none), or None."""
-    from ._sincos32 import SPARSE_RATIO, phases_out
-
+    :func:`_values_continuous` followed by the product loop for such columns.
+    :func:`fused_gathered` over the prepared values in their order; False, with nothing
+    written, where it declines."""
     m = xp.shape[0]
-    plan = _fused_plan(base, gi, omega, col, sc, imag) if m else None
-    if plan is None:
-        return False
-    xp = np.ascontiguousarray(xp, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        top = max(float(xp.max()), -float(xp.min()))
-        if not _angles_fit(top, plan.l1):
-            return False
-        x2 = np.ascontiguousarray(xp, dtype=np.float32).reshape(m, -1)
-    w = xp.shape[2]
-    if x2.shape[1] == w and np.count_nonzero(x2) * SPARSE_RATIO < m * w:
-        return False
-    phases_out(x2, w, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, col, sc, imag, out,
-               *(second or ()))
-    return True
-
-
-def _fused_plan(base, gi, omega, col, sc, imag):
-    """The angle plan of :func:`fused_values` and :func:`fused_gathered`, or None where
-    their loop does not apply (no atoms, atoms not in node order, an infinite frequency,
-    column arrays that do not match the atoms)."""
-    a = gi.size
-    if not a or col.size != a or sc.size != a or imag.size != a:
-        return None
-    plan = _phase_plan(gi, _float64_frequencies(omega), base.param("scale"))
-    return plan if plan.in_order and np.isfinite(plan.l1) else None
+    flat = np.ascontiguousarray(xp, dtype=np.float64).reshape(m, -1)
+    cols = np.arange(flat.shape[1], dtype=np.int64)
+    return fused_gathered(base, flat, cols, gi, omega, col, sc, imag, out, second, ucols=cols)
 
 
 #: Rows of a chunk whose zeros decide whether a single node's angles are summed over the
@@ -677,7 +649,7 @@ SPARSE_SAMPLE = 64
 
 
 def fused_gathered(base, x, cols, gi, omega, col, sc, imag, out, second=None, ucols=None, buf=None) -> bool:
-    """:func:`fused_values` on checked rows ``x`` (float32 or float64 ``(m, width)``, C
+    """:func:`fused_values`' columns from checked rows ``x`` (float32 or float64 ``(m, width)``, C
     order, finite) of a group whose preparation leaves the values alone, the group's
     values ``x[:, cols]`` (int64 ``(G * width,)``; ``ucols``, if given, their distinct
     values) gathered straight into float32 with each row's largest magnitude, in one pass
@@ -690,9 +662,11 @@ def fused_gathered(base, x, cols, gi, omega, col, sc, imag, out, second=None, uc
     from ._compiled import gather_columns32
     from ._sincos32 import SPARSE_RATIO, phases_out
 
-    m = x.shape[0]
-    plan = _fused_plan(base, gi, omega, col, sc, imag) if m else None
-    if plan is None:
+    m, a = x.shape[0], gi.size
+    if not (m and a) or col.size != a or sc.size != a or imag.size != a:
+        return False
+    plan = _phase_plan(gi, _float64_frequencies(omega), base.param("scale"))
+    if not plan.in_order or not np.isfinite(plan.l1):
         return False
     n = m * cols.size
     x2 = (buf[:n] if buf is not None else np.empty(n, np.float32)).reshape(m, cols.size)

@@ -696,7 +696,7 @@ class Transformer:
         else:
             src = self.source(x, row0, source, scratch=True)
         if m and self.columns:
-            if src is not None:  # (None: written by fused_values, gathered_columns or _gpu_resident)
+            if src is not None:  # (None: written by fused_gathered, fused_values, gathered_columns or _gpu_resident)
                 static = (self.ir, self.cr, self.ii, self.ci, self.xatom, self.xpow, self.fidx, self.fptr, self.sc,
                           self.imag, self.pos)
                 if self.device == "cuda":

@@ -267,22 +267,30 @@ def test_fused_columns_give_the_product_loops_bytes(name, dtype, monkeypatch, fu
         assert big > 8.2e5  # row 2 reaches the slow range
 
 
+def _declined(fs, w, calls, monkeypatch):
+    """Rows ``w`` wide that a fast path must decline, each giving the other path's bytes:
+    an angle that could overflow float32 (the scaled float64 redo) and mostly zeros over a
+    single node (the CSR rows' loop).  ``calls``: the path's spy.  Returns the generator."""
+    rng = np.random.default_rng(4)
+    over = rng.standard_normal((9, w))
+    over[4, 3] = 1e36
+    mostly_zero = np.zeros((9, w))
+    mostly_zero[:, 5] = rng.standard_normal(9)
+    for x in (over, mostly_zero):
+        calls.clear()
+        for dtype in ("float32", "float64"):
+            got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=64)
+            assert got.tobytes() == want.tobytes()
+        assert calls and not any(calls)
+    return rng
+
+
 @pytest.mark.parametrize("name", ["rbf", "laplace"])
 def test_fused_falls_back_where_the_dense_loop_does_not_apply(name, monkeypatch, fused_calls):
     skel = _skeleton(name)
     fs = sample(skel, 100, seed=2)
     w = skel.width
-    rng = np.random.default_rng(4)
-    over = rng.standard_normal((9, w))
-    over[4, 3] = 1e36  # an angle that could overflow float32: the scaled float64 redo
-    mostly_zero = np.zeros((9, w))
-    mostly_zero[:, 5] = rng.standard_normal(9)  # the CSR rows' loop
-    for x in (over, mostly_zero):
-        fused_calls.clear()
-        for dtype in ("float32", "float64"):
-            got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=64)
-            assert got.tobytes() == want.tobytes()
-        assert fused_calls and not any(fused_calls)
+    _declined(fs, w, fused_calls, monkeypatch)
     # CSR rows take the CSR loop, never the fused one
     fused_calls.clear()
     x = _rows(w, 20, 0.3, 1)
@@ -488,17 +496,7 @@ def test_one_pass_falls_back_where_the_dense_loop_does_not_apply(monkeypatch, on
     zeros over a single node (the CSR rows' loop) take the two passes; a value beyond
     float32 in a column the group never reads does not stop the one pass."""
     fs = sample(_one_pass_skeleton("relu-gauss"), 200, seed=3)
-    rng = np.random.default_rng(4)
-    over = rng.standard_normal((9, 14))
-    over[4, 3] = 1e36
-    mostly_zero = np.zeros((9, 14))
-    mostly_zero[:, 5] = rng.standard_normal(9)
-    for x in (over, mostly_zero):
-        one_pass_calls.clear()
-        for dtype in ("float32", "float64"):
-            got, want = _both(fs, x, monkeypatch, dtype=dtype, chunk_rows=64)
-            assert got.tobytes() == want.tobytes()
-        assert one_pass_calls and not any(one_pass_calls)
+    rng = _declined(fs, 14, one_pass_calls, monkeypatch)
     outside = rng.standard_normal((9, 14))
     outside[:, 0] = 1e300  # column 0 is not the node's: rounded to inf in float32, never read
     outside[:, 13] = -1e300
