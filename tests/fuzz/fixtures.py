@@ -20,6 +20,8 @@ SKELETONS = {
     "gauss8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
               "  - {name: g, base: gaussian, scale: 0.5}\n"
               "  - {name: out, activation: {name: exp, beta: 0.5}, inputs: [g]}\n",
+    # plain random Fourier features: --scheme orf's (cos, sin) pairs share one angle per frequency
+    "rbf8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n  - {name: g, base: gaussian, scale: 0.5}\n",
     "laplace8": "rfsgen: 1\ninput: {width: 8}\nnodes:\n"
                 "  - {name: g, base: laplace, scale: 0.3, per: group, group: 4}\n"
                 "  - {name: out, activation: relu, inputs: [g]}\n",
@@ -61,9 +63,10 @@ FEATURES = {
     "exact-circle": ("tabular-circle", 48, 1, None),  # --scheme exact: float column weights
     "params8": ("params8", 32, 1, None),
     "gauss8-200k": ("gauss8", 200000, 3, None),  # a pool for select under a small --max-memory
+    "rbf8-orf": ("rbf8", 40, 1, None),  # --scheme orf: twin frequencies, two columns an atom
 }
 #: Feature fixtures sampled with another scheme than rfs.
-SCHEMES = {"exact-circle": "exact"}
+SCHEMES = {"exact-circle": "exact", "rbf8-orf": "orf"}
 
 #: EOF feature fixtures (``rfsgen.eof.sample``): name -> (skeleton, level); their columns are the grid's.
 EOF = {"eof-brownian3": ("brownian3", 3), "eof-laplace3": ("laplacebox3", 4), "eof-brownian-wide": ("brownianwide", 1),
@@ -75,7 +78,7 @@ EOF_FREE = {"eof-brownian3-free", "eof-laplace3-free"}
 WIDTHS = {"tabular-circle": 8, "shallow-gaussian": 1728, "cifar-deep": 1728, "categorical-poly": 6,
           "tabular-auto5": 5, "gauss8": 8, "laplace8": 8, "sphere8": 8, "eof-brownian3": 4, "eof-laplace3": 4,
           "eof-brownian3-free": 4, "eof-laplace3-free": 4,
-          "exact-circle": 8, "params8": 8}
+          "exact-circle": 8, "params8": 8, "rbf8-orf": 8}
 #: Skeletons whose kernel and features do not change when a row is multiplied by a positive scale.
 SCALE_INVARIANT = {"shallow-gaussian", "cifar-deep", "sphere8"}
 

@@ -10,7 +10,8 @@ import numpy as np
 from . import fixtures
 
 BASE = ["tabular-circle", "gauss8", "laplace8", "categorical-poly", "sphere8", "tabular-auto5", "shallow-gaussian",
-        "eof-brownian3", "eof-laplace3", "exact-circle", "params8", "eof-brownian3-free", "eof-laplace3-free"]
+        "eof-brownian3", "eof-laplace3", "exact-circle", "params8", "eof-brownian3-free", "eof-laplace3-free",
+        "rbf8-orf"]
 #: EOF files: their own attribute and datasets (level and index vectors, int (D, d))
 EOF_DATASETS = ["eof_level", "eof_index"]
 EOF_ATTR_VALUES = ['{}', '[]', 'null', '{"level": 99}',
