@@ -476,6 +476,9 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
     part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
     cb = np.empty(ROWS * TILE)
     sb = np.empty(ROWS * TILE)
+    vb = np.empty(ROWS * TILE, out.dtype)
+    tsc = np.zeros(TILE)
+    tim = np.zeros(TILE, np.bool_)
     for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
         q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
         b0 = 0
@@ -502,17 +505,52 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
                         k = k0 + TILE * (j - tile0[b])
                         sincos_into(part[ri, j - tile0[b0]].reshape(ROWS * TILE), nr * TILE, cb, sb)
                         kn = min(TILE, k1 - k)
-                        for i in range(nr):
-                            for t in range(kn):
-                                c = col[k + t]
-                                if 0 <= c < d:  # (always: the caller's columns; keeps the stores in bounds)
-                                    v = sb[i * TILE + t] if imag[k + t] else cb[i * TILE + t]
-                                    out[r0 + i, c] = sc[k + t] * v
-                                c = col2[k + t]
-                                if 0 <= c < d:  # the atom's second column (-1: none)
-                                    v = sb[i * TILE + t] if imag2[k + t] else cb[i * TILE + t]
-                                    out[r0 + i, c] = sc2[k + t] * v
+                        _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim)
+                        if _any_second(col2, k, kn):
+                            _store_tile(out, r0, nr, col2, sc2, imag2, k, kn, cb, sb, vb, tsc, tim)
             b0 = b1
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _any_second(col2, k, kn):  # pragma: no cover - compiled
+    for t in range(kn):
+        if col2[k + t] >= 0:
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim):  # pragma: no cover - compiled
+    # out[r0 + i, col[k + t]] = sc[k + t] * (sin if imag[k + t] else cos), i < nr, t < kn;
+    # col -1: no column.  The choice and the float64 product run branch-free over the
+    # whole tile (the atom's own scale and part copied to tsc, tim: zeros past kn), then
+    # rows go out whole where the tile's columns are one run, one by one otherwise.
+    d = out.shape[1]
+    c0 = col[k]
+    run = 0 <= c0 and c0 + kn <= d
+    for t in range(TILE):
+        if t < kn:
+            tsc[t] = sc[k + t]
+            tim[t] = imag[k + t]
+            run = run and col[k + t] == c0 + t
+        else:
+            tsc[t] = 0.0
+            tim[t] = False
+    for i in range(nr):
+        for t in range(TILE):
+            s = sb[i * TILE + t]
+            c = cb[i * TILE + t]
+            vb[i * TILE + t] = tsc[t] * (s if tim[t] else c)
+    if run:
+        for i in range(nr):
+            for t in range(kn):
+                out[r0 + i, c0 + t] = vb[i * TILE + t]
+    else:
+        for i in range(nr):
+            for t in range(kn):
+                c = col[k + t]
+                if 0 <= c < d:  # (always but -1: the caller's columns; keeps the stores in bounds)
+                    out[r0 + i, c] = vb[i * TILE + t]
 
 
 def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow, fidx, fptr, sc, imag,

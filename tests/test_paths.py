@@ -412,6 +412,55 @@ def test_the_fused_loops_refuse_arrays_they_cannot_index():
         gather_columns32(x, np.array([0, 1]), np.array([0, 1]), np.empty((3, 2), np.float32), np.empty(4))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fused_store_puts_each_atom_in_its_own_column(dtype):
+    """phases_out writes a tile's rows whole where its atoms' columns are one run and
+    value by value otherwise: both give each atom's column float(sc * cos or sin), -1
+    columns nothing, whatever the order of the columns (identity, reversed, a run broken
+    by one swap, a tile partly without columns) and rows (partial row tiles, the slow
+    range's redo)."""
+    from rfsgen._sincos32 import phases_out
+    from rfsgen.bases import _phase_plan
+
+    fs = sample(_skeleton("rbf"), 80, seed=5)  # 80 atoms: two full tiles and a partial one
+    t = Transformer(fs)
+    scale = fs.skeleton.input_groups[0][0].param("scale")
+    plan = _phase_plan(t.groups[0].gi, t.groups[0].codes, scale)
+    blocks = (plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan)
+    x = _fused_rows(40, 11, 6).astype(np.float32)
+    a = plan.order.size
+    sc, imag = t.fused_sc, t.fused_imag
+    ident = np.zeros((x.shape[0], a), dtype)
+    phases_out(x, 40, *blocks, np.arange(a, dtype=np.int64), sc, imag, ident)
+    # the product loop's bytes (test_fused_columns_match_a_reference_one_operation_at_a_time
+    # ties those to float(sc * cos) or float(sc * sin) of each angle)
+    assert plan.in_order
+    slow = Transformer(fs, dtype)
+    slow.fused = False
+    assert ident.tobytes() == slow.chunk(x)[:, t.fused_col].tobytes()
+    rng = np.random.default_rng(1)
+    swap = np.arange(a, dtype=np.int64)
+    swap[[5, 6]] = swap[[6, 5]]
+    holes = np.arange(a, dtype=np.int64)
+    holes[40:44] = -1
+    for col in (np.arange(a)[::-1].copy(), swap, rng.permutation(a).astype(np.int64), holes):
+        out = np.full((x.shape[0], a), 7.0, dtype)
+        phases_out(x, 40, *blocks, col, sc, imag, out)
+        kept = col >= 0
+        assert out[:, col[kept]].tobytes() == ident[:, kept].tobytes()
+        assert (out[:, ~np.isin(np.arange(a), col)] == 7.0).all()
+    # a second column per atom (orf), some atoms without one
+    col2 = np.where(np.arange(a) % 3 == 0, -1, a + np.arange(a)).astype(np.int64)
+    out = np.full((x.shape[0], 2 * a), 7.0, dtype)
+    phases_out(x, 40, *blocks, np.arange(a, dtype=np.int64), sc, imag, out, col2, -sc, ~imag)
+    assert out[:, :a].tobytes() == ident.tobytes()
+    flip = np.zeros_like(ident)
+    phases_out(x, 40, *blocks, np.arange(a, dtype=np.int64), -sc, ~imag, flip)
+    has = col2 >= 0
+    assert out[:, col2[has]].tobytes() == flip[:, has].tobytes()
+    assert (out[:, a + np.flatnonzero(~has)] == 7.0).all()
+
+
 def test_frequency_twins_need_the_same_node_and_bits():
     """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
     sign of zero apart, and rows that hash alike (the same first four values) but differ
