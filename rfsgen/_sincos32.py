@@ -82,7 +82,7 @@ def _wide_vectors() -> bool:
 ATOMS = 16  # atoms of one vector (<16 x float>: 2 AVX2 or 1 AVX-512 register)
 TILE = 2 * ATOMS  # atoms of one register tile and of one packed tile of frequencies
 ROWS = 8 if _wide_vectors() else 3  # rows of one register tile: 16 AVX-512 or 12 AVX2 accumulators
-ROW_BLOCK = 96  # rows sharing one pass over a cache block of frequencies
+ROW_BLOCK = 384  # rows sharing one pass over a cache block of frequencies
 OMEGA_BLOCK = 196608  # float32 frequency values per cache block (768 KiB: L2)
 SUM_BLOCK = 256  # terms of a sum per pass
 SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
