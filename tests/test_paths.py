@@ -461,6 +461,49 @@ def test_the_fused_store_puts_each_atom_in_its_own_column(dtype):
     assert (out[:, a + np.flatnonzero(~has)] == 7.0).all()
 
 
+def test_the_fused_loop_shares_a_chunk_by_rows_or_blocks_alike():
+    """out_parts covers a chunk's rows x blocks of atoms exactly once, by rows where each
+    thread gets SPLIT_ROWS rows or more (or one block), else by blocks first; every way of
+    sharing gives the bytes of one part and of the product loop (three blocks of atoms,
+    parts run one after another: no second core needed)."""
+    from rfsgen._sincos32 import ROWS, SPLIT_ROWS, _phases_out_part, out_parts
+    from rfsgen.bases import _phase_plan
+
+    for m in (0, 1, 7, 8, 100, 255, 256, 2000):
+        for nb in (0, 1, 2, 6, 13):
+            for n in (1, 2, 3, 16):
+                parts = out_parts(m, nb, n)
+                assert parts.shape[1] == 4 and len(parts) <= n
+                cover = np.zeros((m, nb), np.int64)
+                for b0, b1, r0, r1 in parts:
+                    assert 0 <= b0 < b1 <= nb and 0 <= r0 < r1 <= m and r0 % ROWS == 0
+                    cover[r0:r1, b0:b1] += 1
+                assert (cover == 1).all()
+                if m >= n * SPLIT_ROWS or nb < 2:
+                    assert all(b0 == 0 and b1 == nb for b0, b1, _, _ in parts)
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 300}\nnodes:\n  - {name: x, base: gaussian, scale: 0.05}\n"
+                          "output: x\n", "wide.yaml")
+    fs = sample(skel, 1700, seed=3)
+    t = Transformer(fs)
+    plan = _phase_plan(t.groups[0].gi, t.groups[0].codes, 0.05)
+    assert plan.in_order and plan.starts.size == 3
+    x = _fused_rows(300, 21, 7).astype(np.float32)
+    a = plan.order.size
+    args = (x, 300, plan.starts, plan.ends, plan.nodes, plan.tile0, plan.pan, t.fused_col, t.fused_sc, t.fused_imag)
+    second = (np.full(a, -1, np.int64), np.zeros(a), np.zeros(a, np.bool_))
+    one = np.full((21, a), 7.0, np.float32)
+    _phases_out_part(*args, one, *second, out_parts(21, 3, 1), 0, 1)
+    slow = Transformer(fs)
+    slow.fused = False
+    assert one.tobytes() == slow.chunk(x)[:, t.fused_col].tobytes()
+    for n in (2, 3, 5):
+        parts = out_parts(21, 3, n)
+        assert len(parts) > 1 and (parts[:, 1] - parts[:, 0] < 3).any()  # by blocks
+        got = np.full((21, a), 7.0, np.float32)
+        _phases_out_part(*args, got, *second, parts, 0, len(parts))
+        assert got.tobytes() == one.tobytes(), n
+
+
 def test_frequency_twins_need_the_same_node_and_bits():
     """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
     sign of zero apart, and rows that hash alike (the same first four values) but differ
