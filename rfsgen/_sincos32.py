@@ -43,7 +43,7 @@ from llvmlite import ir
 
 from ._signals import deferred
 from ._compiled import TILE as LANES
-from ._compiled import run_parts, threads, tile_buffers, tile_columns
+from ._compiled import tile_buffers, tile_columns
 from ._sincos import FAST_LIMIT, INV_PIO2, P1, P2, P3, _quadrant, redo_slow
 
 with deferred():
@@ -453,9 +453,11 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
             and out.shape[0] >= x2.shape[0] and out.flags.c_contiguous):
         raise ValueError("phases_out: x2 C-ordered float32 (m, G w), out C-ordered with at least m rows")
     _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, a, x2.shape[1])
-    parts = out_parts(x2.shape[0], blk_start.size, threads())
-    run_parts(_phases_out_part, list(range(parts.shape[0] + 1)), x2, w, blk_start, blk_end, blk_node, tile0, tiles,
-              col, sc, imag, out, col2, sc2, imag2, parts)
+    from . import _compiled
+
+    parts = out_parts(x2.shape[0], blk_start.size, _compiled.threads())
+    _compiled.run_parts(_phases_out_part, list(range(parts.shape[0] + 1)), x2, w, blk_start, blk_end, blk_node, tile0,
+                        tiles, col, sc, imag, out, col2, sc2, imag2, parts)
 
 
 def out_parts(m: int, nb: int, n: int) -> np.ndarray:

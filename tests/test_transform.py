@@ -85,15 +85,20 @@ def test_output_does_not_depend_on_how_rows_are_split_over_threads(name, make, c
     monkeypatch.setattr(_compiled, "threads", lambda: 1)
     one = transform(fs, x, layout="dense", dtype="float64")
     calls = []
-    real = _compiled.on_rows
+    real, parts = _compiled.on_rows, _compiled.run_parts
 
     def counted(kernel, m, *args, **kw):
         calls.append(kernel)
         return real(kernel, m, *args, **kw)
 
+    def counted_parts(kernel, cuts, *args):
+        calls.append(kernel)
+        return parts(kernel, cuts, *args)
+
     monkeypatch.setattr(_compiled, "threads", lambda: 7)
     monkeypatch.setattr(_compiled, "_rows_for", lambda values_per_row: 1)
     monkeypatch.setattr(_compiled, "on_rows", counted)
+    monkeypatch.setattr(_compiled, "run_parts", counted_parts)
     many = transform(fs, x, layout="dense", dtype="float64")
     from rfsgen import _sincos32
     from rfsgen.paths import Transformer
@@ -101,7 +106,7 @@ def test_output_does_not_depend_on_how_rows_are_split_over_threads(name, make, c
     # plain random Fourier features write their columns straight from the angles; a single
     # gaussian or laplace group runs its angles and products in one pass
     tr = Transformer(fs, np.float64)
-    loop = _sincos32._phases_out if tr.fused else _sincos32._phase_columns if tr.phase_products else _compiled._columns
+    loop = _sincos32._phases_out_part if tr.fused else _sincos32._phase_columns if tr.phase_products else _compiled._columns
     assert loop in calls
     assert one.tobytes() == many.tobytes()
 
