@@ -82,7 +82,8 @@ def _wide_vectors() -> bool:
 ATOMS = 16  # atoms of one vector (<16 x float>: 2 AVX2 or 1 AVX-512 register)
 TILE = 2 * ATOMS  # atoms of one register tile and of one packed tile of frequencies
 ROWS = 8 if _wide_vectors() else 3  # rows of one register tile: 16 AVX-512 or 12 AVX2 accumulators
-ROW_BLOCK = 384  # rows sharing one pass over a cache block of frequencies
+ROW_BLOCK = 384  # rows sharing one pass over a cache block of frequencies (at most)
+PART_VALUES = ROW_BLOCK * 768  # float32 angles of one row block (1.2 MB): fewer rows where a block has more atoms
 SPLIT_ROWS = 128  # fewer rows a thread: phases_out shares a chunk out by blocks of atoms (out_parts)
 OMEGA_BLOCK = 196608  # float32 frequency values per cache block (768 KiB: L2)
 SUM_BLOCK = 256  # terms of a sum per pass
@@ -364,9 +365,17 @@ def _phases_sparse(ptr, cols, vals, blk_start, blk_end, tile0, tiles, re, im, st
             im[r, k] = sb[k]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_block(most):  # pragma: no cover - compiled
+    """Rows of one pass over a cache block of ``most`` packed tiles: ROW_BLOCK, fewer (down
+    to ROWS) where the block's angles would pass PART_VALUES (narrow nodes: a block of width-1
+    atoms holds 196,608 of them, 302 MB of angles at 384 rows a thread)."""
+    return max(ROWS, min(ROW_BLOCK, PART_VALUES // max(most * TILE, 1)) // ROWS * ROWS)
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, stop):  # pragma: no cover - compiled
-    # Blocks of ROW_BLOCK rows x a cache block of atoms (OMEGA_BLOCK frequencies of a run
+    # Blocks of _row_block rows x a cache block of atoms (OMEGA_BLOCK frequencies of a run
     # of SUM_BLOCK terms: in L2); inside, register tiles of ROWS rows x one packed tile
     # (its run's frequencies contiguous: read in order, no cache-set conflicts).  The sums
     # run in runs of kc terms, each continued exactly from its float32 partial sum.
@@ -381,12 +390,13 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
             b1 += 1
         most = max(most, tile0[b1] - tile0[b0])
         b0 = b1
-    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
+    rb = _row_block(most)
+    part = np.empty((rb // ROWS, most, ROWS, TILE), np.float32)
     cb = np.empty(ROWS * TILE)
     sb = np.empty(ROWS * TILE)
     packed = np.empty(ROWS * TILE, np.float32)  # a partial tile's angles, its atoms only
-    for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
-        q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
+    for q0 in range(start, stop, rb):
+        q1 = min(stop, q0 + rb)
         b0 = 0
         while b0 < nb:
             b1 = b0 + 1
@@ -509,14 +519,15 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
             b1 += 1
         most = max(most, tile0[b1] - tile0[b0])
         b0 = b1
-    part = np.empty((ROW_BLOCK // ROWS, most, ROWS, TILE), np.float32)
+    rb = _row_block(most)
+    part = np.empty((rb // ROWS, most, ROWS, TILE), np.float32)
     cb = np.empty(ROWS * TILE)
     sb = np.empty(ROWS * TILE)
     vb = np.empty(ROWS * TILE, out.dtype)
     tsc = np.zeros(TILE)
     tim = np.zeros(TILE, np.bool_)
-    for q0 in range(start, stop, ROW_BLOCK // ROWS * ROWS):
-        q1 = min(stop, q0 + ROW_BLOCK // ROWS * ROWS)
+    for q0 in range(start, stop, rb):
+        q1 = min(stop, q0 + rb)
         b0 = b_lo
         while b0 < nb:
             b1 = b0 + 1

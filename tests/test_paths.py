@@ -504,6 +504,25 @@ def test_the_fused_loop_shares_a_chunk_by_rows_or_blocks_alike():
         assert got.tobytes() == one.tobytes(), n
 
 
+def test_narrow_nodes_take_fewer_rows_a_pass(monkeypatch):
+    """A cache block of width-1 atoms holds 196,608 of them: its row blocks shrink so that
+    their angles stay within PART_VALUES, down to one register tile of rows; several
+    passes over the rows give the product loop's bytes."""
+    from rfsgen._sincos32 import PART_VALUES, ROW_BLOCK, ROWS, TILE, _row_block
+
+    assert _row_block(24) == ROW_BLOCK and _row_block(6144) == ROWS and _row_block(0) == ROW_BLOCK
+    skel = parse_skeleton("rfsgen: 1\ninput: {width: 1}\nnodes:\n  - {name: x, base: gaussian}\noutput: x\n",
+                          "narrow.yaml")
+    fs = sample(skel, 20000, seed=2)
+    t = Transformer(fs)
+    assert t.fused
+    tiles = -(-t.groups[0].gi.size // TILE)
+    assert _row_block(tiles) * tiles * TILE <= PART_VALUES and _row_block(tiles) < 50
+    x = _fused_rows(1, 50, 8)
+    got, want = _both(fs, x, monkeypatch, chunk_rows=50)
+    assert got.tobytes() == want.tobytes()
+
+
 def test_frequency_twins_need_the_same_node_and_bits():
     """Twins are the same bits at the same node: equal rows at two nodes, rows one ulp or a
     sign of zero apart, and rows that hash alike (the same first four values) but differ
