@@ -447,7 +447,9 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
     of the angle, the float64 multiply then the cast to ``out``'s dtype: the product
     loop's bits for a column of one factor (rfsgen._vector.product with no further
     factor: ``sc * Re`` or ``sc * Im`` of ``1.0 * cos + i 1.0 * sin``), without the
-    float64 values in between.  ``col`` int64, each below ``out.shape[1]``; ``sc``
+    float64 values in between.  ``col`` int64, each below ``out.shape[1]`` (-1: no
+    column), the columns of ``col`` and ``col2`` all distinct (ValueError otherwise: two
+    values in one cell would land in an order that depends on the threads); ``sc``
     float64, ``imag`` bool, ``(a,)`` each.  The caller makes sure no angle can overflow
     (rfsgen.bases.fused_values); angles beyond the fast range are redone by
     :func:`sincos_into` as in :func:`phases`.  ``col2``, ``sc2``, ``imag2`` (optional,
@@ -463,6 +465,11 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
             and out.shape[0] >= x2.shape[0] and out.flags.c_contiguous):
         raise ValueError("phases_out: x2 C-ordered float32 (m, G w), out C-ordered with at least m rows")
     _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, a, x2.shape[1])
+    used = np.concatenate((col, col2))
+    used = used[used != -1]
+    if used.size and not (0 <= int(used.min()) and int(used.max()) < out.shape[1]
+                          and int(np.bincount(used, minlength=out.shape[1]).max()) == 1):
+        raise ValueError("phases_out: col and col2 must be distinct columns of out (or -1: none)")
     from . import _compiled
 
     parts = out_parts(x2.shape[0], blk_start.size, _compiled.threads())
@@ -574,7 +581,7 @@ def _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim):  # pra
     # rows go out whole where the tile's columns are one run, one by one otherwise.
     d = out.shape[1]
     c0 = col[k]
-    run = 0 <= c0 and c0 + kn <= d
+    run = 0 <= c0 and c0 <= d - kn  # (not c0 + kn: it may wrap)
     for t in range(TILE):
         if t < kn:
             tsc[t] = sc[k + t]

@@ -404,6 +404,19 @@ def test_the_fused_loops_refuse_arrays_they_cannot_index():
         phases_out(np.ones((16, 40), np.float32), 40, *blocks, np.empty((8, 64), np.float32))
     with pytest.raises(ValueError, match="the blocks must read within"):  # rows narrower than the node
         phases_out(np.ones((16, 20), np.float32), 40, *blocks, np.empty((16, 64), np.float32))
+    a = t.fused_col.size
+    for bad in (64, -7, 2**63 - 1):  # past out (2^63 - 1 + 32 would wrap a run's end), below -1
+        col = np.arange(a, dtype=np.int64)
+        col[5] = bad
+        with pytest.raises(ValueError, match="distinct columns of out"):
+            phases_out(np.ones((16, 40), np.float32), 40, *blocks[:5], col, t.fused_sc, t.fused_imag,
+                       np.empty((16, 64), np.float32))
+    twice = np.arange(a, dtype=np.int64) % 32  # two atoms in one column: their order would follow the threads
+    second = (np.where(np.arange(a) == 3, 40, -1).astype(np.int64), t.fused_sc, t.fused_imag)
+    for col, more in ((twice, ()), (np.arange(a, dtype=np.int64), second)):
+        with pytest.raises(ValueError, match="distinct columns of out"):
+            phases_out(np.ones((16, 40), np.float32), 40, *blocks[:5], col, t.fused_sc, t.fused_imag,
+                       np.empty((16, 64), np.float32), *more)
     x = np.ones((4, 10))
     for cols in (np.array([0, 10]), np.array([-1, 3])):
         with pytest.raises(ValueError, match="cols and ucols must lie in"):
