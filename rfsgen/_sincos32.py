@@ -465,16 +465,30 @@ def phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag,
             and out.shape[0] >= x2.shape[0] and out.flags.c_contiguous):
         raise ValueError("phases_out: x2 C-ordered float32 (m, G w), out C-ordered with at least m rows")
     _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, a, x2.shape[1])
-    used = np.concatenate((col, col2))
-    used = used[used != -1]
-    if used.size and not (0 <= int(used.min()) and int(used.max()) < out.shape[1]
-                          and int(np.bincount(used, minlength=out.shape[1]).max()) == 1):
+    if not _distinct_columns(col, col2, out.shape[1]):
         raise ValueError("phases_out: col and col2 must be distinct columns of out (or -1: none)")
     from . import _compiled
 
     parts = out_parts(x2.shape[0], blk_start.size, _compiled.threads())
     _compiled.run_parts(_phases_out_part, list(range(parts.shape[0] + 1)), x2, w, blk_start, blk_end, blk_node, tile0,
                         tiles, col, sc, imag, out, col2, sc2, imag2, parts)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _distinct_columns(col, col2, d):  # pragma: no cover - compiled
+    """Whether every entry of ``col`` and ``col2`` is -1 (none) or a column below ``d`` that no
+    other entry names: one pass and a byte a column (a few hundred microseconds at D = 2e5,
+    where numpy's bincount took 2.4 ms of a 5 ms chunk)."""
+    seen = np.zeros(d, np.uint8)
+    for arr in (col, col2):
+        for i in range(arr.size):
+            c = arr[i]
+            if c == -1:
+                continue
+            if c < 0 or c >= d or seen[c]:
+                return False
+            seen[c] = 1
+    return True
 
 
 def out_parts(m: int, nb: int, n: int) -> np.ndarray:
