@@ -35,6 +35,33 @@ def _hold_signals_for_the_cli() -> None:
 
 _hold_signals_for_the_cli()
 
+
+def _keep_the_c_librarys_transcendentals() -> None:
+    """Tell numba, before anything imports it, not to hand loops with exp, log or pow to
+    Intel's SVML.  Where numba finds ``libsvml`` (conda's ``icc_rt``) and its llvmlite was
+    built for it, LLVM vectorises such loops with SVML's functions, whose last bits differ
+    from the C library's: the same rows would give other bytes on that install.  The
+    setting is numba's, for the whole process; imported after numba with SVML in use,
+    rfsgen can no longer change it and says so."""
+    import os
+    import sys
+
+    numba = sys.modules.get("numba")
+    if numba is None:
+        os.environ["NUMBA_DISABLE_INTEL_SVML"] = "1"
+    elif getattr(getattr(numba, "config", None), "USING_SVML", False):
+        import warnings
+
+        from .errors import RfsgenWarning
+
+        warnings.warn(RfsgenWarning(
+            "numba was imported before rfsgen with Intel SVML in use, so compiled loops with exp, log or pow may "
+            "give other last bits than on other machines: import rfsgen first, or set NUMBA_DISABLE_INTEL_SVML=1"),
+            stacklevel=3)
+
+
+_keep_the_c_librarys_transcendentals()
+
 _EXPORTS = {
     "Activation": "activations", "make_activation": "activations",
     "Base": "bases", "make_base": "bases",

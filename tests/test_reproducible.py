@@ -231,3 +231,29 @@ def test_same_bytes_without_hardware_fma(tmp_path):
     if _has("fma"):
         assert host["vfmadd"] and not host["calls fmaf"], host
     assert host["hashes"] == generic["hashes"]
+
+
+def test_numba_is_told_to_keep_the_c_librarys_exp_and_log(tmp_path):
+    """A loop of exp or log that LLVM vectorises would call Intel's SVML where numba finds
+    it (conda's ``icc_rt``), with other last bits: importing rfsgen before numba turns
+    that off for the process, whatever the environment said; imported after numba with
+    SVML in use, rfsgen warns (SVML is imitated: no llvmlite here is built with it)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_INTEL_SVML"}
+    for given in (None, "0"):
+        if given is not None:
+            env["NUMBA_DISABLE_INTEL_SVML"] = given
+        r = subprocess.run([sys.executable, "-c", "import rfsgen.transform, numba, os; "
+                            "print(os.environ['NUMBA_DISABLE_INTEL_SVML'], numba.config.DISABLE_INTEL_SVML, "
+                            "numba.config.USING_SVML)"], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["1", "1", "False"]
+    r = subprocess.run([sys.executable, "-c", "import warnings, numba; numba.config.USING_SVML = True\n"
+                        "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
+                        "    import rfsgen\nprint(*(type(x.message).__name__ + ': ' + str(x.message) for x in w))"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("RfsgenWarning: numba was imported before rfsgen with Intel SVML in use")
+    assert r.stdout.rstrip().endswith("set NUMBA_DISABLE_INTEL_SVML=1")
+    r = subprocess.run([sys.executable, "-W", "error", "-c", "import numba; import rfsgen.transform"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
