@@ -35,8 +35,7 @@ with deferred():  # importing numba initialises LLVM under llvmlite's lock: no s
 
 from ._vector import LANES as TILE  # rows per tile: one lane row = one 64-byte line of float64
 from ._sincos import sincos, sincos_into
-from ._vector import (LOG_BLOCKS, cmul_row, csquare_row, gather, log_moduli, log_sums, power_start, product, product_real,
-                      transpose_out)
+from ._vector import LOG_BLOCKS, gather, log_moduli, log_sums, power_row, product, product_real, transpose_out
 
 
 def threads() -> int:
@@ -243,11 +242,11 @@ def _columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, 
 
 @numba.njit(cache=True, nogil=True)
 def tile_buffers(n_factors, out):  # pragma: no cover - compiled
-    """The lane rows ``(fr, fi)`` (float64 ``(n_factors + 2, TILE)``: the factors, then the
-    factor 1 and a scratch row for :func:`tile_columns`) and the column-major tile (``(D,
+    """The lane rows ``(fr, fi)`` (float64 ``(n_factors + 1, TILE)``: the factors, then the
+    factor 1 for :func:`tile_columns`) and the column-major tile (``(D,
     TILE)`` of ``out``'s dtype) of one thread's product loop."""
-    fr = np.empty((n_factors + 2, TILE))
-    fi = np.empty((n_factors + 2, TILE))
+    fr = np.empty((n_factors + 1, TILE))
+    fi = np.empty((n_factors + 1, TILE))
     for t in range(TILE):
         fr[n_factors, t] = 1.0
         fi[n_factors, t] = 0.0
@@ -263,10 +262,9 @@ def tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, 
     d = out.shape[1]
     n_factors = n_atoms + xatom.size
     one = n_factors  # the lane row holding the factor 1 (columns without terms)
-    base = n_factors + 1  # and the one for the base being squared while raising a power
     d8 = d - d % TILE
     for e in range(xatom.size):
-        _power_rows(fr, fi, xatom[e], xpow[e], n_atoms + e, base)
+        power_row(fr, fi, xatom[e], xpow[e], n_atoms + e)
     for p in range(d):
         q0 = fptr[p]
         q1 = fptr[p + 1]
@@ -328,25 +326,6 @@ def columns(src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, out, re
         raise ValueError("the atoms must read within the rows' source values")
     on_rows(_columns, out.shape[0], src, ir, cr, ii, ci, xatom, xpow, fidx, fptr, sc, imag, pos, real, out,
             align=TILE, min_rows=TILE)
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _power_rows(fr, fi, k, p, dst, base):  # pragma: no cover - compiled
-    """Lane row ``dst`` of ``(fr, fi)`` = lane row ``k`` raised to ``p``, with lane row
-    ``base`` as scratch: :func:`_power`'s operations in its order, for the 8 lanes at once
-    (:func:`rfsgen._vector.cmul_row`, :func:`rfsgen._vector.csquare_row`), so the same bits."""
-    sign = 1.0
-    if p < 0:
-        p = -p
-        sign = -1.0
-    power_start(fr, fi, k, sign, dst, base)
-    e = p
-    while e > 0:
-        if e & 1:
-            cmul_row(fr, fi, dst, base)
-        e >>= 1
-        if e > 0:
-            csquare_row(fr, fi, base)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

@@ -170,70 +170,53 @@ def product_real(typingctx, fr, first, fidx, q0, q1, s, dst, k):
 
 
 @intrinsic
-def cmul_row(typingctx, fr, fi, a, b):
-    """``F[a] = F[a] * F[b]`` for the 8 lanes (``F = fr + i fi``), as
-    ``re = ar * br - ai * bi`` and ``im = ar * bi + ai * br``: :func:`rfsgen._compiled._power`'s
-    step, lane for lane."""
-    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
+def power_row(typingctx, fr, fi, k, p, dst):
+    """``F[dst] = F[k] ** p`` for the 8 lanes (``F = fr + i fi``): the operations of
+    :func:`rfsgen._compiled._power` in its order, lane for lane (so the same bits), by
+    repeated squaring in registers.  ``p < 0`` takes the conjugate's power (negative
+    powers occur only for unit-modulus factors).  Kept in registers because a store and a
+    reload of the lane rows at every step made raising the powers twice as slow."""
+    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)
+            and isinstance(p, types.Integer)):
         return None
-    sig = types.void(fr, fi, a, b)
+    sig = types.void(fr, fi, k, p, dst)
 
     def codegen(context, builder, signature, args):
         t = signature.args
-        ia = _index(context, builder, args[2], t[2])
-        ib = _index(context, builder, args[3], t[3])
-        ar = _load_row(context, builder, t[0], args[0], ia)
-        ai = _load_row(context, builder, t[1], args[1], ia)
-        br = _load_row(context, builder, t[0], args[0], ib)
-        bi = _load_row(context, builder, t[1], args[1], ib)
-        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, br), builder.fmul(ai, bi)))
-        _store_row(context, builder, t[1], args[1], ia, builder.fadd(builder.fmul(ar, bi), builder.fmul(ai, br)))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def power_start(typingctx, fr, fi, k, sign, dst, base):
-    """The start of raising lane row ``k`` to a power: ``F[base] = fr[k] + i (sign * fi[k])``
-    and ``F[dst] = 1 + 0i`` for the 8 lanes."""
-    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
-        return None
-    sig = types.void(fr, fi, k, sign, dst, base)
-
-    def codegen(context, builder, signature, args):
-        t = signature.args
+        i64 = ir.IntType(64)
         ik = _index(context, builder, args[2], t[2])
         idst = _index(context, builder, args[4], t[4])
-        ibase = _index(context, builder, args[5], t[5])
-        sv = _splat(builder, context.cast(builder, args[3], t[3], types.float64))
-        zr = _load_row(context, builder, t[0], args[0], ik)
-        zi = _load_row(context, builder, t[1], args[1], ik)
-        _store_row(context, builder, t[0], args[0], ibase, zr)
-        _store_row(context, builder, t[1], args[1], ibase, builder.fmul(sv, zi))
-        _store_row(context, builder, t[0], args[0], idst, ir.Constant(_V64, [1.0] * LANES))
-        _store_row(context, builder, t[1], args[1], idst, ir.Constant(_V64, [0.0] * LANES))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def csquare_row(typingctx, fr, fi, a):
-    """``F[a] = F[a]^2`` for the 8 lanes, as ``re = ar * ar - ai * ai`` and
-    ``im = (2 * ar) * ai``: :func:`rfsgen._compiled._power`'s squaring, lane for lane."""
-    if not (_is_matrix(fr, types.float64) and _is_matrix(fi, types.float64)):
-        return None
-    sig = types.void(fr, fi, a)
-
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        ia = _index(context, builder, args[2], t[2])
-        ar = _load_row(context, builder, t[0], args[0], ia)
-        ai = _load_row(context, builder, t[1], args[1], ia)
+        pv = context.cast(builder, args[3], t[3], types.int64)
+        negative = builder.icmp_signed("<", pv, ir.Constant(i64, 0))
+        sv = _splat(builder, builder.select(negative, ir.Constant(_F64, -1.0), ir.Constant(_F64, 1.0)))
+        e_ptr = cgutils.alloca_once_value(builder, builder.select(negative, builder.neg(pv), pv))
+        br = cgutils.alloca_once_value(builder, _load_row(context, builder, t[0], args[0], ik))
+        bi = cgutils.alloca_once_value(builder, builder.fmul(sv, _load_row(context, builder, t[1], args[1], ik)))
+        rr = cgutils.alloca_once_value(builder, ir.Constant(_V64, [1.0] * LANES))
+        ri = cgutils.alloca_once_value(builder, ir.Constant(_V64, [0.0] * LANES))
         two = ir.Constant(_V64, [2.0] * LANES)
-        _store_row(context, builder, t[0], args[0], ia, builder.fsub(builder.fmul(ar, ar), builder.fmul(ai, ai)))
-        _store_row(context, builder, t[1], args[1], ia, builder.fmul(builder.fmul(two, ar), ai))
+        bb_cond = builder.append_basic_block("power.cond")
+        bb_body = builder.append_basic_block("power.body")
+        bb_end = builder.append_basic_block("power.end")
+        builder.branch(bb_cond)
+        builder.position_at_end(bb_cond)
+        e = builder.load(e_ptr)
+        builder.cbranch(builder.icmp_signed(">", e, ir.Constant(i64, 0)), bb_body, bb_end)
+        builder.position_at_end(bb_body)
+        with builder.if_then(builder.trunc(e, ir.IntType(1))):
+            xr, xi, yr, yi = builder.load(rr), builder.load(ri), builder.load(br), builder.load(bi)
+            builder.store(builder.fsub(builder.fmul(xr, yr), builder.fmul(xi, yi)), rr)
+            builder.store(builder.fadd(builder.fmul(xr, yi), builder.fmul(xi, yr)), ri)
+        e = builder.lshr(e, ir.Constant(i64, 1))
+        builder.store(e, e_ptr)
+        with builder.if_then(builder.icmp_signed(">", e, ir.Constant(i64, 0))):
+            yr, yi = builder.load(br), builder.load(bi)
+            builder.store(builder.fsub(builder.fmul(yr, yr), builder.fmul(yi, yi)), br)
+            builder.store(builder.fmul(builder.fmul(two, yr), yi), bi)
+        builder.branch(bb_cond)
+        builder.position_at_end(bb_end)
+        _store_row(context, builder, t[0], args[0], idst, builder.load(rr))
+        _store_row(context, builder, t[1], args[1], idst, builder.load(ri))
         return context.get_dummy_value()
 
     return sig, codegen

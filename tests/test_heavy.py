@@ -274,18 +274,30 @@ def test_faint_rows_are_the_rows_without_a_normal_value(monkeypatch):
 
 
 def test_powers_of_lane_rows_have_the_scalar_powers_bits():
-    """_power_rows (8 lanes at once) against _power (lane by lane), negative powers,
-    zeros of either sign, tiny and large values."""
-    from rfsgen._compiled import _power, _power_rows
+    """power_row (8 lanes at once, in registers) against _power (lane by lane), negative
+    powers, zeros of either sign, tiny and large values, powers up to 2^62."""
+    import numba
+
+    from rfsgen._compiled import _power
+    from rfsgen._vector import power_row
+
+    @numba.njit
+    def raise_row(fr, fi, k, p, dst):
+        power_row(fr, fi, k, p, dst)
 
     rng = np.random.default_rng(0)
     vals = np.concatenate([rng.standard_normal(64), [0.0, -0.0, 1e-200, -1e-200, 1e200, 3.0, -1.5, 1.0]])
-    for p in [0, 1, 2, 3, 5, 8, 13, 64, 1001, -1, -2, -7, -64]:
+    unit = np.exp(1j * rng.uniform(-np.pi, np.pi, 8))
+    for p in [0, 1, 2, 3, 5, 8, 13, 64, 1001, 2**40 + 3, 2**62 - 1, -1, -2, -7, -64, -(2**33)]:
         fr = rng.choice(vals, (4, 8))
         fi = rng.choice(vals, (4, 8))
         fi[1] = 0.0  # a real atom
-        for k in (0, 1):
-            _power_rows(fr, fi, k, p, 2, 3)
+        fr[3], fi[3] = unit.real, unit.imag  # unit modulus: large powers stay finite
+        for k in (0, 1, 3):
+            before = fr.copy(), fi.copy()
+            raise_row(fr, fi, k, p, 2)
             wr, wi = np.empty(8), np.empty(8)
             _power(fr[k].copy(), fi[k].copy(), p, wr, wi)
             assert fr[2].tobytes() == wr.tobytes() and fi[2].tobytes() == wi.tobytes(), (p, k)
+            keep = [0, 1, 3]  # only the destination row is written
+            assert fr[keep].tobytes() == before[0][keep].tobytes() and fi[keep].tobytes() == before[1][keep].tobytes()
