@@ -41,23 +41,37 @@ def _keep_the_c_librarys_transcendentals() -> None:
     Intel's SVML.  Where numba finds ``libsvml`` (conda's ``icc_rt``) and its llvmlite was
     built for it, LLVM vectorises such loops with SVML's functions, whose last bits differ
     from the C library's: the same rows would give other bytes on that install.  The
-    setting is numba's, for the whole process; imported after numba with SVML in use,
-    rfsgen can no longer change it and says so."""
+    setting is numba's, for the whole process and the processes it starts (an explicit
+    ``NUMBA_DISABLE_INTEL_SVML=0`` included).
+
+    Imported after numba with SVML in use, rfsgen can no longer change this: it warns, and
+    keeps the code compiled in such a process out of the on-disk cache that other processes
+    load (numba's cache does not tell SVML code apart: a later process would load it, with
+    its bits, or fail on its missing SVML symbols) by giving numba a cache directory of its
+    own for the process, unless one was set (``NUMBA_CACHE_DIR``)."""
     import os
     import sys
 
     numba = sys.modules.get("numba")
     if numba is None:
         os.environ["NUMBA_DISABLE_INTEL_SVML"] = "1"
-    elif getattr(getattr(numba, "config", None), "USING_SVML", False):
-        import warnings
+        return
+    config = getattr(numba, "config", None)
+    if not getattr(config, "USING_SVML", False):
+        return
+    import tempfile
+    import warnings
 
-        from .errors import RfsgenWarning
+    from .errors import RfsgenWarning
 
-        warnings.warn(RfsgenWarning(
-            "numba was imported before rfsgen with Intel SVML in use, so compiled loops with exp, log or pow may "
-            "give other last bits than on other machines: import rfsgen first, or set NUMBA_DISABLE_INTEL_SVML=1"),
-            stacklevel=3)
+    where = "numba's cache directory (NUMBA_CACHE_DIR) is then shared with processes without SVML"
+    if not getattr(config, "CACHE_DIR", ""):
+        config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"rfsgen-numba-svml-{getattr(os, 'getuid', int)()}")
+        where = f"this process caches compiled code in {config.CACHE_DIR}"
+    warnings.warn(RfsgenWarning(
+        f"numba was imported before rfsgen with Intel SVML in use, so compiled loops with exp, log or pow may give "
+        f"other last bits than on other machines ({where}): import rfsgen first, or set NUMBA_DISABLE_INTEL_SVML=1"),
+        stacklevel=3)
 
 
 _keep_the_c_librarys_transcendentals()

@@ -12,9 +12,10 @@ Conventions: a "lane row" is the 8 consecutive elements starting at ``a[i, 0]`` 
 C-contiguous 2-D array (the caller guarantees at least 8 columns).  No bounds
 checks are made; the caller's indices are trusted.
 
-numba's on-disk cache of :mod:`rfsgen._compiled` is keyed on that file alone: after
-editing this one, touch ``_compiled.py`` (or delete ``rfsgen/__pycache__``) so the
-loops are compiled again.
+numba's on-disk cache of a compiled loop is keyed on its own file alone: after editing
+this one (or :mod:`rfsgen._compiled`, whose product loop :mod:`rfsgen._sincos32` compiles
+into its own), touch ``_compiled.py`` and ``_sincos32.py`` (or delete
+``rfsgen/__pycache__``) so the loops are compiled again.
 """
 
 from __future__ import annotations

@@ -236,9 +236,12 @@ def test_same_bytes_without_hardware_fma(tmp_path):
 def test_numba_is_told_to_keep_the_c_librarys_exp_and_log(tmp_path):
     """A loop of exp or log that LLVM vectorises would call Intel's SVML where numba finds
     it (conda's ``icc_rt``), with other last bits: importing rfsgen before numba turns
-    that off for the process, whatever the environment said; imported after numba with
-    SVML in use, rfsgen warns (SVML is imitated: no llvmlite here is built with it)."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_INTEL_SVML"}
+    that off for the process, whatever the environment said.  Imported after numba with
+    SVML in use, rfsgen warns and keeps what it compiles out of the on-disk cache other
+    processes read, unless the user chose the cache directory (SVML is imitated: no
+    llvmlite here is built with it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_DISABLE_INTEL_SVML", "NUMBA_CACHE_DIR")}
+    env["TMPDIR"] = str(tmp_path)
     for given in (None, "0"):
         if given is not None:
             env["NUMBA_DISABLE_INTEL_SVML"] = given
@@ -247,13 +250,23 @@ def test_numba_is_told_to_keep_the_c_librarys_exp_and_log(tmp_path):
                             "numba.config.USING_SVML)"], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == ["1", "1", "False"]
-    r = subprocess.run([sys.executable, "-c", "import warnings, numba; numba.config.USING_SVML = True\n"
-                        "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
-                        "    import rfsgen\nprint(*(type(x.message).__name__ + ': ' + str(x.message) for x in w))"],
-                       env=env, capture_output=True, text=True, timeout=120)
+    svml_first = ("import warnings, numba; numba.config.USING_SVML = True\n"
+                  "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
+                  "    import rfsgen, rfsgen._compiled as c\n"
+                  "print(c.faint_rows._cache._cache_path)\n"
+                  "print(*(type(x.message).__name__ + ': ' + str(x.message) for x in w))")
+    r = subprocess.run([sys.executable, "-c", svml_first], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("RfsgenWarning: numba was imported before rfsgen with Intel SVML in use")
-    assert r.stdout.rstrip().endswith("set NUMBA_DISABLE_INTEL_SVML=1")
-    r = subprocess.run([sys.executable, "-W", "error", "-c", "import numba; import rfsgen.transform"],
-                       env=env, capture_output=True, text=True, timeout=120)
+    path, said = r.stdout.splitlines()
+    assert path.startswith(str(tmp_path / "rfsgen-numba-svml-"))
+    assert said.startswith("RfsgenWarning: numba was imported before rfsgen with Intel SVML in use")
+    assert f"this process caches compiled code in {tmp_path}" in said
+    assert said.endswith("set NUMBA_DISABLE_INTEL_SVML=1")
+    r = subprocess.run([sys.executable, "-c", svml_first], env={**env, "NUMBA_CACHE_DIR": str(tmp_path / "mine")},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    path, said = r.stdout.splitlines()
+    assert path.startswith(str(tmp_path / "mine")) and "(NUMBA_CACHE_DIR) is then shared" in said
+    r = subprocess.run([sys.executable, "-W", "error", "-c", "import numba; import rfsgen.transform, numba; "
+                        "assert not numba.config.CACHE_DIR"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
