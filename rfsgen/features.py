@@ -328,7 +328,10 @@ MAX_ATTRIBUTE_BYTES = 16 << 20
 #: int64 copies and the pointer/decoding temporaries), for the budget check before reading.
 BYTES_PER_COLUMN = 64
 BYTES_PER_TERM = 80
-BYTES_PER_OMEGA = 24
+#: The omega table is held once, as read (float64), with small temporaries of its checks.
+BYTES_PER_OMEGA = 8
+#: Omegas whose range is checked at once (:func:`_check_omega`).
+OMEGA_CHECK_SLICE = 1 << 17
 
 
 def weight_problem(w, columns: int, eof: bool = False) -> str | None:
@@ -631,7 +634,8 @@ def _load(p, f) -> FeatureSet:
     if sizes["omega"] > omega_need:
         raise _bad(p, f"dataset 'omega' declares {sizes['omega']} values; its terms use at most {omega_need}")
     _budget(p, columns, terms, sizes["omega"])
-    omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64)
+    # read once: a table of float64 values is used as read (no second copy of the largest array)
+    omega = _read_data(p, f, "omega", sizes["omega"]).astype(np.float64, copy=False)
     _check_omega(p, fs, walk, omega)
     fs.omega = omega
     owner.read(p, f, fs, attrs)  # the kind's own attribute and datasets (EOF: its grid)
@@ -738,10 +742,10 @@ def _check_terms(p, fs: FeatureSet, skel) -> int:
 def _check_omega(p, fs: FeatureSet, skel, omega: np.ndarray) -> None:
     """The omega table: finite, |omega| <= :data:`MAX_OMEGA`, each continuous term's
     ``width`` values inside it."""
-    if omega.size:
-        big = ~(np.abs(omega) <= MAX_OMEGA)  # NaN too
+    for a in range(0, omega.size, OMEGA_CHECK_SLICE):  # slices: temporaries of 1 MB, not of the table's size
+        big = ~(np.abs(omega[a:a + OMEGA_CHECK_SLICE]) <= MAX_OMEGA)  # NaN too
         if big.any():
-            i = int(np.flatnonzero(big)[0])
+            i = a + int(np.flatnonzero(big)[0])
             raise _bad(p, f"dataset 'omega': value {i} is {float(omega[i])!r}; omegas must be finite with |omega| <= 2^160")
     if not fs.node.size:
         return

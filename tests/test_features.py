@@ -448,6 +448,34 @@ def test_issue_omega_1e308(valid_files, tmp_path, value):
     assert np.isfinite(transform(load(ok), _rows(load(ok))[3:], layout="dense")).all()
 
 
+def test_the_omega_table_is_held_once_while_loading(tmp_path):
+    """Loading reads the omega table into one float64 array and checks it in slices: the
+    peak of numpy's allocations stays near the table's own bytes (it was three times them:
+    a cast copy, then |omega| beside it), and a bad value past the first slice is still
+    named by its index."""
+    import tracemalloc
+
+    from rfsgen.features import OMEGA_CHECK_SLICE
+
+    fs = sample(parse_skeleton("rfsgen: 1\ninput: {width: 640}\nnodes:\n  - {name: x, base: gaussian}\noutput: x\n",
+                               "wide.yaml"), 3000, seed=2)
+    assert fs.omega.size > 8 * OMEGA_CHECK_SLICE
+    p = tmp_path / "wide.h5"
+    save(fs, p)
+    tracemalloc.start()
+    try:
+        got = load(p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(got.omega, fs.omega) and got.omega.dtype == np.float64
+    assert peak < fs.omega.nbytes + (4 << 20), (peak, fs.omega.nbytes)
+    i = 5 * OMEGA_CHECK_SLICE + 7
+    bad = F.forge(p, tmp_path / "bad.h5", F.set_values("omega", i, float("inf")))
+    with pytest.raises(FeatureFileError, match=rf"dataset 'omega': value {i} is inf; omegas must be finite"):
+        load(bad)
+
+
 def test_issue_stats_empty_object_loads_and_inspects(valid_files, tmp_path):
     """stats = "{}" is what a FeatureSet made in code carries: it loads, and inspect says
     the statistics were not recorded (it used to end in a TypeError)."""
