@@ -683,9 +683,10 @@ def transform_sharded(client, address: str, features, input, output, *, shard_di
     The rows are cut into ranges (:func:`row_ranges`); each worker writes its ranges
     (:func:`write_shard`) into a run directory inside ``shard_dir`` (default: the
     output's directory), which every worker and this process must share (a probe file
-    is checked on each worker first), then :func:`rfsgen.merge.merge_files` verifies
-    and merges them into ``output`` (dense uncompressed shards are copied at disk
-    speed) and the run directory is removed, on success and on failure alike: a
+    is checked on each worker first), and :func:`rfsgen.merge.merge_streamed` verifies
+    and merges each into ``output`` as soon as the shards before it are merged (dense
+    uncompressed shards, copied at disk speed, once all are there); the run directory is
+    removed on success and on failure alike: a
     failed run leaves no shard and no output.  A worker killed mid-run has its ranges
     written again by another (the shards are deterministic).  Returns the summary
     dict, or None (nothing done) when the workers cannot see the default directory
@@ -757,7 +758,7 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
 
     from .atomic import _host
     from .errors import OutputError, RfsgenError
-    from .merge import merge_files
+    from .merge import merge_streamed
     from .output import default_chunk_rows
 
     chosen = shard_dir is not None
@@ -813,9 +814,20 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
                                     compression=compression, chunk_rows=chunk_rows, overwrite=True, inputs=[],
                                     progress=progress, provenance=provenance)
             return info, len(ranges)
-        _in_order(address, ranges, lambda i: submit(*ranges[i], paths[i]), progress)
-        # The run directory goes whatever happens: its shards are consumed as they are copied.
-        info = merge_files(paths, final, overwrite=True, progress=progress, consume=True)
+        # Each shard is merged as soon as the rows before it are: the merge of the first
+        # ranges overlaps the workers' writing of the later ones.  The run directory goes
+        # whatever happens: its shards are consumed as they are copied.
+        futures = [submit(a, b, p) for (a, b), p in zip(ranges, paths)]
+
+        def arrive(i):
+            a, b = ranges[i]
+            _shard_result(address, futures, i, lambda: submit(a, b, paths[i]), f"transforming rows {a}:{b}")
+
+        try:
+            info = merge_streamed(ranges, paths, arrive, final, overwrite=True, progress=progress, consume=True)
+        finally:
+            for f in futures:  # (a failed run: the tasks still running)
+                f.cancel()
     except RfsgenError:
         raise
     except OSError as e:

@@ -613,29 +613,8 @@ def check_shards(shards: list) -> list:
     they belong together and tile their range.  Each violation is a one-line
     :class:`InputError` naming the shards."""
     first = shards[0]
-    same = (("features_sha256", "come from different feature files", "sample once and transform every shard with it"),
-            ("input", "come from different inputs", "merge shards of one input"),
-            ("layout", "have different layouts", "transform every shard with the same --layout"),
-            ("columns", "have different column counts", "transform every shard with the same feature file"),
-            ("dtype", "have different dtypes", "transform every shard with the same --dtype"),
-            ("compression", "were written with different --compression", "use one --compression for every shard"),
-            ("rfsgen_version", "were written by different rfsgen versions", "transform every shard with one version"),
-            ("obs_names", "disagree on where row names come from", "merge shards of one input"))
     for s in shards[1:]:
-        a, b = first.attrs["output_definition"], s.attrs["output_definition"]
-        if a != b:
-            raise InputError(f"{first.path} and {s.path} hold values of different output definitions ({a} vs {b}: "
-                             "rfsgen's cos/sin changed between the versions that wrote them); transform every shard "
-                             "with one rfsgen version")
-        for key, what, fix in same:
-            a, b = first.record[key], s.record[key]
-            if a != b:
-                shown = f"{a} vs {b}" if key == "dtype" else f"{key} {a!r} vs {b!r}"
-                raise InputError(f"{first.path} and {s.path} {what} ({shown}); {fix}")
-    for s in shards[1:]:
-        if [c.meta() for c in s.obs_columns] != [c.meta() for c in first.obs_columns]:
-            raise InputError(f"{first.path} and {s.path} have different obs columns (names, types or categories); "
-                             "merge shards of one input")
+        _check_pair(first, s)
     order = sorted(shards, key=lambda s: (s.start, s.stop))
     for a, b in zip(order, order[1:]):
         if os.path.realpath(a.path) == os.path.realpath(b.path):
@@ -647,6 +626,46 @@ def check_shards(shards: list) -> list:
             raise InputError(f"{a.label} and {b.label} overlap in rows {b.start}:{min(a.stop, b.stop)}; "
                              "give each row range once")
     return order
+
+
+#: What shards merged together must share: (record key, what differs, the fix).
+_SAME = (("features_sha256", "come from different feature files", "sample once and transform every shard with it"),
+         ("input", "come from different inputs", "merge shards of one input"),
+         ("layout", "have different layouts", "transform every shard with the same --layout"),
+         ("columns", "have different column counts", "transform every shard with the same feature file"),
+         ("dtype", "have different dtypes", "transform every shard with the same --dtype"),
+         ("compression", "were written with different --compression", "use one --compression for every shard"),
+         ("rfsgen_version", "were written by different rfsgen versions", "transform every shard with one version"),
+         ("obs_names", "disagree on where row names come from", "merge shards of one input"))
+
+
+def _check_pair(first: "_Shard", s: "_Shard") -> None:
+    """That shard ``s`` belongs with ``first``: the same output definition, feature file,
+    input, layout, columns, dtype, compression, version and obs columns."""
+    a, b = first.attrs["output_definition"], s.attrs["output_definition"]
+    if a != b:
+        raise InputError(f"{first.path} and {s.path} hold values of different output definitions ({a} vs {b}: "
+                         "rfsgen's cos/sin changed between the versions that wrote them); transform every shard "
+                         "with one rfsgen version")
+    for key, what, fix in _SAME:
+        a, b = first.record[key], s.record[key]
+        if a != b:
+            shown = f"{a} vs {b}" if key == "dtype" else f"{key} {a!r} vs {b!r}"
+            raise InputError(f"{first.path} and {s.path} {what} ({shown}); {fix}")
+    if [c.meta() for c in s.obs_columns] != [c.meta() for c in first.obs_columns]:
+        raise InputError(f"{first.path} and {s.path} have different obs columns (names, types or categories); "
+                         "merge shards of one input")
+
+
+@dataclass
+class _Pending:
+    """A shard of a streamed merge (:func:`merge_streamed`) not opened yet: its rows
+    ``start:stop``, the path it is written to and ``arrive()``, which returns once it
+    is complete."""
+    start: int
+    stop: int
+    path: str
+    arrive: Callable[[], None]
 
 
 class _Hasher:
@@ -963,29 +982,59 @@ class _CSRChunks:
 class _ShardRows:
     """The shards' rows in order, numbered as in the input (``rows_start`` onwards),
     verified as they are read (see :class:`_Reader`); each shard's checksums are
-    compared as soon as its last row is read, and all of them before the end."""
+    compared as soon as its last row is read, and all of them before the end.
 
-    def __init__(self, shards: list):
-        self.shards = shards
+    Shards given as :class:`_Pending` (a streamed merge) are waited for, opened and
+    checked against the first (:func:`_check_pair`, their rows, their names) when the
+    rows before theirs have been read; each opened shard is appended to ``opened`` (the
+    caller closes them) and, with ``consume``, gives back its bytes as they are read
+    (:class:`_Spent`)."""
+
+    def __init__(self, shards: list, opened: list | None = None, consume: bool = False):
+        self.shards = list(shards)
+        self.opened = opened if opened is not None else []
+        self.consume = consume
         self.hasher = _Hasher()
         self.readers = []
         try:
-            for s in shards:
-                self.readers.append(_Reader(s, self.hasher))
+            for s in self.shards:
+                self.readers.append(None if isinstance(s, _Pending) else _Reader(s, self.hasher))
+            first = self.shards[0]
+            self.name = first.attrs["input"]
+            self.width = first.columns
+            self.n_rows = self.shards[-1].stop
+            self.numbers = first.record["obs_names"] == "numbers"
+            self.obs_columns = None
+            if first.obs_columns:  # each shard's, verified by _verify_names: every shard is needed now
+                from .obs import concatenated
+
+                self._open_before(self.n_rows + 1)
+                self.obs_columns = concatenated([(s.start, s.stop - s.start, s.obs) for s in self.shards])
         except BaseException:
             self.close()
             raise
-        self.name = shards[0].attrs["input"]
-        self.width = shards[0].columns
-        self.n_rows = shards[-1].stop
-        self.numbers = shards[0].record["obs_names"] == "numbers"
-        self.obs_columns = None
-        if shards[0].obs_columns:  # each shard's, verified by _verify_names
-            from .obs import concatenated
 
-            self.obs_columns = concatenated([(s.start, s.stop - s.start, s.obs) for s in shards])
+    def _open_before(self, b: int) -> None:
+        """Wait for, open and check the pending shards that start before row ``b``, in order."""
+        for i, p in enumerate(self.shards):
+            if p.start >= b:
+                break
+            if not isinstance(p, _Pending):
+                continue
+            p.arrive()
+            s = _open_shard(p.path)
+            self.opened.append(s)
+            _check_pair(self.shards[0], s)
+            if (s.start, s.stop) != (p.start, p.stop):
+                raise InputError(f"{s.label}: written for rows {p.start}:{p.stop}, it holds others; run again")
+            _verify_names(s)
+            if self.consume:
+                s.spent = _Spent(s)
+            self.shards[i] = s
+            self.readers[i] = _Reader(s, self.hasher)
 
     def _pieces(self, a, b):
+        self._open_before(b)
         for s, r in zip(self.shards, self.readers):
             lo, hi = max(a, s.start), min(b, s.stop)
             if lo < hi:
@@ -1000,10 +1049,11 @@ class _ShardRows:
             # Read whole: compare its checksums now, before anything more is read (after
             # the block was handed on, so that its hashing overlapped the writing).
             for s, r in zip(self.shards, self.readers):
-                if s.stop <= b:
+                if s.stop <= b and r is not None:  # (None: an empty shard still pending)
                     r.finish()
         # The writer asks for a next chunk after the last one (a for loop does), so a
         # mismatch found here still ends the write before the output is in place.
+        self._open_before(self.n_rows + 1)
         for r in self.readers:
             r.finish()
 
@@ -1021,13 +1071,14 @@ class _ShardRows:
                 pieces += p
                 counts.append(c)
             for s, r in zip(self.shards, self.readers):
-                if s.stop <= b:
+                if s.stop <= b and r is not None:  # (None: an empty shard still pending)
                     r.finish()
             yield a, (pieces, counts[0] if len(counts) == 1 else np.concatenate(counts))
             pieces = None
             for s, r in zip(self.shards, self.readers):  # written: their read buffers are no longer needed
-                if s.stop <= b:
+                if s.stop <= b and r is not None:
                     r.unmap()
+        self._open_before(self.n_rows + 1)
         for r in self.readers:
             r.finish()
 
@@ -1035,13 +1086,15 @@ class _ShardRows:
         """Stop the hashing thread (see :class:`_Hasher`), then let go of the shards' read buffers."""
         self.hasher.close()
         for r in self.readers:
-            r.unmap()
+            if r is not None:
+                r.unmap()
 
     def digests(self) -> dict:
         """The merged rows' :data:`rfsgen.output.CHECKSUM` digests: the sums of the
         shards' (each verified: call once every row was read)."""
         from .output import add_digests
 
+        self._open_before(self.n_rows + 1)  # (a streamed merge: every shard was read by now)
         for r in self.readers:
             r.finish()
         return add_digests(*[r.digests() for r in self.readers])
@@ -1061,9 +1114,16 @@ class _Copy:
     """What :func:`rfsgen.output.write_output` needs of a transformer, for rows
     that are already features: they are copied as they are."""
 
-    def __init__(self, columns: int, dtype):
+    def __init__(self, columns: int, dtype, src: "_ShardRows | None" = None):
         self.columns = columns
         self.dtype = np.dtype(dtype)
+        self.src = src
+
+    @property
+    def clipped(self) -> int | None:
+        """EOF shards' clipped values added up, read by the writer after the last row (when
+        every shard of a streamed merge is open)."""
+        return None if self.src is None else _clipped(self.src.shards)
 
     def chunk(self, block, row0=0, source="", out=None):
         if out is None:
@@ -1095,8 +1155,7 @@ class _RawDense(_Copy):
     would fault: SIGBUS, or EFAULT blamed on the output)."""
 
     def __init__(self, columns: int, dtype, src: "_ShardRows"):
-        super().__init__(columns, dtype)
-        self.src = src
+        super().__init__(columns, dtype, src)
 
     @staticmethod
     def applies(order) -> bool:
@@ -1176,7 +1235,7 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
     merge, whatever its outcome: the Dask engine's) frees the storage of the shards'
     data as it is copied (:class:`_Spent`), so the shards are no longer usable; the
     shards read by position (dense and CSR, uncompressed) are freed so."""
-    from .output import default_chunk_rows, write_output
+    from .output import default_chunk_rows
 
     if not shards:
         raise UsageError("give the shards to merge")
@@ -1199,30 +1258,88 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
         if consume:  # every shard checked: only bytes that are about to be copied are freed
             for s in order:
                 s.spent = _Spent(s)
-        start, stop = first.start, order[-1].stop
         src = _ShardRows(order)
-        provenance = {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input",
-                                                  "output_definition")}
         if virtual:
-            info = _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress)
+            info = _write_virtual(order, src, output, overwrite, chunk_rows, _provenance(first), progress)
         else:
-            copy = _RawDense(src.width, first.dtype, src) if _RawDense.applies(order) else _Copy(src.width,
-                                                                                                 first.dtype)
-            copy.clipped = _clipped(order)
-            copy.known_digests = src.digests  # the shards' verified sums: the output is not hashed again
-            info = write_output(output, copy, src, start, stop, layout=first.layout,
-                                dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
-                                overwrite=overwrite, inputs=list(shards), progress=progress, provenance=provenance,
-                                phase="merge")
+            info = _write_merged(order, src, output, overwrite, chunk_rows, progress, list(shards), "merge",
+                                 _RawDense.applies(order))
         info.update(shards=len(order), virtual=virtual)
         return info
     finally:
-        if src is not None:
-            src.close()
-        for s in opened:
-            if s.spent is not None:
-                s.spent.close()
-            s.file.close()
+        _close(src, opened)
+
+
+def merge_streamed(ranges, paths, arrive, output, *, overwrite: bool = False,
+                   progress: Callable[[int], None] | None = None, chunk_rows: int | None = None,
+                   consume: bool = False) -> dict:
+    """:func:`merge_files` of shards still being written (the Dask engine's): shard ``i``
+    is ``paths[i]``, written for rows ``ranges[i]`` (``(start, stop)``, in order, tiling
+    the output's rows), and ``arrive(i)`` returns once it is complete.  Each shard is
+    waited for, opened and checked when the rows before it are written, so the merge of
+    the first shards overlaps the writing of the later ones.  The same checks, bytes and
+    errors as :func:`merge_files` (a shard that fails one raises, and no output is left
+    behind); dense uncompressed shards (copied raw) and shards with obs columns are
+    merged once every shard is there."""
+    from .output import default_chunk_rows
+
+    if not paths or len(paths) != len(ranges):
+        raise UsageError("give one row range for each shard to merge")
+    opened = []
+    src = None
+    try:
+        arrive(0)
+        first = _open_shard(paths[0])
+        opened.append(first)
+        rest = [_Pending(a, b, p, (lambda i=i: arrive(i))) for i, ((a, b), p) in enumerate(zip(ranges, paths)) if i]
+        if (first.start, first.stop) != tuple(ranges[0]) or _RawDense.applies([first]) or first.obs_columns:
+            # (rows other than asked for: merge_files names the fault)
+            for p in rest:
+                p.arrive()
+            _close(None, opened)
+            opened = []
+            return merge_files(paths, output, overwrite=overwrite, progress=progress, chunk_rows=chunk_rows,
+                               consume=consume)
+        order = [first] + rest
+        chunk_rows = chunk_rows or default_chunk_rows(first.columns)
+        _check_memory(order, chunk_rows)
+        _verify_names(first)
+        if consume:
+            first.spent = _Spent(first)
+        src = _ShardRows(order, opened, consume)
+        info = _write_merged(order, src, output, overwrite, chunk_rows, progress, list(paths), "transform", False)
+        info.update(shards=len(order), virtual=False)
+        return info
+    finally:
+        _close(src, opened)
+
+
+def _provenance(first: _Shard) -> dict:
+    return {k: first.attrs[k] for k in ("rfsgen_version", "features_file", "features_sha256", "input",
+                                        "output_definition")}
+
+
+def _write_merged(order, src, output, overwrite, chunk_rows, progress, inputs, phase, raw) -> dict:
+    """The merged rows of ``src`` written to ``output`` (``raw``: dense uncompressed shards,
+    copied as bytes by :class:`_RawDense`)."""
+    from .output import write_output
+
+    first = order[0]
+    copy = _RawDense(src.width, first.dtype, src) if raw else _Copy(src.width, first.dtype, src)
+    copy.known_digests = src.digests  # the shards' verified sums: the output is not hashed again
+    return write_output(output, copy, src, first.start, order[-1].stop, layout=first.layout,
+                        dtype=first.dtype.name, compression=first.compression, chunk_rows=chunk_rows,
+                        overwrite=overwrite, inputs=inputs, progress=progress, provenance=_provenance(first),
+                        phase=phase)
+
+
+def _close(src, opened) -> None:
+    if src is not None:
+        src.close()
+    for s in opened:
+        if s.spent is not None:
+            s.spent.close()
+        s.file.close()
 
 
 def _write_virtual(order, src, output, overwrite, chunk_rows, provenance, progress) -> dict:

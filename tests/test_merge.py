@@ -53,6 +53,68 @@ def test_merged_file_is_the_unsharded_file_byte_for_byte(setup, extra):
     assert open("m7.h5", "rb").read() == open("all.h5", "rb").read()
 
 
+def _rows_of(paths):
+    out = []
+    for p in paths:
+        with h5py.File(p, "r") as f:
+            out.append((int(f.attrs["rows_start"]), int(f.attrs["rows_stop"])))
+    return out
+
+
+@pytest.mark.parametrize("extra, streamed", [(["--layout", "csr"], True),
+                                             (["--layout", "csr", "--dtype", "float64", "--compression", "gzip"], True),
+                                             (["--layout", "dense", "--compression", "lzf"], True),
+                                             (["--layout", "dense"], False)],
+                         ids=["csr", "csr-gzip", "dense-lzf", "dense-raw"])
+def test_a_streamed_merge_writes_the_first_shards_before_the_last_arrive(setup, extra, streamed):
+    """The Dask engine's merge (rfsgen.merge.merge_streamed): each shard is waited for
+    when the rows before it are written, so rows go out before the last shard is there;
+    dense uncompressed shards (copied raw) wait for all.  The bytes are the unsharded
+    run's either way, and every shard is waited for once, in order."""
+    from rfsgen.merge import merge_streamed
+
+    assert run(["transform", "f.h5", "x.npy", "-o", "all.h5", "-q", *extra]).exit_code == 0
+    parts = shards(4, *extra)
+    events = []
+    info = merge_streamed(_rows_of(parts), parts, lambda i: events.append(("arrive", i)), "m.h5",
+                          progress=lambda n: events.append(("rows", n)), chunk_rows=10)
+    assert open("m.h5", "rb").read() == open("all.h5", "rb").read()
+    assert info["rows"] == 103 and info["shards"] == 4
+    assert [i for what, i in events if what == "arrive"] == [0, 1, 2, 3]
+    written_before_last = sum(n for what, n in events[:events.index(("arrive", 3))] if what == "rows")
+    assert written_before_last >= 50 if streamed else written_before_last == 0, events
+
+
+@pytest.mark.parametrize("fault", ["other features", "other rows", "worker lost"])
+def test_a_streamed_merge_that_fails_late_leaves_nothing(setup, fault):
+    """A shard that fails its checks, or one that never comes, after earlier shards were
+    written: the one-line error of merge_files (or the waiter's), and no output or
+    temporary file."""
+    from rfsgen.errors import InputError, RfsgenError
+    from rfsgen.merge import merge_streamed
+
+    parts = shards(4, "--layout", "csr")
+    ranges = _rows_of(parts)
+    if fault == "other features":
+        parts[2] = shards(4, "--layout", "csr", features="g.h5", prefix="g")[2]
+        want, match = InputError, "p0.h5 and g2.h5 come from different feature files"
+    elif fault == "other rows":
+        parts[2] = parts[1]
+        want, match = InputError, rf"p1.h5 \(rows {ranges[1][0]}:{ranges[1][1]}\): written for rows " \
+                                  rf"{ranges[2][0]}:{ranges[2][1]}, it holds others"
+    else:
+        want, match = RfsgenError, "a Dask worker died"
+
+    def arrive(i):
+        if fault == "worker lost" and i == 3:
+            raise RfsgenError("a Dask worker died while transforming rows 78:103")
+
+    before = set(p.name for p in setup.iterdir())
+    with pytest.raises(want, match=match):
+        merge_streamed(ranges, parts, arrive, "m.h5", chunk_rows=10)
+    assert set(p.name for p in setup.iterdir()) == before
+
+
 def test_dense_uncompressed_shards_are_copied_as_bytes(setup, monkeypatch):
     """Issue 26 item 5: dense uncompressed shards are copied byte for byte at their
     offsets (rfsgen.merge._RawDense), not read through h5py, and still verified; the
