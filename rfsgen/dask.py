@@ -824,7 +824,8 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
             _shard_result(address, futures, i, lambda: submit(a, b, paths[i]), f"transforming rows {a}:{b}")
 
         try:
-            info = merge_streamed(ranges, paths, arrive, final, overwrite=True, progress=progress, consume=True)
+            info = merge_streamed(ranges, paths, arrive, final, overwrite=True, progress=progress, chunk_rows=chunk,
+                                  consume=True)
         finally:
             for f in futures:  # (a failed run: the tasks still running)
                 f.cancel()

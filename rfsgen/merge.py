@@ -1025,8 +1025,7 @@ class _ShardRows:
             s = _open_shard(p.path)
             self.opened.append(s)
             _check_pair(self.shards[0], s)
-            if (s.start, s.stop) != (p.start, p.stop):
-                raise InputError(f"{s.label}: written for rows {p.start}:{p.stop}, it holds others; run again")
+            _check_range(s, p.start, p.stop)
             _verify_names(s)
             if self.consume:
                 s.spent = _Spent(s)
@@ -1235,73 +1234,91 @@ def merge_files(shards, output, *, virtual: bool = False, overwrite: bool = Fals
     merge, whatever its outcome: the Dask engine's) frees the storage of the shards'
     data as it is copied (:class:`_Spent`), so the shards are no longer usable; the
     shards read by position (dense and CSR, uncompressed) are freed so."""
-    from .output import default_chunk_rows
-
     if not shards:
         raise UsageError("give the shards to merge")
     if consume and virtual:
         raise UsageError("a virtual merge reads its shards whenever it is read: they cannot be consumed")
     opened = []
-    src = None
     try:
         for p in shards:
             opened.append(_open_shard(p))
-        order = check_shards(opened)
-        first = order[0]
-        if virtual and first.layout != "dense":
-            raise UsageError("--virtual needs dense shards (--layout dense): a CSR matrix cannot be a virtual "
-                             "dataset, since each shard's indptr must be shifted; merge without --virtual")
-        chunk_rows = chunk_rows or default_chunk_rows(first.columns)
-        _check_memory(order, chunk_rows)
+        return _merge_opened(opened, list(shards), output, virtual, overwrite, progress, chunk_rows, consume)
+    finally:
+        _close(None, opened)
+
+
+def _merge_opened(opened, inputs, output, virtual, overwrite, progress, chunk_rows, consume) -> dict:
+    """:func:`merge_files` of the shards ``opened`` (closed by the caller)."""
+    from .output import default_chunk_rows
+
+    order = check_shards(opened)
+    first = order[0]
+    if virtual and first.layout != "dense":
+        raise UsageError("--virtual needs dense shards (--layout dense): a CSR matrix cannot be a virtual "
+                         "dataset, since each shard's indptr must be shifted; merge without --virtual")
+    chunk_rows = chunk_rows or default_chunk_rows(first.columns)
+    _check_memory(order, chunk_rows)
+    for s in order:
+        _verify_names(s)
+    if consume:  # every shard checked: only bytes that are about to be copied are freed
         for s in order:
-            _verify_names(s)
-        if consume:  # every shard checked: only bytes that are about to be copied are freed
-            for s in order:
-                s.spent = _Spent(s)
-        src = _ShardRows(order)
+            s.spent = _Spent(s)
+    src = _ShardRows(order)
+    try:
         if virtual:
             info = _write_virtual(order, src, output, overwrite, chunk_rows, _provenance(first), progress)
         else:
-            info = _write_merged(order, src, output, overwrite, chunk_rows, progress, list(shards), "merge",
+            info = _write_merged(order, src, output, overwrite, chunk_rows, progress, inputs, "merge",
                                  _RawDense.applies(order))
-        info.update(shards=len(order), virtual=virtual)
-        return info
     finally:
-        _close(src, opened)
+        src.close()
+    info.update(shards=len(order), virtual=virtual)
+    return info
 
 
 def merge_streamed(ranges, paths, arrive, output, *, overwrite: bool = False,
                    progress: Callable[[int], None] | None = None, chunk_rows: int | None = None,
                    consume: bool = False) -> dict:
     """:func:`merge_files` of shards still being written (the Dask engine's): shard ``i``
-    is ``paths[i]``, written for rows ``ranges[i]`` (``(start, stop)``, in order, tiling
-    the output's rows), and ``arrive(i)`` returns once it is complete.  Each shard is
-    waited for, opened and checked when the rows before it are written, so the merge of
-    the first shards overlaps the writing of the later ones.  The same checks, bytes and
-    errors as :func:`merge_files` (a shard that fails one raises, and no output is left
-    behind); dense uncompressed shards (copied raw) and shards with obs columns are
-    merged once every shard is there."""
+    is ``paths[i]``, written for rows ``ranges[i]`` (``(start, stop)``, in order, each
+    starting where the one before stops), and ``arrive(i)`` returns once it is complete.
+    Each shard is waited for, opened and checked (its rows must be its range's) when the
+    rows before it are written, in chunks of at most ``chunk_rows`` rows and no longer
+    than the shortest range, so the merge of the first shards overlaps the writing of the
+    later ones; ``progress`` counts the rows written.  The same checks, bytes and errors
+    as :func:`merge_files` (a shard that fails one raises, and no output is left behind).
+    Dense uncompressed shards (copied raw) and shards with obs columns are merged once
+    every shard is there; ``progress`` then counts each shard's rows as it arrives, and
+    the merge's rows afterwards (its phase ``merge``)."""
     from .output import default_chunk_rows
 
     if not paths or len(paths) != len(ranges):
         raise UsageError("give one row range for each shard to merge")
+    ranges = [(int(a), int(b)) for a, b in ranges]
+    if any(b < a for a, b in ranges) or any(r[1] != n[0] for r, n in zip(ranges, ranges[1:])):
+        raise UsageError(f"the shards' row ranges must follow each other without a gap or an overlap, got {ranges}")
     opened = []
     src = None
     try:
-        arrive(0)
-        first = _open_shard(paths[0])
-        opened.append(first)
-        rest = [_Pending(a, b, p, (lambda i=i: arrive(i))) for i, ((a, b), p) in enumerate(zip(ranges, paths)) if i]
-        if (first.start, first.stop) != tuple(ranges[0]) or _RawDense.applies([first]) or first.obs_columns:
-            # (rows other than asked for: merge_files names the fault)
-            for p in rest:
-                p.arrive()
-            _close(None, opened)
-            opened = []
-            return merge_files(paths, output, overwrite=overwrite, progress=progress, chunk_rows=chunk_rows,
-                               consume=consume)
-        order = [first] + rest
-        chunk_rows = chunk_rows or default_chunk_rows(first.columns)
+        def take(i):  # shard i, once complete, opened and holding its range's rows
+            arrive(i)
+            s = _open_shard(paths[i])
+            opened.append(s)
+            _check_range(s, *ranges[i])
+            return s
+
+        first = take(0)
+        if _RawDense.applies([first]) or first.obs_columns:  # every shard before the first row is written
+            for i in range(len(ranges)):
+                if i:
+                    take(i)
+                if progress:
+                    progress(ranges[i][1] - ranges[i][0])
+            return _merge_opened(opened, list(paths), output, False, overwrite, progress, chunk_rows, consume)
+        order = [first] + [_Pending(a, b, p, (lambda i=i: arrive(i)))
+                           for i, ((a, b), p) in enumerate(zip(ranges, paths)) if i]
+        shortest = min((b - a for a, b in ranges if b > a), default=1)
+        chunk_rows = max(1, min(chunk_rows or default_chunk_rows(first.columns), shortest))
         _check_memory(order, chunk_rows)
         _verify_names(first)
         if consume:
@@ -1312,6 +1329,12 @@ def merge_streamed(ranges, paths, arrive, output, *, overwrite: bool = False,
         return info
     finally:
         _close(src, opened)
+
+
+def _check_range(s: _Shard, start: int, stop: int) -> None:
+    """That shard ``s``, written for rows ``start:stop``, holds those rows."""
+    if (s.start, s.stop) != (start, stop):
+        raise InputError(f"{s.label}: written for rows {start}:{stop}, it holds others; run again")
 
 
 def _provenance(first: _Shard) -> dict:

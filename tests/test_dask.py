@@ -170,6 +170,35 @@ def test_cli_on_a_cluster_writes_the_local_file(files, shell_cluster, layout, mo
 
 
 @pytest.mark.parametrize("layout", ["csr", "dense"])
+def test_the_progress_of_a_sharded_run_counts_every_row(files, shell_cluster, layout):
+    """Through shards, the bar counts rows as they are merged (CSR: written while the
+    workers write the later ranges), or, for dense shards copied raw, each range as its
+    shard comes, then the merge's rows: every row once a phase, the phases in order."""
+    events = []
+
+    class Bar:
+        def __call__(self, n):
+            events.append(("rows", n))
+
+        def phase(self, name, total):
+            events.append(("phase", name, total))
+
+    (files / "sd").mkdir()
+    rd.transform_file("f.h5", "x.npy", "out.h5", scheduler=shell_cluster, quiet=True, layout=layout, chunk_rows=37,
+                      progress=Bar(), **({"shard_dir": "sd"} if layout == "dense" else {}))
+    phases = [e for e in events if e[0] == "phase"]
+    assert {name for _, name, _ in phases} == ({"transform"} if layout == "csr" else {"transform", "merge"}), events
+    assert all(total == 300 for _, _, total in phases), events
+    last = max(i for i, e in enumerate(events) if e[0] == "phase")
+    assert sum(e[1] for e in events[last:] if e[0] == "rows") == 300, events
+    if layout == "dense":
+        first_merge = events.index(("phase", "merge", 300))
+        assert sum(e[1] for e in events[:first_merge] if e[0] == "rows") == 300, events
+    else:  # chunk by chunk (37 rows), not once at the end
+        assert max(e[1] for e in events if e[0] == "rows") <= 37, events
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
 def test_the_workers_shards_are_consumed_as_they_are_merged(files, shell_cluster, layout, monkeypatch):
     """The merge of the workers' shards frees each shard's data once it is copied
     (rfsgen.merge._Spent, where the file system can), so the run never holds the

@@ -61,28 +61,78 @@ def _rows_of(paths):
     return out
 
 
+class _Progress:
+    """A progress callback with phases, recording what it is told in ``events``."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def __call__(self, n):
+        self.events.append(("rows", n))
+
+    def phase(self, name, total):
+        self.events.append(("phase", name))
+
+
 @pytest.mark.parametrize("extra, streamed", [(["--layout", "csr"], True),
                                              (["--layout", "csr", "--dtype", "float64", "--compression", "gzip"], True),
                                              (["--layout", "dense", "--compression", "lzf"], True),
                                              (["--layout", "dense"], False)],
                          ids=["csr", "csr-gzip", "dense-lzf", "dense-raw"])
-def test_a_streamed_merge_writes_the_first_shards_before_the_last_arrive(setup, extra, streamed):
+@pytest.mark.parametrize("chunk", [10, None])
+def test_a_streamed_merge_writes_the_first_shards_before_the_last_arrive(setup, extra, streamed, chunk):
     """The Dask engine's merge (rfsgen.merge.merge_streamed): each shard is waited for
-    when the rows before it are written, so rows go out before the last shard is there;
-    dense uncompressed shards (copied raw) wait for all.  The bytes are the unsharded
-    run's either way, and every shard is waited for once, in order."""
+    when the rows before it are written, in chunks no longer than the shortest range
+    (the default chunk here is thousands of rows), so rows go out before the last shard
+    is there; dense uncompressed shards (copied raw) wait for all, the bar counting each
+    shard as it comes, then the merge.  The bytes are the unsharded run's either way,
+    and every shard is waited for once, in order."""
     from rfsgen.merge import merge_streamed
 
     assert run(["transform", "f.h5", "x.npy", "-o", "all.h5", "-q", *extra]).exit_code == 0
     parts = shards(4, *extra)
+    ranges = _rows_of(parts)
     events = []
-    info = merge_streamed(_rows_of(parts), parts, lambda i: events.append(("arrive", i)), "m.h5",
-                          progress=lambda n: events.append(("rows", n)), chunk_rows=10)
+    info = merge_streamed(ranges, parts, lambda i: events.append(("arrive", i)), "m.h5",
+                          progress=_Progress(events), chunk_rows=chunk)
     assert open("m.h5", "rb").read() == open("all.h5", "rb").read()
     assert info["rows"] == 103 and info["shards"] == 4
     assert [i for what, i in events if what == "arrive"] == [0, 1, 2, 3]
-    written_before_last = sum(n for what, n in events[:events.index(("arrive", 3))] if what == "rows")
-    assert written_before_last >= 50 if streamed else written_before_last == 0, events
+    last = events.index(("arrive", 3))
+    if streamed:
+        phase = events.index(("phase", "transform"))
+        assert phase < events.index(("arrive", 1)), events
+        assert sum(n for what, n in events[phase:last] if what == "rows") >= 50, events
+        assert sum(n for what, n in events if what == "rows") == 103
+    else:  # each shard counted as it arrives, then the merge's rows
+        merge = events.index(("phase", "merge"))
+        assert last < merge and sum(n for what, n in events[:last] if what == "rows") == ranges[2][1], events
+        assert sum(n for what, n in events[merge:] if what == "rows") == 103
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+@pytest.mark.parametrize("which", [0, 2])
+def test_a_streamed_shard_must_hold_the_rows_it_was_written_for(setup, layout, which):
+    """A shard holding rows other than its range (the first, or a later one; streamed
+    or, dense, merged once all are there) is refused naming it, even where the shards
+    would tile a shorter range; so are ranges that do not follow each other."""
+    from rfsgen.errors import InputError, UsageError
+    from rfsgen.merge import merge_streamed
+
+    parts = shards(4, "--layout", layout)
+    ranges = _rows_of(parts)
+    if which == 0:  # shards 0 and 1 given as one range 0:52
+        paths, asked = parts[:2], [(0, ranges[1][1]), (ranges[1][1], 103)]
+    else:  # the last range asked of the third shard: the merged file would stop at row 78
+        paths, asked = parts[:3], ranges[:2] + [(ranges[2][0], 103)]
+    before = set(p.name for p in setup.iterdir())
+    with pytest.raises(InputError, match=rf"{paths[which]} \(rows {ranges[which][0]}:{ranges[which][1]}\): "
+                                         rf"written for rows {asked[which][0]}:{asked[which][1]}, it holds others"):
+        merge_streamed(asked, paths, lambda i: None, "m.h5", consume=True)
+    assert set(p.name for p in setup.iterdir()) == before
+    for bad in ([(0, 30), (20, 103)], [(0, 26), (60, 103)], [(0, 26), (26, 20)]):
+        with pytest.raises(UsageError, match="row ranges must follow each other without a gap or an overlap"):
+            merge_streamed(bad, parts[:2], lambda i: None, "m.h5")
 
 
 @pytest.mark.parametrize("fault", ["other features", "other rows", "worker lost"])
