@@ -1021,11 +1021,8 @@ class _ShardRows:
                 break
             if not isinstance(p, _Pending):
                 continue
-            p.arrive()
-            s = _open_shard(p.path)
-            self.opened.append(s)
+            s = _open_arrived(p, self.opened)
             _check_pair(self.shards[0], s)
-            _check_range(s, p.start, p.stop)
             _verify_names(s)
             if self.consume:
                 s.spent = _Spent(s)
@@ -1152,9 +1149,6 @@ class _RawDense(_Copy):
     the output, bytes as they are: no HDF5 read.  The verified bytes are the bytes
     written, and a shard that shrinks meanwhile is an error naming it (a map of it
     would fault: SIGBUS, or EFAULT blamed on the output)."""
-
-    def __init__(self, columns: int, dtype, src: "_ShardRows"):
-        super().__init__(columns, dtype, src)
 
     @staticmethod
     def applies(order) -> bool:
@@ -1300,23 +1294,16 @@ def merge_streamed(ranges, paths, arrive, output, *, overwrite: bool = False,
     opened = []
     src = None
     try:
-        def take(i):  # shard i, once complete, opened and holding its range's rows
-            arrive(i)
-            s = _open_shard(paths[i])
-            opened.append(s)
-            _check_range(s, *ranges[i])
-            return s
-
-        first = take(0)
+        pending = [_Pending(a, b, p, (lambda i=i: arrive(i))) for i, ((a, b), p) in enumerate(zip(ranges, paths))]
+        first = _open_arrived(pending[0], opened)
         if _RawDense.applies([first]) or first.obs_columns:  # every shard before the first row is written
-            for i in range(len(ranges)):
+            for i, p in enumerate(pending):
                 if i:
-                    take(i)
+                    _open_arrived(p, opened)
                 if progress:
-                    progress(ranges[i][1] - ranges[i][0])
+                    progress(p.stop - p.start)
             return _merge_opened(opened, list(paths), output, False, overwrite, progress, chunk_rows, consume)
-        order = [first] + [_Pending(a, b, p, (lambda i=i: arrive(i)))
-                           for i, ((a, b), p) in enumerate(zip(ranges, paths)) if i]
+        order = [first] + pending[1:]
         shortest = min((b - a for a, b in ranges if b > a), default=1)
         chunk_rows = max(1, min(chunk_rows or default_chunk_rows(first.columns), shortest))
         _check_memory(order, chunk_rows)
@@ -1331,10 +1318,15 @@ def merge_streamed(ranges, paths, arrive, output, *, overwrite: bool = False,
         _close(src, opened)
 
 
-def _check_range(s: _Shard, start: int, stop: int) -> None:
-    """That shard ``s``, written for rows ``start:stop``, holds those rows."""
-    if (s.start, s.stop) != (start, stop):
-        raise InputError(f"{s.label}: written for rows {start}:{stop}, it holds others; run again")
+def _open_arrived(p: _Pending, opened: list) -> _Shard:
+    """Shard ``p`` once complete (``p.arrive()``), opened (appended to ``opened``, which
+    the caller closes) and holding the rows it was written for."""
+    p.arrive()
+    s = _open_shard(p.path)
+    opened.append(s)
+    if (s.start, s.stop) != (p.start, p.stop):
+        raise InputError(f"{s.label}: written for rows {p.start}:{p.stop}, it holds others; run again")
+    return s
 
 
 def _provenance(first: _Shard) -> dict:
