@@ -619,6 +619,51 @@ def write_rows(fs: FeatureSet, spec: str, path: str, offset: int, row_bytes: int
                           "--shard-dir") from None
 
 
+#: Seconds to wait for a worker to be running again (a nanny restarting the one that died)
+#: before the feature set is sent again.
+WORKER_WAIT = 60.0
+
+
+class _Scattered:
+    """The feature set on the cluster, for the tasks of one run: broadcast to the running
+    workers once, and sent again when a task that used the current copy is submitted
+    again.  A task is submitted again only after the scheduler cancelled it, and a worker
+    killed under load can take the only copies with it (a worker still starting during
+    the broadcast got none); a task submitted on a lost copy is cancelled at once ("lost
+    dependencies"), so a retry on the old copy cannot succeed.
+
+    ``client`` is a connected ``distributed.Client``, ``address`` its scheduler's (for
+    messages), ``fs`` the :class:`~rfsgen.featureset.FeatureSet`."""
+
+    def __init__(self, client, address: str, fs: FeatureSet):
+        self.client, self.address, self.fs = client, address, fs
+        self.future = self._send()
+        self.used = {}  # task index -> the copy its last attempt was given
+
+    def _send(self):
+        return _guarded(self.address, lambda: self.client.scatter(self.fs, broadcast=True, hash=False),
+                        "sending the feature set")
+
+    def copy_for(self, i: int):
+        """The copy (a ``distributed.Future``) for task ``i``'s next attempt: the current one,
+        unless ``i``'s last attempt was given it, in which case a fresh one, sent once
+        whichever cancelled task asks first."""
+        if self.used.get(i) is self.future:
+            _guarded(self.address, self._a_worker, "waiting for a Dask worker")
+            self.future = self._send()
+        self.used[i] = self.future
+        return self.future
+
+    def _a_worker(self):
+        from .errors import RfsgenError
+
+        try:
+            self.client.wait_for_workers(1, timeout=WORKER_WAIT)
+        except TimeoutError:  # (the scheduler answered: not a lost scheduler)
+            raise RfsgenError(f"no Dask worker of the scheduler at {self.address} was running {WORKER_WAIT:g} s "
+                              "after one died; nothing was written; check the workers, then run again") from None
+
+
 class _InPlace:
     """:func:`rfsgen.output.write_output`'s engine for a dense uncompressed output that the
     workers write in place (:func:`write_rows`): the client places ``X`` in the temporary
@@ -628,10 +673,10 @@ class _InPlace:
 
     remote = True
 
-    def __init__(self, client, address, fs, fs_future, spec, ranges, dtype, chunk_rows, layer, device):
+    def __init__(self, client, address, fs, shared, spec, ranges, dtype, chunk_rows, layer, device):
         from .output import DTYPES
 
-        self.client, self.address, self.fs_future, self.spec = client, address, fs_future, spec
+        self.client, self.address, self.shared, self.spec = client, address, shared, spec
         self.ranges, self.dtype_name, self.chunk_rows, self.layer, self.device = ranges, dtype, chunk_rows, layer, device
         self.columns = fs.columns
         self.dtype = np.dtype(DTYPES[dtype])
@@ -644,13 +689,15 @@ class _InPlace:
     def fill_placed(self, path, offset, row_bytes, start, stop, progress) -> int:
         import secrets
 
-        def submit(a, b):
+        def submit(i):
+            a, b = self.ranges[i]
+            fs_future = self.shared.copy_for(i)
             return _guarded(self.address, lambda: self.client.submit(
-                write_rows, self.fs_future, self.spec, path, offset, row_bytes, start, a, b, self.dtype_name,
+                write_rows, fs_future, self.spec, path, offset, row_bytes, start, a, b, self.dtype_name,
                 self.chunk_rows, self.layer, self.device, pure=False,
                 key=f"rfsgen-rows-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
 
-        for digests, clipped in _in_order(self.address, self.ranges, lambda i: submit(*self.ranges[i]), progress):
+        for digests, clipped in _in_order(self.address, self.ranges, submit, progress):
             self.digests.append(digests)
             if clipped is not None:
                 self.clipped = (self.clipped or 0) + int(clipped)
@@ -793,11 +840,13 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
         ranges = row_ranges(start, stop, threads, chunk)
         width = len(str(len(ranges)))
         paths = [os.path.join(run_dir, f"part-{i:0{width}d}.h5") for i in range(len(ranges))]
-        fs_future = _guarded(address, lambda: client.scatter(fs, broadcast=True, hash=False),
-                             "sending the feature set")
+        shared = _Scattered(client, address, fs)
         if progress is not None and hasattr(progress, "phase"):
             progress.phase("transform", stop - start)
-        def submit(a, b, p):
+
+        def submit(i):
+            (a, b), p = ranges[i], paths[i]
+            fs_future = shared.copy_for(i)
             return _guarded(address, lambda: client.submit(
                 write_shard, fs_future, spec, p, a, b, provenance, layout, dtype, compression, chunk_rows, layer,
                 device, pure=False, key=f"rfsgen-shard-{a}-{b}-{secrets.token_hex(4)}"), f"sending rows {a}:{b}")
@@ -808,7 +857,7 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
             from .inputs import open_input
             from .output import write_output
 
-            engine = _InPlace(client, address, fs, fs_future, spec, ranges, dtype, chunk_rows, layer, device)
+            engine = _InPlace(client, address, fs, shared, spec, ranges, dtype, chunk_rows, layer, device)
             with open_input(spec, layer=layer) as src:
                 info = write_output(final, engine, src, start, stop, layout=layout, dtype=dtype,
                                     compression=compression, chunk_rows=chunk_rows, overwrite=True, inputs=[],
@@ -817,11 +866,11 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
         # Each shard is merged as soon as the rows before it are: the merge of the first
         # ranges overlaps the workers' writing of the later ones.  The run directory goes
         # whatever happens: its shards are consumed as they are copied.
-        futures = [submit(a, b, p) for (a, b), p in zip(ranges, paths)]
+        futures = [submit(i) for i in range(len(ranges))]
 
         def arrive(i):
             a, b = ranges[i]
-            _shard_result(address, futures, i, lambda: submit(a, b, paths[i]), f"transforming rows {a}:{b}")
+            _shard_result(address, futures, i, lambda: submit(i), f"transforming rows {a}:{b}")
 
         try:
             info = merge_streamed(ranges, paths, arrive, final, overwrite=True, progress=progress, chunk_rows=chunk,
@@ -840,12 +889,10 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
 
 #: Times a range whose task the scheduler cancelled is submitted again.
 RESUBMITS = 2
-
-
 def _in_order(address, ranges, submit, progress) -> list:
     """Every range's task, ``submit(i)`` for range ``i`` of ``ranges`` (``(a, b)`` rows),
     sent at once, then waited for in order (:func:`_shard_result`: a cancelled task is
-    sent again), each range's rows counted on ``progress`` as it ends (the bar counts
+    sent again by the same ``submit(i)``), each range's rows counted on ``progress`` as it ends (the bar counts
     whole ranges).  The tasks still running are cancelled on the way out, whether the
     run succeeds or fails.  Returns the tasks' results, in range order."""
     futures = [submit(i) for i in range(len(ranges))]

@@ -104,10 +104,10 @@ def files(tmp_path, fs, x, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture(scope="module")
-def shell_cluster(tmp_path_factory):
-    """A `dask scheduler` and two `dask worker` processes on 127.0.0.1, as a user would
-    start them; stopped at the end."""
+def _shell_cluster(d, workers):
+    """A `dask scheduler` and ``workers`` `dask worker` processes (each with its nanny,
+    which restarts a worker that dies) on 127.0.0.1, started in ``d`` as a user would
+    start them; yields the scheduler's address, and stops them at the end."""
     import json
     import signal
     import subprocess
@@ -115,7 +115,6 @@ def shell_cluster(tmp_path_factory):
     import time
     from pathlib import Path
 
-    d = tmp_path_factory.mktemp("cluster")
     dask_cli = str(Path(sys.executable).parent / "dask")
     info = d / "scheduler.json"
     procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
@@ -127,12 +126,12 @@ def shell_cluster(tmp_path_factory):
             assert time.monotonic() < deadline and procs[0].poll() is None, "the dask scheduler did not start"
             time.sleep(0.1)
         address = json.loads(info.read_text())["address"]
-        for k in range(2):
+        for k in range(workers):
             procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
                                            "--no-dashboard", "--name", f"w{k}"], cwd=d, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         with distributed.Client(address, timeout=30) as client:
-            client.wait_for_workers(2, timeout=60)
+            client.wait_for_workers(workers, timeout=60)
         yield address
     finally:
         for p in reversed(procs):
@@ -145,6 +144,19 @@ def shell_cluster(tmp_path_factory):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def shell_cluster(tmp_path_factory):
+    """A scheduler and two workers (:func:`_shell_cluster`)."""
+    yield from _shell_cluster(tmp_path_factory.mktemp("cluster"), 2)
+
+
+@pytest.fixture(scope="module")
+def lone_worker(tmp_path_factory):
+    """A scheduler and one worker (:func:`_shell_cluster`): the feature set sent to it
+    has no other copy."""
+    yield from _shell_cluster(tmp_path_factory.mktemp("lone"), 1)
 
 
 @pytest.mark.parametrize("layout", ["csr", "dense"])
@@ -626,6 +638,49 @@ def test_a_worker_killed_while_writing_in_place_ends_in_the_same_file(files, she
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "killed", "local.h5", "remote.h5", "x.npy"]
     with distributed.Client(shell_cluster, timeout=30) as client:
         client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_a_feature_set_lost_with_its_only_worker_is_sent_again(files, lone_worker, layout):
+    """The lone worker, holding the only copy of the feature set, SIGKILLs itself as its
+    first range opens the input; its nanny restarts it with nothing.  The scheduler
+    cancels every range (their dependency is gone), and each range submitted again on
+    the lost copy would be cancelled at once: the feature set is sent again, once, and
+    the file, in place (dense) or merged from shards (CSR), is the local run's."""
+    def arm(flag):
+        import os
+        import signal
+
+        import rfsgen.inputs as inputs
+
+        real = inputs.open_input
+
+        def dying(*a, **k):
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # only the first range
+            except FileExistsError:
+                return real(*a, **k)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        inputs.open_input = dying  # the restarted worker imports the real one again
+
+    base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 10, "-q"]
+    assert run(base + ["-o", "local.h5"]).exit_code == 0
+    _on_workers(lone_worker, arm, str(files / "killed"))
+    sent = []
+    real_send = rd._Scattered._send
+
+    def counted(self):
+        sent.append(1)
+        return real_send(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rd._Scattered, "_send", counted)
+        res = run(base + ["-o", "remote.h5", "--dask-scheduler", lone_worker])
+    assert res.exit_code == 0, res.output
+    assert (files / "killed").exists() and len(sent) == 2
+    assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "killed", "local.h5", "remote.h5", "x.npy"]
 
 
 def test_a_worker_failing_to_write_in_place_is_one_line_and_leaves_nothing(files, shell_cluster):
