@@ -47,6 +47,7 @@ def _rows(d, m, seed):
     tiny = np.arange(5, m, 11)
     x[tiny] *= 1e-150
     x[tiny, 0] = rng.choice([-1.0, 1.0], tiny.size)
+    x[6::13, d - 1] = rng.choice([-3e-310, 3e-310])  # subnormal factors
     return x
 
 
@@ -130,18 +131,20 @@ def test_log_domain_shortcuts_have_the_bits_of_the_definition(act, scheme, dtype
     tr.log_domain(fs, np.arange(fs.columns), tr.term_atom, fs.power.astype(np.int64), fs.kind == 2)
     src = tr.source(x)
     assert (tr.huge_easy & (np.diff(tr.huge_ptr) > 0)).any() == (scheme == "coordinate")
+    # the bounds first where every column is easy (coordinate), then without them
+    assert (tr.huge_easy.all() and (tr.huge_power >= 0).all()) == (scheme == "coordinate")
     got = {}
-    for easy in (True, False):
+    for easy, bound in ((True, True), (True, False), (False, True)):
         o = np.full((x.shape[0], fs.columns), np.nan, dtype)
         extra = (tr.huge_odd, tr.huge_easy) if easy else ()
         log_domain_columns(src, tr.ir, tr.cr, tr.ii, tr.ci, tr.huge_uatom, tr.huge, tr.huge_ptr, tr.huge_local,
-                           tr.huge_power, tr.huge_log_sc, tr.huge_sign, tr.huge_imag, o, *extra)
-        got[easy] = o
+                           tr.huge_power, tr.huge_log_sc, tr.huge_sign, tr.huge_imag, o, *extra, bound=bound)
+        got[easy, bound] = o
     ref = np.stack([_log_reference(tr, fs, src, j) for j in range(fs.columns)], axis=1)
     with np.errstate(over="ignore"):
         ref = ref.astype(dtype)
-    assert got[True].tobytes() == ref.tobytes()
-    assert got[False].tobytes() == ref.tobytes()
+    for key, o in got.items():
+        assert o.tobytes() == ref.tobytes(), key
     assert (ref != 0).any() and ((ref == 0) & np.signbit(ref)).any()
 
 
@@ -164,6 +167,76 @@ def test_heavy_columns_of_a_wide_sphere_have_the_bits_of_the_definition(act, dty
         assert z[:, j].tobytes() == _log_reference(tr, fs, src, j).astype(dtype).tobytes(), j
     h = z[:, tr.huge]
     assert ((h == 0) & np.signbit(h)).any() and ((h == 0) & ~np.signbit(h)).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shift", [0.0, -300.0])
+def test_the_bounds_settle_only_values_that_round_to_zeros(dtype, shift):
+    """Easy columns whose log-moduli straddle the dtype's zero threshold (each column's
+    scale puts its median row on it), or lie far below it (``shift``: every row but those
+    with a zero or subnormal factor settled by the bounds, whole blocks of rows without
+    the exact pass): every value, a zero the bounds settled or not, has the bits of the
+    loop without the bounds (a zero factor's +0.0 among them)."""
+    from rfsgen._compiled import log_domain_columns, zero_below
+    from rfsgen.paths import easy_columns
+
+    rng = np.random.default_rng(7)
+    m, na, nc = 203, 90, 40
+    src = rng.standard_normal((m, na))
+    ir, ii = np.arange(na), np.full(na, -1)
+    cr, ci = rng.uniform(0.5, 2.0, na), np.zeros(na)
+    ptr = np.concatenate([[0], np.cumsum(rng.integers(1, 9, nc))])
+    local = rng.integers(0, na, ptr[-1])
+    power = rng.integers(1, 6, ptr[-1]).astype(np.float64)
+    busy = np.argsort(np.bincount(local, minlength=na))[::-1]  # the atoms most terms use
+    src[3, busy[0]] = 0.0
+    src[10, busy[1]] = -0.0
+    src[40, busy[2]] = -3e-310
+    with np.errstate(divide="ignore"):
+        logs = np.log(np.abs(cr * src))
+    sums = np.stack([logs[:, local[ptr[c]:ptr[c + 1]]] @ power[ptr[c]:ptr[c + 1]] for c in range(nc)], axis=1)
+    below = zero_below(dtype)
+    log_sc = below - np.median(sums, axis=0) + shift
+    imag, sign = np.zeros(nc, np.bool_), np.ones(nc)
+    odd, easy = easy_columns(ii, np.arange(na), ptr, local, power, imag)
+    assert easy.all()
+    got = {}
+    for bound in (True, False):
+        o = np.full((m, nc), np.nan, dtype)
+        log_domain_columns(src, ir, cr, ii, ci, np.arange(na), np.arange(nc), ptr, local, power, log_sc, sign, imag,
+                           o, odd, easy, bound=bound)
+        got[bound] = o
+    assert got[True].tobytes() == got[False].tobytes()
+    z = got[False]
+    if shift == 0.0:
+        near = np.abs(log_sc + sums - below) < 10
+        assert near.mean() > 0.2 and (z[near] != 0).any() and (z[near] == 0).any()
+    else:
+        assert (z == 0).all() and np.signbit(z).mean() > 0.2
+        with_zero = [c for c in range(nc) if busy[0] in local[ptr[c]:ptr[c + 1]]]
+        assert with_zero and not np.signbit(z[3, with_zero]).any()
+
+
+def test_the_log_bound_is_above_the_c_librarys_log():
+    """_log_upper(bits, m) is at least math.log(|z|) as the compiled loops compute it (the
+    C library's), and at most 1.6e-4 above it, for normal z of every exponent, of either
+    sign, with significands at and next to 0.5 and 1 and random in between."""
+    import numba
+
+    from rfsgen._compiled import _log_upper
+
+    log = numba.njit(lambda z: math.log(abs(z)))
+    rng = np.random.default_rng(0)
+    m = np.concatenate([[0.5, np.nextafter(0.5, 1), np.nextafter(1.0, 0), 0.75, 2 ** -0.5],
+                        rng.uniform(0.5, 1.0, 400), np.nextafter(1.0, 0) - rng.uniform(0, 1e-9, 40)])
+    e = np.concatenate([np.arange(-1021, 1025), rng.integers(-1021, 1025, m.size - 2046 % m.size)])
+    z = np.ldexp(np.resize(m, e.size) * rng.choice([-1.0, 1.0], e.size), e)
+    assert np.isfinite(z).all() and (np.abs(z) >= np.finfo(np.float64).tiny).all()
+    for v in z:
+        bits = int(np.float64(v).view(np.int64))
+        mant = np.frexp(abs(v))[0]
+        up, exact = _log_upper(bits, mant), log(v)
+        assert exact <= up <= exact + 1.6e-4 + 1e-11, (v, exact, up)
 
 
 def test_certain_signs_are_the_sign_of_rfsgen_cos_and_sin():
