@@ -215,8 +215,10 @@ IN_FLIGHT = 4
 class ClusterTransformer:
     """Computes chunks on a ``distributed`` cluster for
     :func:`rfsgen.transform.transform_file` (``engine=``), which writes them locally in
-    row order.  The feature set is scattered to every worker once; at most
-    :data:`IN_FLIGHT` chunks are on the cluster at a time."""
+    row order.  The feature set is scattered to every worker once (again where a killed
+    worker took the only copies: :class:`_Scattered`); at most :data:`IN_FLIGHT` chunks
+    are on the cluster at a time, and a chunk whose task the scheduler cancelled is sent
+    again (:func:`_shard_result`)."""
 
     remote = True  # chunks arrive as arrays: the writer must not ask for them in memory maps of the output
 
@@ -229,7 +231,7 @@ class ClusterTransformer:
         self.columns = fs.columns
         self.dtype = np.dtype(dtype)
         self.dtype_name = next(k for k, v in DTYPES.items() if np.dtype(v) == self.dtype)
-        self.fs_future = self._guard(lambda: client.scatter(fs, broadcast=True, hash=False), "sending the feature set")
+        self.shared = _Scattered(client, address, fs)
         # EOF: the values clipped to the box, summed over the chunks as they arrive (the
         # writer records them as the output's clipped_values)
         self.clipped = 0 if kind_of(fs).counts_clipped else None
@@ -261,27 +263,30 @@ class ClusterTransformer:
         pending = deque()
         try:
             for row0, block in src.chunks(chunk_rows, start, stop):
-                if self.clipped is None:
-                    fut = self._guard(lambda: self.client.submit(transform_block, block, self.fs_future, "dense",
-                                                                 self.dtype_name, row0, src.name, self.device,
-                                                                 pure=False),
-                                      f"sending rows {row0}:{row0 + block.shape[0]}")
-                else:
-                    fut = self._guard(lambda: self.client.submit(transform_block_counted, block, self.fs_future,
-                                                                 self.dtype_name, row0, src.name, self.device,
-                                                                 pure=False),
-                                      f"sending rows {row0}:{row0 + block.shape[0]}")
-                pending.append((row0, block.shape[0], fut))
+                pending.append([row0, block, src.name, self._submit(row0, block, src.name)])
                 if len(pending) >= IN_FLIGHT:
                     yield self._collect(*pending.popleft())
             while pending:
                 yield self._collect(*pending.popleft())
         finally:
-            for _, _, fut in pending:
+            for *_, fut in pending:
                 fut.cancel()
 
-    def _collect(self, row0, m, fut):
-        vals = self._guard(fut.result, f"transforming rows {row0}:{row0 + m}")
+    def _submit(self, row0, block, name):
+        """The task of the chunk ``block`` (rows from ``row0`` of the input ``name``)."""
+        fs_future = self.shared.copy_for(row0)
+        if self.clipped is None:
+            return self._guard(lambda: self.client.submit(transform_block, block, fs_future, "dense", self.dtype_name,
+                                                          row0, name, self.device, pure=False),
+                               f"sending rows {row0}:{row0 + block.shape[0]}")
+        return self._guard(lambda: self.client.submit(transform_block_counted, block, fs_future, self.dtype_name, row0,
+                                                      name, self.device, pure=False),
+                           f"sending rows {row0}:{row0 + block.shape[0]}")
+
+    def _collect(self, row0, block, name, fut):
+        what = f"transforming rows {row0}:{row0 + block.shape[0]}"
+        vals = self._guard(lambda: _shard_result(self.address, [fut], 0, lambda: self._submit(row0, block, name), what),
+                           what)
         if self.clipped is not None:
             vals, clipped = vals
             self.clipped += int(clipped)

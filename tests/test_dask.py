@@ -251,8 +251,8 @@ def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_c
     collect = rd.ClusterTransformer._collect
     state = {"done": 0, "killed": None}
 
-    def collect_and_kill(self, row0, m, fut):
-        out = collect(self, row0, m, fut)
+    def collect_and_kill(self, *chunk):
+        out = collect(self, *chunk)
         state["done"] += 1
         if state["done"] == 5:
             pids = self.client.run(os.getpid)  # {worker address: pid}
@@ -640,29 +640,33 @@ def test_a_worker_killed_while_writing_in_place_ends_in_the_same_file(files, she
         client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
 
 
-@pytest.mark.parametrize("layout", ["dense", "csr"])
-def test_a_feature_set_lost_with_its_only_worker_is_sent_again(files, lone_worker, layout):
+@pytest.mark.parametrize("layout, extra", [("dense", []), ("csr", []), ("dense", ["--dask-gather"])])
+def test_a_feature_set_lost_with_its_only_worker_is_sent_again(files, lone_worker, layout, extra):
     """The lone worker, holding the only copy of the feature set, SIGKILLs itself as its
-    first range opens the input; its nanny restarts it with nothing.  The scheduler
-    cancels every range (their dependency is gone), and each range submitted again on
-    the lost copy would be cancelled at once: the feature set is sent again, once, and
-    the file, in place (dense) or merged from shards (CSR), is the local run's."""
+    first task starts; its nanny restarts it with nothing.  The scheduler cancels every
+    task (their dependency is gone), and each task submitted again on the lost copy would
+    be cancelled at once: the feature set is sent again, once, and the file, written in
+    place (dense), merged from shards (CSR) or gathered here, is the local run's."""
     def arm(flag):
         import os
         import signal
 
-        import rfsgen.inputs as inputs
+        import rfsgen.dask
+        import rfsgen.inputs
 
-        real = inputs.open_input
+        def dying(real):
+            def first_dies(*a, **k):
+                try:
+                    os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # only the first task
+                except FileExistsError:
+                    return real(*a, **k)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return first_dies
 
-        def dying(*a, **k):
-            try:
-                os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # only the first range
-            except FileExistsError:
-                return real(*a, **k)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        inputs.open_input = dying  # the restarted worker imports the real one again
+        # (the ranges open the input, the gathered chunks ask for a transformer; the
+        # restarted worker imports the real ones again)
+        rfsgen.inputs.open_input = dying(rfsgen.inputs.open_input)
+        rfsgen.dask._transformer = dying(rfsgen.dask._transformer)
 
     base = ["transform", "f.h5", "x.npy", "--layout", layout, "--chunk-rows", 10, "-q"]
     assert run(base + ["-o", "local.h5"]).exit_code == 0
@@ -676,7 +680,7 @@ def test_a_feature_set_lost_with_its_only_worker_is_sent_again(files, lone_worke
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rd._Scattered, "_send", counted)
-        res = run(base + ["-o", "remote.h5", "--dask-scheduler", lone_worker])
+        res = run(base + ["-o", "remote.h5", "--dask-scheduler", lone_worker] + extra)
     assert res.exit_code == 0, res.output
     assert (files / "killed").exists() and len(sent) == 2
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
