@@ -1465,8 +1465,11 @@ def log_domain_columns(src, ir, cr, ii, ci, uatom, cols, ptr, local, power, log_
     """Columns whose factors could overflow (high powers of sphere factors > 1), in the
     log domain: ``out[r, cols[c]] = sign * exp(log_sc + sum p log|z|) * cos/sin(sum p arg z)``.
 
-    Column ``c`` has terms ``ptr[c]:ptr[c + 1]``: term ``q`` is atom ``uatom[local[q]]``
-    raised to ``power[q]`` (float64); atom k is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]``
+    ``cols`` (int64) lists the columns of ``out`` to write, each once (the bounded pass
+    below writes a column's settled rows before the exact pass, so a repeated column
+    would not end with its last entry's values).  Column ``c`` has terms
+    ``ptr[c]:ptr[c + 1]``: term ``q`` is atom ``uatom[local[q]]`` raised to ``power[q]``
+    (float64); atom k is ``cr[k] src[r, ir[k]] + 1j ci[k] src[r, ii[k]]``
     (real when ``ii[k] < 0``).  ``uatom`` (int64) lists each atom the columns use once:
     its ``log|z|`` (``math.log(math.hypot(zr, zi))``) and ``arg z`` (``math.atan2(zi, zr)``)
     are computed once per row and shared by every term that uses it, and the terms' sums
