@@ -287,6 +287,7 @@ class ClusterTransformer:
         what = f"transforming rows {row0}:{row0 + block.shape[0]}"
         vals = self._guard(lambda: _shard_result(self.address, [fut], 0, lambda: self._submit(row0, block, name), what),
                            what)
+        self.shared.done(row0)
         if self.clipped is not None:
             vals, clipped = vals
             self.clipped += int(clipped)
@@ -658,6 +659,11 @@ class _Scattered:
             self.future = self._send()
         self.used[i] = self.future
         return self.future
+
+    def done(self, i: int) -> None:
+        """Task ``i`` has its result: forget which copy it used (a long gathered run sends
+        one task a chunk)."""
+        self.used.pop(i, None)
 
     def _a_worker(self):
         from .errors import RfsgenError

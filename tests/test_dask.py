@@ -254,6 +254,7 @@ def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_c
     def collect_and_kill(self, *chunk):
         out = collect(self, *chunk)
         state["done"] += 1
+        state["transformer"] = self
         if state["done"] == 5:
             pids = self.client.run(os.getpid)  # {worker address: pid}
             victim = sorted(pids)[0]
@@ -266,6 +267,7 @@ def test_a_worker_killed_mid_run_is_retried_with_identical_output(files, shell_c
                "--dask-scheduler", shell_cluster, "--dask-gather"])
     assert res.exit_code == 0, res.output
     assert state["killed"] is not None and state["done"] == 30
+    assert state["transformer"].shared.used == {}  # (no record a chunk kept after its result)
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
     with distributed.Client(shell_cluster, timeout=30) as client:
         client.wait_for_workers(2, timeout=60)  # the nanny has restarted it, for the tests after this one
