@@ -104,10 +104,11 @@ def files(tmp_path, fs, x, monkeypatch):
     return tmp_path
 
 
-def _shell_cluster(d, workers):
+def _shell_cluster(d, workers, nanny=True):
     """A `dask scheduler` and ``workers`` `dask worker` processes (each with its nanny,
-    which restarts a worker that dies) on 127.0.0.1, started in ``d`` as a user would
-    start them; yields the scheduler's address, and stops them at the end."""
+    which restarts a worker that dies, unless not ``nanny``) on 127.0.0.1, started in
+    ``d`` as a user would start them; yields the scheduler's address, and stops them at
+    the end."""
     import json
     import signal
     import subprocess
@@ -128,7 +129,8 @@ def _shell_cluster(d, workers):
         address = json.loads(info.read_text())["address"]
         for k in range(workers):
             procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                                           "--no-dashboard", "--name", f"w{k}"], cwd=d, stdout=subprocess.DEVNULL,
+                                           "--no-dashboard", "--name", f"w{k}"] + ([] if nanny else ["--no-nanny"]),
+                                          cwd=d, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         with distributed.Client(address, timeout=30) as client:
             client.wait_for_workers(workers, timeout=60)
@@ -150,6 +152,13 @@ def _shell_cluster(d, workers):
 def shell_cluster(tmp_path_factory):
     """A scheduler and two workers (:func:`_shell_cluster`)."""
     yield from _shell_cluster(tmp_path_factory.mktemp("cluster"), 2)
+
+
+@pytest.fixture
+def mortal_worker(tmp_path_factory):
+    """A scheduler and one worker without a nanny (:func:`_shell_cluster`): a worker
+    that dies stays dead."""
+    yield from _shell_cluster(tmp_path_factory.mktemp("mortal"), 1, nanny=False)
 
 
 @pytest.fixture(scope="module")
@@ -687,6 +696,32 @@ def test_a_feature_set_lost_with_its_only_worker_is_sent_again(files, lone_worke
     assert (files / "killed").exists() and len(sent) == 2
     assert open("remote.h5", "rb").read() == open("local.h5", "rb").read()
     assert sorted(p.name for p in files.iterdir()) == ["f.h5", "killed", "local.h5", "remote.h5", "x.npy"]
+
+
+def test_no_worker_to_send_the_feature_set_to_again_is_one_line_and_leaves_nothing(files, mortal_worker,
+                                                                                   monkeypatch):
+    """The only worker, without a nanny, SIGKILLs itself as its first range opens the
+    input and does not come back: waiting for a worker to send the feature set to again
+    ends, after rfsgen.dask.WORKER_WAIT seconds, in one line; no output and no temporary
+    file remain."""
+    def arm():
+        import os
+        import signal
+
+        import rfsgen.inputs
+
+        def dying(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        rfsgen.inputs.open_input = dying
+
+    _on_workers(mortal_worker, arm)
+    monkeypatch.setattr(rd, "WORKER_WAIT", 2.0)
+    res = run(["transform", "f.h5", "x.npy", "--chunk-rows", 10, "-o", "o.h5", "--dask-scheduler", mortal_worker])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert f"no Dask worker of the scheduler at {mortal_worker} was running 2 s after one died" in res.output
+    assert "nothing was written" in res.output
+    assert sorted(p.name for p in files.iterdir()) == ["f.h5", "x.npy"]
 
 
 def test_a_worker_failing_to_write_in_place_is_one_line_and_leaves_nothing(files, shell_cluster):
