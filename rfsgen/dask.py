@@ -236,27 +236,6 @@ class ClusterTransformer:
         # writer records them as the output's clipped_values)
         self.clipped = 0 if kind_of(fs).counts_clipped else None
 
-    def _guard(self, fn, what):
-        from concurrent.futures import CancelledError
-
-        from distributed.scheduler import KilledWorker
-
-        from .errors import RfsgenError
-
-        try:
-            return fn()
-        except RfsgenError:
-            raise
-        except KilledWorker as e:
-            raise RfsgenError(f"a Dask worker died while {what} (scheduler {self.address}): {e}; nothing was "
-                              "written; check the workers' memory and logs, then run again") from None
-        except CancelledError as e:  # the scheduler forgot the task (a worker lost under load)
-            raise RfsgenError(f"the Dask scheduler at {self.address} cancelled the task while {what} ({e}); nothing "
-                              "was written; run again") from None
-        except (OSError, TimeoutError) as e:
-            raise RfsgenError(f"lost the Dask scheduler at {self.address} while {what} ({type(e).__name__}: {e}); "
-                              "nothing was written") from None
-
     def chunks(self, src, chunk_rows, start=0, stop=None, buffers=1):
         from collections import deque
 
@@ -276,17 +255,16 @@ class ClusterTransformer:
         """The task of the chunk ``block`` (rows from ``row0`` of the input ``name``)."""
         fs_future = self.shared.copy_for(row0)
         if self.clipped is None:
-            return self._guard(lambda: self.client.submit(transform_block, block, fs_future, "dense", self.dtype_name,
-                                                          row0, name, self.device, pure=False),
-                               f"sending rows {row0}:{row0 + block.shape[0]}")
-        return self._guard(lambda: self.client.submit(transform_block_counted, block, fs_future, self.dtype_name, row0,
-                                                      name, self.device, pure=False),
-                           f"sending rows {row0}:{row0 + block.shape[0]}")
+            return _guarded(self.address, lambda: self.client.submit(
+                transform_block, block, fs_future, "dense", self.dtype_name, row0, name, self.device, pure=False),
+                f"sending rows {row0}:{row0 + block.shape[0]}")
+        return _guarded(self.address, lambda: self.client.submit(
+            transform_block_counted, block, fs_future, self.dtype_name, row0, name, self.device, pure=False),
+            f"sending rows {row0}:{row0 + block.shape[0]}")
 
     def _collect(self, row0, block, name, fut):
         what = f"transforming rows {row0}:{row0 + block.shape[0]}"
-        vals = self._guard(lambda: _shard_result(self.address, [fut], 0, lambda: self._submit(row0, block, name), what),
-                           what)
+        vals = _shard_result(self.address, [fut], 0, lambda: self._submit(row0, block, name), what)
         self.shared.done(row0)
         if self.clipped is not None:
             vals, clipped = vals
@@ -900,11 +878,13 @@ def _run_shards(client, address, fs, spec, path, features, name, final, base, sh
 
 #: Times a range whose task the scheduler cancelled is submitted again.
 RESUBMITS = 2
+
+
 def _in_order(address, ranges, submit, progress) -> list:
     """Every range's task, ``submit(i)`` for range ``i`` of ``ranges`` (``(a, b)`` rows),
     sent at once, then waited for in order (:func:`_shard_result`: a cancelled task is
-    sent again by the same ``submit(i)``), each range's rows counted on ``progress`` as it ends (the bar counts
-    whole ranges).  The tasks still running are cancelled on the way out, whether the
+    sent again by the same ``submit(i)``), each range's rows counted on ``progress`` as
+    it ends (the bar counts whole ranges).  The tasks still running are cancelled on the way out, whether the
     run succeeds or fails.  Returns the tasks' results, in range order."""
     futures = [submit(i) for i in range(len(ranges))]
     results = []
