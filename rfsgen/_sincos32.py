@@ -87,6 +87,8 @@ PART_VALUES = ROW_BLOCK * 768  # float32 angles of one row block (1.2 MB): fewer
 SPLIT_ROWS = 128  # fewer rows a thread: phases_out shares a chunk out by blocks of atoms (out_parts)
 OMEGA_BLOCK = 196608  # float32 frequency values per cache block (768 KiB: L2)
 SUM_BLOCK = 256  # terms of a sum per pass
+ROW_GROUPS = 8  # groups of LANES rows whose angles _phase_columns computes per pass over the packed tiles
+GROUP_ANGLES = 1 << 19  # ... as long as their float32 angles stay within 2 MiB a thread
 SPARSE_RATIO = 8  # at most 1 in 8 values nonzero: sums over the nonzero values only
 
 
@@ -376,9 +378,11 @@ def _row_block(most):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, stop):  # pragma: no cover - compiled
     # Blocks of _row_block rows x a cache block of atoms (OMEGA_BLOCK frequencies of a run
-    # of SUM_BLOCK terms: in L2); inside, register tiles of ROWS rows x one packed tile
-    # (its run's frequencies contiguous: read in order, no cache-set conflicts).  The sums
-    # run in runs of kc terms, each continued exactly from its float32 partial sum.
+    # of SUM_BLOCK terms: in L2); inside, one packed tile (its run's frequencies contiguous,
+    # 32 KiB: it stays in L1) against each register tile of ROWS rows in turn, so the
+    # frequencies come from L2 once per row block, not once per register tile: 1.5-1.7x on
+    # the angles at d = 3072 (docs/performance.md).  The sums run in runs of kc terms, each
+    # continued exactly from its float32 partial sum, so no order of the loops changes a bit.
     nb = blk_start.size
     kc = min(w, SUM_BLOCK)
     per_block = max(TILE, OMEGA_BLOCK // max(kc, 1))
@@ -404,12 +408,12 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
                 b1 += 1
             for c0 in range(0, w, kc):  # the sums in runs of kc terms, continued exactly
                 nc = min(kc, w - c0)
-                for r0 in range(q0, q1, ROWS):
-                    nr = min(ROWS, q1 - r0)
-                    ri = (r0 - q0) // ROWS
-                    for b in range(b0, b1):
-                        col0 = blk_node[b] * w + c0
-                        for j in range(tile0[b], tile0[b + 1]):
+                for b in range(b0, b1):
+                    col0 = blk_node[b] * w + c0
+                    for j in range(tile0[b], tile0[b + 1]):
+                        for r0 in range(q0, q1, ROWS):
+                            nr = min(ROWS, q1 - r0)
+                            ri = (r0 - q0) // ROWS
                             angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
             for r0 in range(q0, q1, ROWS):
                 nr = min(ROWS, q1 - r0)
@@ -556,12 +560,12 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
                 b1 += 1
             for c0 in range(0, w, kc):
                 nc = min(kc, w - c0)
-                for r0 in range(q0, q1, ROWS):
-                    nr = min(ROWS, q1 - r0)
-                    ri = (r0 - q0) // ROWS
-                    for b in range(b0, b1):
-                        col0 = blk_node[b] * w + c0
-                        for j in range(tile0[b], tile0[b + 1]):
+                for b in range(b0, b1):
+                    col0 = blk_node[b] * w + c0
+                    for j in range(tile0[b], tile0[b + 1]):
+                        for r0 in range(q0, q1, ROWS):
+                            nr = min(ROWS, q1 - r0)
+                            ri = (r0 - q0) // ROWS
                             angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
             for r0 in range(q0, q1, ROWS):
                 nr = min(ROWS, q1 - r0)
@@ -622,7 +626,7 @@ def _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim):  # pra
 
 
 def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow, fidx, fptr, sc, imag,
-                  pos, real, out) -> None:
+                  pos, real, out, groups=None) -> None:
     """:func:`phases` and the product loop (:func:`rfsgen._compiled.columns`) in one pass
     over each tile of rows, so that the atoms' float64 cos and sin (135 KB a row for
     mnist-conv) never reach memory: per tile of rows, each packed tile's angles, their
@@ -638,7 +642,10 @@ def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atom
     loop.  The caller makes sure no angle can overflow, as for :func:`phases_out`
     (rfsgen.bases.gathered_columns); angles beyond the fast range are redone by
     :func:`sincos_into`.  Raises ValueError where ``cols`` or the blocks would read outside
-    ``x``, ``cols`` or the lane rows."""
+    ``x``, ``cols`` or the lane rows.
+
+    ``groups`` (default: up to ROW_GROUPS, as many as GROUP_ANGLES angles hold) is how many
+    tiles of rows share one pass over the packed frequencies; it changes no bit."""
     from ._compiled import check_products, on_rows
 
     if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or cols.dtype != np.int64 \
@@ -648,8 +655,11 @@ def phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atom
         raise ValueError("cols must point into x's columns")
     _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, cols.size)
     check_products(n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, out, x.shape[0])
+    if groups is None:
+        groups = min(ROW_GROUPS, GROUP_ANGLES // max(n_atoms * LANES, 1))
+    groups = max(1, int(groups))
     on_rows(_phase_columns, x.shape[0], x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow,
-            fidx, fptr, sc, imag, pos, real, out, align=LANES, min_rows=LANES)
+            fidx, fptr, sc, imag, pos, real, out, groups, align=LANES, min_rows=LANES)
 
 
 def _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, n_values) -> None:
@@ -673,41 +683,53 @@ def _check_blocks(w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, n_valu
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phase_columns(x, cols, w, blk_start, blk_end, blk_node, tile0, tiles, n_atoms, xatom, xpow, fidx, fptr, sc, imag,
-                   pos, real, out, start, stop):  # pragma: no cover - compiled
-    # Per tile of LANES rows: each packed tile of atoms' angles, register tile by register
-    # tile of ROWS rows (the sums continued in runs of kc terms, as in _phases), cos and
-    # sin of its atoms only, into the lane rows; then the product loop's columns.
+                   pos, real, out, groups, start, stop):  # pragma: no cover - compiled
+    # Per span of ``groups`` tiles of LANES rows: each packed tile of atoms' frequencies
+    # (in L1 while it lasts) against every register tile of ROWS rows of the span (the sums
+    # continued in runs of kc terms, as in _phases), the angles kept lane-major per tile of
+    # rows; then per tile of rows, cos and sin of its atoms into the lane rows and the
+    # product loop's columns.  One pass over the packed tiles (MiBs for patch nodes: from L3)
+    # serves the whole span, not LANES rows.
     kc = min(w, SUM_BLOCK)
     fr, fi, tile = tile_buffers(n_atoms + xatom.size, out)
-    sub = -(-LANES // ROWS)
-    part = np.empty((sub, ROWS, TILE), np.float32)
-    packed = np.empty(LANES * TILE, np.float32)
+    span = groups * LANES
+    part = np.empty((-(-span // ROWS), ROWS, TILE), np.float32)
+    ang = np.empty((groups, n_atoms * LANES), np.float32)  # each group's angles, lane-major as its lane rows
     frv = fr.reshape(-1)
     fiv = fi.reshape(-1)
-    for r0 in range(start, stop, LANES):
-        n = min(LANES, stop - r0)
+    for r0 in range(start, stop, span):
+        n = min(span, stop - r0)
+        ng = -(-n // LANES)
         for b in range(blk_start.size):
             k0 = blk_start[b]
             for j in range(tile0[b], tile0[b + 1]):
                 k = k0 + TILE * (j - tile0[b])
                 kn = min(TILE, blk_end[b] - k)
-                for q in range(sub):
+                for q in range(-(-n // ROWS)):  # the packed tile stays in L1 for all the span's rows
                     nr = min(ROWS, n - q * ROWS)
-                    if nr <= 0:
-                        break
                     for c0 in range(0, w, kc):
                         angle_tile_at(x, r0 + q * ROWS, nr, cols, blk_node[b] * w + c0, min(kc, w - c0), tiles[j], c0,
                                       part[q], c0 == 0)
-                for t in range(kn):  # lane-major: atom k + t's LANES rows, as its lane row holds them
-                    for i in range(LANES):
-                        packed[t * LANES + i] = part[i // ROWS, i % ROWS, t] if i < n else 0.0
-                sincos_into(packed, kn * LANES, frv[k * LANES:], fiv[k * LANES:])
-                if n < LANES:  # the product loop's zero rows past the last
+                for g in range(ng):
                     for t in range(kn):
-                        for i in range(n, LANES):
-                            fr[k + t, i] = 0.0
-                            fi[k + t, i] = 0.0
-        tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, tile, out, r0, n)
+                        for lane in range(LANES):
+                            i = g * LANES + lane
+                            ang[g, (k + t) * LANES + lane] = part[i // ROWS, i % ROWS, t] if i < n else 0.0
+        for g in range(ng):
+            rg = r0 + g * LANES
+            nn = min(LANES, stop - rg)
+            for b in range(blk_start.size):
+                k0 = blk_start[b]
+                for j in range(tile0[b], tile0[b + 1]):
+                    k = k0 + TILE * (j - tile0[b])
+                    kn = min(TILE, blk_end[b] - k)
+                    sincos_into(ang[g, k * LANES:], kn * LANES, frv[k * LANES:], fiv[k * LANES:])
+                    if nn < LANES:  # the product loop's zero rows past the last
+                        for t in range(kn):
+                            for i in range(nn, LANES):
+                                fr[k + t, i] = 0.0
+                                fi[k + t, i] = 0.0
+            tile_columns(fr, fi, n_atoms, xatom, xpow, fidx, fptr, sc, imag, pos, real, tile, out, rg, nn)
 
 
 # ----------------------------------------------------------------------------- angles of CSR rows

@@ -615,6 +615,29 @@ def test_angles_and_products_in_one_pass_give_the_two_passes_bytes(name, dtype, 
             assert one_pass_calls and all(one_pass_calls[1:]) and (one_pass_calls[0] or name == "relu-gauss")
 
 
+@pytest.mark.parametrize("groups, limit", [(1, 1 << 30), (3, 1 << 30), (8, 1 << 30), (8, 1)])
+def test_tiles_of_rows_sharing_a_pass_over_the_frequencies_change_no_bit(groups, limit, monkeypatch, one_pass_calls):
+    """The one pass computes the angles of up to ROW_GROUPS tiles of 8 rows per pass over the
+    packed frequencies (fewer where GROUP_ANGLES angles would not hold them: ``limit`` 1
+    leaves one): 45 rows end inside the fourth tile of rows of a pass of 3 and inside the
+    sixth of a pass of 8, in chunks of 64 and 7 rows, on 1 and 2 threads; each gives the
+    bytes of the two passes."""
+    from rfsgen import _sincos32
+
+    monkeypatch.setattr(_sincos32, "ROW_GROUPS", groups)
+    monkeypatch.setattr(_sincos32, "GROUP_ANGLES", limit)
+    skel = _one_pass_skeleton("mnist-conv")
+    fs = sample(skel, 300, seed=6)
+    x = _fused_rows(skel.width, 45, 2).astype(np.float32)
+    for chunk_rows in (64, 7):
+        for threads in (1, 2):
+            one_pass_calls.clear()
+            with using(min(threads, _most())):
+                got, want = _both(fs, x, monkeypatch, dtype="float32", chunk_rows=chunk_rows)
+            assert got.tobytes() == want.tobytes(), (chunk_rows, threads)
+            assert one_pass_calls and all(one_pass_calls[1:])
+
+
 def test_one_pass_falls_back_where_the_dense_loop_does_not_apply(monkeypatch, one_pass_calls):
     """A row whose angles could overflow float32 (the scaled float64 redo) and rows mostly
     zeros over a single node (the CSR rows' loop) take the two passes; a value beyond
