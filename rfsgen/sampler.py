@@ -352,40 +352,17 @@ def _sort_order(key: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
-def _term_order(code, node, draw, n_nodes) -> np.ndarray:
-    """``np.lexsort((code, node, draw))`` for non-negative keys, by two :func:`_sort_order` passes."""
-    if code.size and int(code.min()) < 0:
-        return np.lexsort((code, node, draw))
-    by_code = _sort_order(code)
-    return by_code[_sort_order((draw * n_nodes + node)[by_code])]
+def _merge_leaves(skel, draw, node, mult, n_draws):
+    """A block's leaf items (int64 each; draws below ``n_draws``) merged: one item per
+    distinct (draw, node), sorted by it, with the multiplicities summed
+    (:func:`rfsgen._compiled.merge_leaves`)."""
+    from ._compiled import merge_leaves
 
-
-def _unique_inverse(key: np.ndarray):
-    """``np.unique(key, return_inverse=True)`` for non-negative int64 keys, via :func:`_sort_order`."""
-    if not key.size:
-        return key, np.zeros(0, dtype=np.int64)
-    order = _sort_order(key)
-    sk = key[order]
-    new = np.empty(sk.size, dtype=bool)
-    new[0] = True
-    np.not_equal(sk[1:], sk[:-1], out=new[1:])
-    inv = np.empty(key.size, dtype=np.int64)
-    inv[order] = np.cumsum(new) - 1
-    return sk[new], inv
-
-
-def _aggregate(draw, node, mult, n_nodes):
-    """Merge items with equal (draw, node), summing multiplicities; sorted by (draw, node)."""
-    key = draw * n_nodes + node
-    uniq, inv = _unique_inverse(key)
-    total = np.bincount(inv, weights=mult, minlength=uniq.size)
-    # Multiplicities can exceed 2**53 only with absurd degrees; keep int64 exact when small.
-    if total.size and total.max() < 2**53:
-        m = total.astype(np.int64)
-    else:
-        m = np.zeros(uniq.size, dtype=np.int64)
-        np.add.at(m, inv, mult)
-    return uniq // n_nodes, uniq % n_nodes, m
+    out_draw, out_node, out_mult = (np.empty(draw.size, dtype=np.int64) for _ in range(3))
+    k = merge_leaves(draw, node, mult, n_draws, out_draw, out_node, out_mult)
+    if k < 0:
+        raise SamplerError(f"internal error: a walk of '{skel.path}' made an item outside its block of draws")
+    return out_draw[:k], out_node[:k], out_mult[:k]
 
 
 def _stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -411,6 +388,8 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
     keeps exactly the rfs distribution (each stratified value is uniform and independent
     of the rest of its draw), so the estimator stays unbiased; draws of a block are
     negatively correlated, which is what lowers the variance."""
+    from ._compiled import level_census
+
     phase = rng.integers(0, 2, n_draws)
     draw = np.arange(n_draws, dtype=np.int64)
     node = np.full(n_draws, skel.output, dtype=np.int64)
@@ -418,25 +397,31 @@ def _walk(skel: Skeleton, t: _Tables, rng: np.random.Generator, n_draws: int, st
     out_degree = np.zeros(n_draws, dtype=np.int64)
     leaves = []
     first = True
+    per_act = np.zeros(len(t.activations), dtype=np.int64)
     while draw.size:
-        leaf = t.is_input[node]
-        if leaf.all():  # (the usual last level: no selections)
+        per_act[:] = 0
+        n_leaves = level_census(node, t.is_input, t.act_index, per_act)
+        if n_leaves < 0:
+            raise SamplerError(f"internal error: a walk of '{skel.path}' reached a node outside its tables")
+        if n_leaves == draw.size:  # (the usual last level: no selections)
             leaves.append((draw, node, mult))
             break
-        if leaf.any():
+        if n_leaves:
+            leaf = t.is_input[node]
             leaves.append((draw[leaf], node[leaf], mult[leaf]))
             draw, node, mult = draw[~leaf], node[~leaf], mult[~leaf]
         degree = np.empty(draw.size, dtype=np.int64)
         if stratify:  # at most one item of a draw may take its randomness from a shared stratified sequence
             alone = np.bincount(draw, minlength=n_draws)[draw] == 1
-        acts = t.act_index[node]
-        present = np.flatnonzero(np.bincount(acts))  # a few activations: no sort needed
-        if present.size == 1 and not stratify:
+        present = np.flatnonzero(per_act)  # a few activations: no sort needed
+        several = present.size > 1
+        acts = t.act_index[node] if several else None
+        if not several and not stratify:
             # The usual level: one activation for every item, no selections needed.
             degree = _degrees(t.activations[present[0]], rng, mult)
             present = ()
         for a in present:
-            sel = np.flatnonzero(acts == a) if present.size > 1 else np.arange(draw.size)
+            sel = np.flatnonzero(acts == a) if several else np.arange(draw.size)
             act = t.activations[a]
             m = mult[sel]
             if stratify:
@@ -558,10 +543,11 @@ def _stratified_codes(rng, node, ncodes):
 
 
 def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=False, track_single=False) -> _Batch:
-    n_nodes = len(skel.nodes)
+    from ._compiled import term_order
+
     if leaves:
-        draw, node, mult = (np.concatenate(x) for x in zip(*leaves))
-        draw, node, mult = _aggregate(draw, node, mult, n_nodes)
+        draw, node, mult = (np.concatenate(x) for x in zip(*leaves)) if len(leaves) > 1 else leaves[0]
+        draw, node, mult = _merge_leaves(skel, draw, node, mult, n_draws)
     else:
         draw = node = mult = np.zeros(0, dtype=np.int64)
     factors = np.bincount(draw, weights=mult, minlength=n_draws)
@@ -599,10 +585,12 @@ def _leaves_to_terms(skel, t, rng, leaves, n_draws, phase, out_degree, stratify=
         d, v, c, p = (np.concatenate(x) for x in zip(*parts))
     else:
         d = v = c = p = np.zeros(0, dtype=np.int64)
-    order = _term_order(c, v, d, n_nodes)
-    d, v, c, p = d[order], v[order], c[order], p[order]
-    ptr = np.zeros(n_draws + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(np.bincount(d, minlength=n_draws))
+    ptr = np.empty(n_draws + 1, dtype=np.int64)
+    order, moved = term_order(d, v, c, n_draws, ptr)  # (d, v, c) usually come in order already
+    if order.size != d.size:
+        raise SamplerError(f"internal error: a walk of '{skel.path}' made a term outside its block of draws")
+    if moved:
+        d, v, c, p = d[order], v[order], c[order], p[order]
     omega = np.concatenate(omegas) if omegas else np.zeros(0)
     batch = _Batch(
         kind=np.zeros(n_draws, dtype=np.uint8), ptr=ptr, node=v, code=c, power=p, omega=omega,

@@ -385,6 +385,97 @@ def test_distinct_keys_of_a_block_are_numpy_unique():
         np.testing.assert_array_equal(u2, k2[want_first[order]])
 
 
+def _lexsort_reference(draw, node, code):
+    order = np.lexsort((code, node, draw))
+    return order, np.concatenate(([0], np.cumsum(np.bincount(draw, minlength=DRAWS))))
+
+
+DRAWS = 300
+
+
+def _walk_items(rng, n, sorted_draws, crowded):
+    """n items of a block of DRAWS draws: draws in order (one level's items) or shuffled
+    (several levels' leaves), a few nodes per draw or, ``crowded``, draws of 40-200 items
+    (past the insertion sort's 32)."""
+    if crowded:
+        draw = np.repeat(rng.integers(0, DRAWS, 8), rng.integers(40, 200, 8))
+        draw = np.concatenate([draw, rng.integers(0, DRAWS, n)])
+    else:
+        draw = rng.integers(0, DRAWS, n)
+    if sorted_draws:
+        draw = np.sort(draw)
+    node = rng.integers(0, 12, draw.size)
+    return draw.astype(np.int64), node.astype(np.int64)
+
+
+@pytest.mark.parametrize("sorted_draws", [True, False])
+@pytest.mark.parametrize("crowded", [False, True])
+def test_leaf_items_merge_as_numpy_sums_them(sorted_draws, crowded):
+    """merge_leaves: one item per distinct (draw, node), sorted, multiplicities summed --
+    np.unique's keys and bincount's sums -- whether the draws come in order or not and
+    however many items a draw holds; a draw outside the block is refused before a write."""
+    from rfsgen._compiled import merge_leaves
+
+    rng = np.random.default_rng(11)
+    draw, node = _walk_items(rng, 2000, sorted_draws, crowded)
+    mult = rng.integers(1, 2**40, draw.size).astype(np.int64)
+    out = [np.empty(draw.size, np.int64) for _ in range(3)]
+    k = merge_leaves(draw, node, mult, DRAWS, *out)
+    keys, inv = np.unique(draw * 12 + node, return_inverse=True)
+    assert k == keys.size
+    np.testing.assert_array_equal(out[0][:k], keys // 12)
+    np.testing.assert_array_equal(out[1][:k], keys % 12)
+    np.testing.assert_array_equal(out[2][:k], np.bincount(inv.ravel(), weights=mult).astype(np.int64))
+    for bad in (-1, DRAWS):
+        wrong = draw.copy()
+        wrong[-1] = bad
+        assert merge_leaves(wrong, node, mult, DRAWS, *out) == -1
+
+
+@pytest.mark.parametrize("sorted_draws", [True, False])
+@pytest.mark.parametrize("crowded", [False, True])
+def test_term_order_is_a_stable_lexsort_with_each_draws_start(sorted_draws, crowded):
+    """term_order: np.lexsort((code, node, draw)), stable where (draw, node, code) repeat,
+    negative codes included, and where each draw's terms start; ``moved`` False exactly
+    when the order is the identity (terms already sorted, the usual case)."""
+    from rfsgen._compiled import term_order
+
+    rng = np.random.default_rng(12)
+    draw, node = _walk_items(rng, 3000, sorted_draws, crowded)
+    code = rng.integers(-3, 4, draw.size).astype(np.int64)
+    ptr = np.empty(DRAWS + 1, np.int64)
+    order, moved = term_order(draw, node, code, DRAWS, ptr)
+    want, want_ptr = _lexsort_reference(draw, node, code)
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_array_equal(ptr, want_ptr)
+    assert moved
+    d, v, c = draw[want], node[want], code[want]
+    order, moved = term_order(d, v, c, DRAWS, ptr)
+    np.testing.assert_array_equal(order, np.arange(d.size))
+    assert not moved
+    wrong = draw.copy()
+    wrong[0] = DRAWS
+    assert term_order(wrong, node, code, DRAWS, ptr)[0].size == 0
+
+
+def test_level_census_counts_leaves_and_activations():
+    """level_census: the leaf items and each activation's internal items of a level, as
+    numpy counts them; a node or an activation outside the tables returns -1."""
+    from rfsgen._compiled import level_census
+
+    rng = np.random.default_rng(13)
+    is_input = rng.random(30) < 0.4
+    act_index = np.where(is_input, -1, rng.integers(0, 3, 30))
+    node = rng.integers(0, 30, 5000)
+    per_act = np.zeros(3, np.int64)
+    assert level_census(node, is_input, act_index, per_act) == int(is_input[node].sum())
+    np.testing.assert_array_equal(per_act, np.bincount(act_index[node[~is_input[node]]], minlength=3))
+    for bad in (-1, 30):
+        assert level_census(np.array([0, bad]), is_input, act_index, np.zeros(3, np.int64)) == -1
+    internal = int(np.flatnonzero(~is_input)[0])
+    assert level_census(np.array([internal]), is_input, act_index, np.zeros(act_index[internal], np.int64)) == -1
+
+
 NESTED_STEP = """
 rfsgen: 1
 input: {width: 3}
