@@ -1285,11 +1285,13 @@ def _by_draw(draw, n_draws, start):  # pragma: no cover - compiled
         for i in range(n):
             order[i] = i
         return order
-    at = start[:-1].copy()
-    for i in range(n):
+    for i in range(n):  # start[d] as draw d's cursor, then shifted back (no second array)
         d = draw[i]
-        order[at[d]] = i
-        at[d] += 1
+        order[start[d]] = i
+        start[d] += 1
+    for d in range(n_draws, 0, -1):
+        start[d] = start[d - 1]
+    start[0] = 0
     return order
 
 
@@ -1325,8 +1327,9 @@ def merge_leaves(draw, node, mult, n_draws, out_draw, out_node, out_mult):  # pr
     if order.size != draw.size:
         return -1
     k = 0
-    for d in range(n_draws):
-        a = start[d]
+    a = 0
+    while a < order.size:  # draw by draw, those with items only
+        d = draw[order[a]]
         z = start[d + 1]
         if z - a > 1:
             _sort_run(order, a, z, node, node)
@@ -1339,6 +1342,7 @@ def merge_leaves(draw, node, mult, n_draws, out_draw, out_node, out_mult):  # pr
                 out_node[k] = node[i]
                 out_mult[k] = mult[i]
                 k += 1
+        a = z
     return k
 
 
