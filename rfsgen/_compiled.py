@@ -711,8 +711,12 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
     The same arithmetic as the numpy formulation it replaced (``rfsgen.features.term_keys``),
     bit for bit: term t of a draw contributes mix(base_t ^ mix(t + salt)) to a wrapping sum.
     Hashed keys get an even second half; a draw with a continuous term is unique by
-    construction and gets (first_draw + i, all ones) instead.
+    construction and gets (first_draw + i, all ones) instead.  A draw without terms (most
+    draws of a deep skeleton: its constant columns) has a key that depends on its kind
+    only: each kind's is hashed once a call and copied (the same arithmetic, so the same bits).
     """
+    empty = np.zeros((256, 2), dtype=np.uint64)
+    done = np.zeros(256, dtype=np.bool_)
     for i in range(kind.size):
         if continuous[i]:
             out[i, 0] = np.uint64(first_draw + i)
@@ -720,6 +724,12 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
             continue
         a = ptr[i]
         z = ptr[i + 1]
+        k = np.int64(kind[i])
+        memo = a == z and 0 <= k < 256  # (kind is uint8 from every caller; kept in bounds for any)
+        if memo and done[k]:
+            out[i, 0] = empty[k, 0]
+            out[i, 1] = empty[k, 1]
+            continue
         for half in range(2):
             salt = _SALTS[half]
             acc = np.uint64(0)
@@ -729,6 +739,10 @@ def draw_keys(kind, ptr, node, code, power, continuous, first_draw, out):  # pra
             head = _mix(np.uint64(kind[i]) + np.uint64(z - a) * _M1 + salt)
             out[i, half] = _mix(acc ^ head)
         out[i, 1] &= np.uint64(0xFFFFFFFFFFFFFFFE)
+        if memo:
+            empty[k, 0] = out[i, 0]
+            empty[k, 1] = out[i, 1]
+            done[k] = True
 
 
 # ----------------------------------------------------------------------------- file checksum

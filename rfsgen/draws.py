@@ -161,7 +161,7 @@ def _unique_keys(k1, k2):
     agree; on a collision it falls back to an exact 128-bit comparison."""
     from ._compiled import distinct_keys
 
-    k1, k2 = np.ascontiguousarray(k1), np.ascontiguousarray(k2)
+    # (the two columns of _keys' (n, 2) array, read where they are: strided, not copied)
     first = np.empty(k1.size, dtype=np.int64)
     inv = np.empty(k1.size, dtype=np.int64)
     count = distinct_keys(k1, k2, first, inv)

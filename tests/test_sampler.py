@@ -476,6 +476,31 @@ def test_level_census_counts_leaves_and_activations():
     assert level_census(np.array([internal]), is_input, act_index, np.zeros(act_index[internal], np.int64)) == -1
 
 
+def test_draws_without_terms_keep_their_kinds_keys():
+    """draw_keys hashes a termless draw's key once per kind a call and copies it: the keys
+    of a batch equal those of its draws hashed one by one, for every kind, mixed with
+    draws that have terms and continuous ones."""
+    from rfsgen.features import term_keys
+
+    rng = np.random.default_rng(14)
+    n = 400
+    kind = rng.integers(0, 3, n).astype(np.uint8)
+    lengths = np.where(rng.random(n) < 0.7, 0, rng.integers(1, 4, n))
+    ptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    node, code, power = (rng.integers(0, 9, ptr[-1]).astype(np.int64) for _ in range(3))
+    cont = rng.random(n) < 0.05
+    batch = term_keys(kind, ptr, node, code, power, cont, 7)
+    for i in range(n):
+        a, z = ptr[i], ptr[i + 1]
+        one = term_keys(kind[i:i + 1], np.array([0, z - a]), node[a:z], code[a:z], power[a:z], cont[i:i + 1], 7 + i)
+        np.testing.assert_array_equal(batch[i], one[0])
+    empty = (lengths == 0) & ~cont
+    for k in range(3):  # a kind's termless draws share one key, and no other kind's
+        keys = {tuple(batch[i]) for i in np.flatnonzero(empty & (kind == k))}
+        assert len(keys) == 1
+    assert len({tuple(batch[i]) for i in np.flatnonzero(empty)}) == 3
+
+
 NESTED_STEP = """
 rfsgen: 1
 input: {width: 3}
