@@ -1260,9 +1260,12 @@ def level_census(node, is_input, act_index, per_act):  # pragma: no cover - comp
     internal items of activation ``a``; returns the input (leaf) items.  The same counts as
     ``np.bincount(act_index[node[~is_input[node]]])`` and ``is_input[node].sum()``, without
     the three temporaries (1.3 ms a 65,536-draw block of cifar-deep).  A node outside the
-    tables, or an activation outside ``per_act``, returns -1 before anything is read there."""
+    tables, or an activation outside ``per_act``, returns -1 before anything is read there
+    (and so do tables of two lengths)."""
     leaves = 0
     n_nodes = is_input.size
+    if act_index.size != n_nodes:
+        return -1
     for i in range(node.size):
         v = node[i]
         if v < 0 or v >= n_nodes:
@@ -1334,8 +1337,13 @@ def merge_leaves(draw, node, mult, n_draws, out_draw, out_node, out_mult):  # pr
     """The leaf items sorted by (draw, node) with the multiplicities of equal (draw, node)
     summed (int64, wrapping as ``np.add.at`` does), in one counting pass by draw and a
     sort of each draw's few items (numpy's two radix sorts of (draw, node) keys took 0.9 ms
-    a 65,536-draw block of cifar-deep).  Returns how many items there are (``out_*`` hold ``draw.size``), or -1 for a
-    draw outside ``[0, n_draws)``."""
+    a 65,536-draw block of cifar-deep).  Returns how many items there are (``out_*`` hold
+    ``draw.size``), or -1 for a draw outside ``[0, n_draws)`` or arrays of other lengths,
+    before anything is written.  Multiplicities are counts (>= 0), as the walk makes them."""
+    n = draw.size
+    if n_draws < 0 or node.size != n or mult.size != n or out_draw.size < n or out_node.size < n \
+            or out_mult.size < n:
+        return -1
     start = np.empty(n_draws + 1, np.int64)
     order = _by_draw(draw, n_draws, start)
     if order.size != draw.size:
@@ -1366,7 +1374,10 @@ def term_order(draw, node, code, n_draws, ptr):  # pragma: no cover - compiled
     the start of each draw's terms in that order.  The terms usually come sorted (one
     input group: items by (draw, node), codes in order), and then the order is the
     identity after one pass.  Returns ``(order, moved)``, ``moved`` False for the identity;
-    an empty order for a draw outside ``[0, n_draws)``."""
+    an empty order for a draw outside ``[0, n_draws)`` or arrays of other lengths (``ptr``
+    not ``n_draws + 1``), before anything is written."""
+    if n_draws < 0 or node.size != draw.size or code.size != draw.size or ptr.size != n_draws + 1:
+        return np.empty(0, np.int64), True
     order = _by_draw(draw, n_draws, ptr)
     if order.size != draw.size:
         return order, True

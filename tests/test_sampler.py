@@ -430,6 +430,11 @@ def test_leaf_items_merge_as_numpy_sums_them(sorted_draws, crowded):
         wrong = draw.copy()
         wrong[-1] = bad
         assert merge_leaves(wrong, node, mult, DRAWS, *out) == -1
+    # arrays of other lengths are refused before a write (the walk's own arrays always agree)
+    short = [np.full(draw.size - 1, -7, np.int64) for _ in range(3)]
+    assert merge_leaves(draw, node[:-1], mult, DRAWS, *out) == -1
+    assert merge_leaves(draw, node, mult[:-1], DRAWS, *out) == -1
+    assert merge_leaves(draw, node, mult, DRAWS, *short) == -1 and all(np.all(a == -7) for a in short)
 
 
 @pytest.mark.parametrize("sorted_draws", [True, False])
@@ -456,6 +461,10 @@ def test_term_order_is_a_stable_lexsort_with_each_draws_start(sorted_draws, crow
     wrong = draw.copy()
     wrong[0] = DRAWS
     assert term_order(wrong, node, code, DRAWS, ptr)[0].size == 0
+    short = np.full(DRAWS, -7, np.int64)  # one short of DRAWS + 1
+    assert term_order(draw, node, code, DRAWS, short)[0].size == 0 and np.all(short == -7)
+    assert term_order(draw, node[:-1], code, DRAWS, ptr)[0].size == 0
+    assert term_order(draw, node, code[:-1], DRAWS, ptr)[0].size == 0
 
 
 def test_level_census_counts_leaves_and_activations():
@@ -474,6 +483,7 @@ def test_level_census_counts_leaves_and_activations():
         assert level_census(np.array([0, bad]), is_input, act_index, np.zeros(3, np.int64)) == -1
     internal = int(np.flatnonzero(~is_input)[0])
     assert level_census(np.array([internal]), is_input, act_index, np.zeros(act_index[internal], np.int64)) == -1
+    assert level_census(node, is_input, act_index[:-1], np.zeros(3, np.int64)) == -1
 
 
 def test_draws_without_terms_keep_their_kinds_keys():
