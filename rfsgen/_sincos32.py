@@ -375,6 +375,21 @@ def _row_block(most):  # pragma: no cover - compiled
     return max(ROWS, min(ROW_BLOCK, PART_VALUES // max(most * TILE, 1)) // ROWS * ROWS)
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _block_angles(x2, w, kc, blk_node, tile0, tiles, part, b0, b1, q0, q1):  # pragma: no cover - compiled
+    # The angles of rows q0:q1 against the atoms of blocks b0:b1 into part[(r - q0) // ROWS,
+    # tile - tile0[b0]]: one packed tile at a time (in L1 while the row block's register tiles
+    # use it), the sums in runs of kc terms, each continued exactly from its float32 partial sum.
+    for c0 in range(0, w, kc):
+        nc = min(kc, w - c0)
+        for b in range(b0, b1):
+            col0 = blk_node[b] * w + c0
+            for j in range(tile0[b], tile0[b + 1]):
+                for r0 in range(q0, q1, ROWS):
+                    dst = part[(r0 - q0) // ROWS, j - tile0[b0]]
+                    angle_tile(x2, r0, min(ROWS, q1 - r0), col0, nc, tiles[j], c0, dst, c0 == 0)
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, stop):  # pragma: no cover - compiled
     # Blocks of _row_block rows x a cache block of atoms (OMEGA_BLOCK frequencies of a run
@@ -406,15 +421,7 @@ def _phases(x2, w, blk_start, blk_end, blk_node, tile0, tiles, re, im, start, st
             b1 = b0 + 1
             while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
                 b1 += 1
-            for c0 in range(0, w, kc):  # the sums in runs of kc terms, continued exactly
-                nc = min(kc, w - c0)
-                for b in range(b0, b1):
-                    col0 = blk_node[b] * w + c0
-                    for j in range(tile0[b], tile0[b + 1]):
-                        for r0 in range(q0, q1, ROWS):
-                            nr = min(ROWS, q1 - r0)
-                            ri = (r0 - q0) // ROWS
-                            angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
+            _block_angles(x2, w, kc, blk_node, tile0, tiles, part, b0, b1, q0, q1)
             for r0 in range(q0, q1, ROWS):
                 nr = min(ROWS, q1 - r0)
                 ri = (r0 - q0) // ROWS
@@ -558,15 +565,7 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
             b1 = b0 + 1
             while b1 < nb and blk_end[b1] - blk_start[b0] <= per_block:
                 b1 += 1
-            for c0 in range(0, w, kc):
-                nc = min(kc, w - c0)
-                for b in range(b0, b1):
-                    col0 = blk_node[b] * w + c0
-                    for j in range(tile0[b], tile0[b + 1]):
-                        for r0 in range(q0, q1, ROWS):
-                            nr = min(ROWS, q1 - r0)
-                            ri = (r0 - q0) // ROWS
-                            angle_tile(x2, r0, nr, col0, nc, tiles[j], c0, part[ri, j - tile0[b0]], c0 == 0)
+            _block_angles(x2, w, kc, blk_node, tile0, tiles, part, b0, b1, q0, q1)
             for r0 in range(q0, q1, ROWS):
                 nr = min(ROWS, q1 - r0)
                 ri = (r0 - q0) // ROWS
