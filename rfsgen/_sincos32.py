@@ -204,6 +204,183 @@ def angle_tile_at(typingctx, x, r0, nr, cols, col0, w, tile, c0, dst, init):
     return types.void(x, r0, nr, cols, col0, w, tile, c0, dst, init), _angle_codegen(True)
 
 
+SINCOS_LANES = 8  # angles of one sincos_lanes call (<8 x double>: 1 AVX-512 or 2 AVX2 registers)
+
+
+assert TILE % SINCOS_LANES == 0  # a tile's rows are whole calls of sincos_lanes / value_lanes
+
+
+def _splat(ty, v):
+    return ir.Constant(ty, [v] * ty.count)
+
+
+def _lanes_in(context, builder, aryty, ary, at, vt):
+    """``ary[at:at + vt.count]`` as one vector: a vector load from a C-ordered array, lane
+    by lane otherwise (a strided view)."""
+    intp = types.intp
+    if aryty.layout == "C":
+        return builder.load(builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()), align=4)
+    v = ir.Constant(vt, ir.Undefined)
+    for lane in range(vt.count):
+        p = _ptr(context, builder, aryty, ary, builder.add(at, context.get_constant(intp, lane)))
+        v = builder.insert_element(v, builder.load(p), ir.Constant(ir.IntType(32), lane))
+    return v
+
+
+def _lanes_out(context, builder, aryty, ary, at, v):
+    intp = types.intp
+    vt = v.type
+    if aryty.layout == "C":
+        builder.store(v, builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()), align=8)
+        return
+    for lane in range(vt.count):
+        p = _ptr(context, builder, aryty, ary, builder.add(at, context.get_constant(intp, lane)))
+        builder.store(builder.extract_element(v, ir.Constant(ir.IntType(32), lane)), p)
+
+
+def _reduced_lanes(context, builder, th_t, theta, at):
+    """sincos_into's loop up to its polynomials, for SINCOS_LANES angles ``theta[at:]``
+    at once: ``(fast, r, z, q)``, the lanes within the fast range (<n x i1>), the reduced
+    angles, their squares (<n x double>) and quadrants (<n x i32>; a lane beyond the fast
+    range, inf or NaN is reduced as 0.0).  The same IEEE operations in the same order in
+    every lane, with no fast-math flag (so no fused multiply-add): each lane has the
+    scalar loop's bits."""
+    n = SINCOS_LANES
+    vd = ir.VectorType(ir.DoubleType(), n)
+    x = builder.fpext(_lanes_in(context, builder, th_t, theta, at, ir.VectorType(ir.FloatType(), n)), vd)
+    x = builder.fadd(x, _splat(vd, 0.0))  # the sign of a zero angle dropped
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vd, [vd]), f"llvm.fabs.v{n}f64")
+    fast = builder.fcmp_ordered("<=", builder.call(fabs, [x]), _splat(vd, FAST_LIMIT))  # false for NaN
+    x = builder.select(fast, x, _splat(vd, 0.0))
+    fn = builder.fsub(builder.fadd(builder.fmul(x, _splat(vd, INV_PIO2)), _splat(vd, _ROUND)), _splat(vd, _ROUND))
+    r = builder.fsub(builder.fsub(builder.fsub(x, builder.fmul(fn, _splat(vd, P1))), builder.fmul(fn, _splat(vd, P2))),
+                     builder.fmul(fn, _splat(vd, P3)))
+    q = builder.fptosi(fn, ir.VectorType(ir.IntType(32), n))
+    return fast, r, builder.fmul(r, r), q
+
+
+def _horner(builder, z, coeffs):
+    """``c0 + z (c1 + z (... + z c_last))`` in _kernels' order; each coefficient a vector
+    (lane by lane: sin's or cos's)."""
+    acc = builder.fmul(z, coeffs[-1])
+    for c in reversed(coeffs[1:-1]):
+        acc = builder.fmul(z, builder.fadd(c, acc))
+    return builder.fadd(coeffs[0], acc)
+
+
+def _slow_count(builder, fast):
+    n = SINCOS_LANES
+    i = ir.IntType(n)
+    ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i, [i]), f"llvm.ctpop.i{n}")
+    return builder.zext(builder.call(ctpop, [builder.bitcast(builder.not_(fast), i)]), ir.IntType(64))
+
+
+def _lane_bits(builder, q, bit):
+    vi = q.type
+    return builder.icmp_signed("!=", builder.and_(q, _splat(vi, bit)), _splat(vi, 0))
+
+
+def _sincos_lanes_codegen(context, builder, signature, args):
+    th_t, at_t, re_t, im_t = signature.args
+    theta, at, re, im = args
+    at = context.cast(builder, at, at_t, types.intp)
+    fast, r, z, q = _reduced_lanes(context, builder, th_t, theta, at)
+    vd = r.type
+    s = builder.fadd(r, builder.fmul(builder.fmul(r, z), _horner(builder, z, [_splat(vd, c) for c in (S1, S2, S3, S4, S5)])))
+    c = builder.fadd(_splat(vd, 1.0), builder.fmul(z, _horner(builder, z, [_splat(vd, c) for c in (C1, C2, C3, C4, C5)])))
+    odd = _lane_bits(builder, q, 1)  # _quadrant's steps
+    ss = builder.select(odd, c, s)
+    cc = builder.select(odd, builder.fneg(s), c)
+    flip = _lane_bits(builder, q, 2)
+    _lanes_out(context, builder, re_t, re, at, builder.select(flip, builder.fneg(cc), cc))
+    _lanes_out(context, builder, im_t, im, at, builder.select(flip, builder.fneg(ss), ss))
+    return _slow_count(builder, fast)
+
+
+def _value_lanes_codegen(context, builder, signature, args, out_at=None):
+    # One polynomial a lane: sin's where the wanted value (sin or cos of the angle) is
+    # +-sin r, cos's where it is +-cos r, by the quadrant; with B = z the cos form
+    # 1.0 + z P(z) is A + B P(z) (z * 1.0 is z), the sin form r + (r z) P(z).  So each
+    # lane computes exactly the operations that give _kernels' value it uses.
+    th_t, at_t, sc_t, sin_t, k_t, out_t = signature.args[:6]
+    theta, at, sc, want_sin, k, out = args[:6]
+    at = context.cast(builder, at, at_t, types.intp)
+    k = context.cast(builder, k, k_t, types.intp)
+    n = SINCOS_LANES
+    fast, r, z, q = _reduced_lanes(context, builder, th_t, theta, at)
+    vd = r.type
+    sin_bytes = _lanes_in(context, builder, sin_t, want_sin, k, ir.VectorType(ir.IntType(8), n))
+    wants_sin = builder.icmp_unsigned("!=", sin_bytes, _splat(sin_bytes.type, 0))
+    odd = _lane_bits(builder, q, 1)
+    use_sin = builder.xor(wants_sin, odd)
+    coeffs = [builder.select(use_sin, _splat(vd, a), _splat(vd, b)) for a, b in zip((S1, S2, S3, S4, S5),
+                                                                                   (C1, C2, C3, C4, C5))]
+    a = builder.select(use_sin, r, _splat(vd, 1.0))
+    b = builder.select(use_sin, builder.fmul(r, z), z)
+    v = builder.fadd(a, builder.fmul(b, _horner(builder, z, coeffs)))
+    # _quadrant: sin is -(.) where q & 2; cos is -(.) where (q & 1) xor (q & 2)
+    neg = builder.xor(_lane_bits(builder, q, 2), builder.and_(builder.not_(wants_sin), odd))
+    v = builder.select(neg, builder.fneg(v), v)
+    v = builder.fmul(_lanes_in(context, builder, sc_t, sc, k, vd), v)
+    if out_t.dtype == types.float32:
+        v = builder.fptrunc(v, ir.VectorType(ir.FloatType(), n))
+    if out_at is None:
+        _lanes_out(context, builder, out_t, out, at, v)
+    else:  # out[row, col:col + n] of a C-ordered matrix
+        row, col = (context.cast(builder, args[i], signature.args[i], types.intp) for i in out_at)
+        p = _ptr(context, builder, out_t, out, row, col)
+        builder.store(v, builder.bitcast(p, v.type.as_pointer()), align=4)
+    return _slow_count(builder, fast)
+
+
+def _value_lanes_at_codegen(context, builder, signature, args):
+    return _value_lanes_codegen(context, builder, signature, args, out_at=(6, 7))
+
+
+@intrinsic
+def sincos_lanes(typingctx, theta, at, re, im):
+    """``re[at + l] = cos(theta[at + l])``, ``im[at + l] = sin(...)`` for l <
+    :data:`SINCOS_LANES`, as :func:`sincos_into`'s loop computes each (a zero, an angle
+    beyond the fast range, inf or NaN gives 0.0's values there); returns how many of the
+    angles are beyond the fast range (int64), for :func:`redo_slow`.  ``theta`` float32,
+    ``re``, ``im`` float64, 1-D; the caller keeps ``at + SINCOS_LANES`` within all three."""
+    one_d = all(isinstance(a, types.Array) and a.ndim == 1 for a in (theta, re, im))
+    if not (one_d and theta.dtype == types.float32 and re.dtype == im.dtype == types.float64
+            and isinstance(at, types.Integer)):
+        return None
+    return types.int64(theta, at, re, im), _sincos_lanes_codegen
+
+
+@intrinsic
+def value_lanes(typingctx, theta, at, sc, want_sin, k, out):
+    """``out[at + l] = sc[k + l] * (sin if want_sin[k + l] else cos)(theta[at + l])`` for l
+    < :data:`SINCOS_LANES`, the float64 product cast to ``out``'s dtype: the bits of
+    :func:`sincos_into` followed by :func:`_store_tile`'s product, computing only the
+    polynomial the value needs.  Returns how many angles are beyond the fast range (their
+    values are then not the right ones: the caller redoes the tile through
+    :func:`sincos_into`).  ``theta`` float32, ``sc`` float64, ``want_sin`` bool, ``out``
+    float32 or float64, 1-D; the caller keeps every index within."""
+    one_d = all(isinstance(a, types.Array) and a.ndim == 1 for a in (theta, sc, want_sin, out))
+    if not (one_d and theta.dtype == types.float32 and sc.dtype == types.float64 and want_sin.dtype == types.boolean
+            and out.dtype in (types.float32, types.float64) and isinstance(at, types.Integer)
+            and isinstance(k, types.Integer)):
+        return None
+    return types.int64(theta, at, sc, want_sin, k, out), _value_lanes_codegen
+
+
+@intrinsic
+def value_lanes_at(typingctx, theta, at, sc, want_sin, k, out, row, col):
+    """:func:`value_lanes` storing into ``out[row, col:col + SINCOS_LANES]`` of a C-ordered
+    float32 or float64 matrix (the caller keeps them within ``out``)."""
+    one_d = all(isinstance(a, types.Array) and a.ndim == 1 for a in (theta, sc, want_sin))
+    if not (one_d and _matrix(out, out.dtype if isinstance(out, types.Array) else None)
+            and theta.dtype == types.float32 and sc.dtype == types.float64 and want_sin.dtype == types.boolean
+            and out.dtype in (types.float32, types.float64)
+            and all(isinstance(i, types.Integer) for i in (at, k, row, col))):
+        return None
+    return types.int64(theta, at, sc, want_sin, k, out, row, col), _value_lanes_at_codegen
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _kernels(r):  # pragma: no cover - compiled
     z = r * r
@@ -225,10 +402,16 @@ def _reduce(x):  # pragma: no cover - compiled
 def sincos_into(theta, n, re, im):  # pragma: no cover - compiled
     """``re[i] = cos(theta[i])``, ``im[i] = sin(theta[i])`` for i < n: ``theta`` float32,
     ``re, im`` float64 1-D arrays.  The sign of a zero angle is dropped (+0.0).
-    Branch-free over the fast range (vectorised); angles beyond it, inf and NaN are
-    then redone one by one by :func:`rfsgen._sincos.slow_sincos`."""
+    Branch-free over the fast range, :data:`SINCOS_LANES` angles at a time in explicit
+    vectors (:func:`sincos_lanes`: the loop vectoriser chose 256-bit vectors, half of an
+    AVX-512 register); angles beyond it, inf and NaN are then redone one by one by
+    :func:`rfsgen._sincos.slow_sincos`.  ``n`` is clamped to the arrays' sizes."""
+    n = min(n, theta.size, re.size, im.size)
     slow = 0
-    for i in range(n):
+    v = n - n % SINCOS_LANES
+    for i in range(0, v, SINCOS_LANES):
+        slow += sincos_lanes(theta, i, re, im)
+    for i in range(v, n):
         x = np.float64(theta[i]) + 0.0
         big = not (abs(x) <= FAST_LIMIT)
         slow += big
@@ -574,11 +757,11 @@ def _phases_out(x2, w, blk_start, blk_end, blk_node, tile0, tiles, col, sc, imag
                     k1 = blk_end[b]
                     for j in range(tile0[b], tile0[b + 1]):
                         k = k0 + TILE * (j - tile0[b])
-                        sincos_into(part[ri, j - tile0[b0]].reshape(ROWS * TILE), nr * TILE, cb, sb)
+                        ang = part[ri, j - tile0[b0]].reshape(ROWS * TILE)
                         kn = min(TILE, k1 - k)
-                        _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim)
+                        _store_tile(out, r0, nr, col, sc, imag, k, kn, ang, cb, sb, vb, tsc, tim)
                         if _any_second(col2, k, kn):
-                            _store_tile(out, r0, nr, col2, sc2, imag2, k, kn, cb, sb, vb, tsc, tim)
+                            _store_tile(out, r0, nr, col2, sc2, imag2, k, kn, ang, cb, sb, vb, tsc, tim)
             b0 = b1
 
 
@@ -591,11 +774,14 @@ def _any_second(col2, k, kn):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim):  # pragma: no cover - compiled
-    # out[r0 + i, col[k + t]] = sc[k + t] * (sin if imag[k + t] else cos), i < nr, t < kn;
-    # col -1: no column.  The choice and the float64 product run branch-free over the
-    # whole tile (the atom's own scale and part copied to tsc, tim: zeros past kn), then
-    # rows go out whole where the tile's columns are one run, one by one otherwise.
+def _store_tile(out, r0, nr, col, sc, imag, k, kn, ang, cb, sb, vb, tsc, tim):  # pragma: no cover - compiled
+    # out[r0 + i, col[k + t]] = sc[k + t] * (sin if imag[k + t] else cos) of the angle
+    # ang[i * TILE + t], i < nr, t < kn; col -1: no column.  The values are computed
+    # branch-free over the whole tile (the atom's own scale and part copied to tsc, tim:
+    # zeros past kn), one polynomial a value (value_lanes); a tile with an angle beyond
+    # the fast range takes both cos and sin from sincos_into instead, which redoes such
+    # angles.  Then rows go out whole where the tile's columns are one run, one by one
+    # otherwise.
     d = out.shape[1]
     c0 = col[k]
     run = 0 <= c0 and c0 <= d - kn  # (not c0 + kn: it may wrap)
@@ -607,11 +793,25 @@ def _store_tile(out, r0, nr, col, sc, imag, k, kn, cb, sb, vb, tsc, tim):  # pra
         else:
             tsc[t] = 0.0
             tim[t] = False
-    for i in range(nr):
-        for t in range(TILE):
-            s = sb[i * TILE + t]
-            c = cb[i * TILE + t]
-            vb[i * TILE + t] = tsc[t] * (s if tim[t] else c)
+    slow = 0
+    nr = min(nr, ROWS, out.shape[0] - r0)
+    if run and kn == TILE:  # a whole tile into one run of columns: straight into the rows
+        for i in range(nr):
+            for t in range(0, TILE, SINCOS_LANES):
+                slow += value_lanes_at(ang, i * TILE + t, tsc, tim, t, out, r0 + i, c0 + t)
+        if not slow:
+            return
+    else:
+        for i in range(nr):
+            for t in range(0, TILE, SINCOS_LANES):
+                slow += value_lanes(ang, i * TILE + t, tsc, tim, t, vb)
+    if slow:
+        sincos_into(ang, nr * TILE, cb, sb)
+        for i in range(nr):
+            for t in range(TILE):
+                s = sb[i * TILE + t]
+                c = cb[i * TILE + t]
+                vb[i * TILE + t] = tsc[t] * (s if tim[t] else c)
     if run:
         for i in range(nr):
             for t in range(kn):

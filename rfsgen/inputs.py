@@ -631,6 +631,14 @@ def _first_nonfinite(name, row, col, val) -> None:
                         "remove or impute non-finite values before using rfsgen")
 
 
+def is_scipy_sparse(obj) -> bool:
+    """True for a ``scipy.sparse`` matrix or array.  Such an object exists only once its
+    module is imported, so scipy.sparse is not imported to ask (19 MiB of a dense
+    transform's peak memory, measured: docs/performance.md)."""
+    sp = sys.modules.get("scipy.sparse")
+    return sp is not None and sp.issparse(obj)
+
+
 def is_anndata(obj) -> bool:
     """True for an ``anndata.AnnData`` (in memory or backed), recognised by what it has
     (X, layers, obs, obs_names, var_names): rfsgen's core never imports anndata."""
@@ -687,8 +695,6 @@ def _from_anndata(adata, layer) -> InputSource:
 
 def _from_memory(spec, layer: str | None = None) -> InputSource:
     """Wrap an in-memory object, or raise InputError saying what is accepted."""
-    import scipy.sparse as sp
-
     if is_anndata(spec):
         return _from_anndata(spec, layer)
     if layer is not None:
@@ -697,7 +703,7 @@ def _from_memory(spec, layer: str | None = None) -> InputSource:
     what = type(spec).__name__
     accepted = ("pass a 2-D array (numpy, dask, h5py or zarr), a scipy.sparse matrix, a pandas DataFrame, "
                 "a list of rows, or a path")
-    if sp.issparse(spec):
+    if is_scipy_sparse(spec):
         return SparseSource(spec, f"<{what}>")
     if hasattr(spec, "to_numpy") and not hasattr(spec, "__array_function__"):  # pandas
         spec = spec.to_numpy()

@@ -167,3 +167,84 @@ def test_same_bits_for_any_length_position_and_one_at_a_time():
             assert ss.tobytes() == s[i0:i0 + n].tobytes() and cc.tobytes() == c[i0:i0 + n].tobytes()
     one = np.array([S.sincos(np.float32(v)) for v in t[:50]])
     assert one[:, 0].tobytes() == s[:50].tobytes() and one[:, 1].tobytes() == c[:50].tobytes()
+
+
+def _scalar_sincos(t):
+    """sincos_into's scalar steps (the loop's tail), one angle at a time in Python:
+    _reduce, _kernels and _quadrant as compiled, then redo_slow's values beyond the fast
+    range."""
+    re, im = np.empty(t.size), np.empty(t.size)
+    for i, v in enumerate(t):
+        re[i:i + 1], im[i:i + 1] = np.nan, np.nan
+        S.sincos_into(t[i:i + 1], 1, re[i:i + 1], im[i:i + 1])  # n = 1: the scalar tail only
+    return re, im
+
+
+_SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45], np.float32)
+_BITS = np.concatenate([
+    _SPECIAL,  # in vector lanes (first) and in the scalar tail (last)
+    ANGLES,
+    _rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32).view(np.float32),  # every class of float32
+    (_rng.standard_cauchy(4000) * 1e3).astype(np.float32),
+    _SPECIAL[:6],
+])
+
+
+def test_vector_lanes_have_the_scalar_loops_bits():
+    """sincos_into runs SINCOS_LANES angles at once (sincos_lanes, explicit vectors) and
+    the rest one at a time: every lane, whatever its place, has the scalar steps' bits,
+    on C-ordered and strided arrays, and the lanes beyond the fast range are redone."""
+    re0, im0 = _scalar_sincos(_BITS)
+    for view in (lambda a: a, lambda a: a[1:], lambda a: a[5:-3]):
+        t = view(_BITS)
+        re, im = np.empty(t.size), np.empty(t.size)
+        S.sincos_into(t, t.size, re, im)
+        assert re.view(np.uint64).tolist() == view(re0).view(np.uint64).tolist()
+        assert im.view(np.uint64).tolist() == view(im0).view(np.uint64).tolist()
+    wide = np.empty(2 * _BITS.size, np.float32)
+    wide[::2] = _BITS
+    re, im = np.empty((_BITS.size, 2)), np.empty((_BITS.size, 2))
+    S.sincos_into(wide[::2], _BITS.size, re[:, 1], im[:, 0])  # strided angles and values
+    assert re[:, 1].tobytes() == re0.tobytes() and im[:, 0].tobytes() == im0.tobytes()
+
+
+def test_sincos_into_never_writes_past_its_arrays():
+    t = _BITS[:21]
+    re, im = np.full(30, 7.0), np.full(30, 7.0)
+    S.sincos_into(t, 1000, re[:19], im[:23])  # n beyond every array: the shortest decides
+    assert (re[19:] == 7.0).all() and (im[19:] == 7.0).all() and not (im[19:23] != 7.0).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_value_lanes_are_the_product_of_sincos_into(dtype):
+    """value_lanes computes one polynomial a lane (sin's or cos's, by the wanted value and
+    the quadrant) and the scaled value: the bits of sincos_into's cos or sin times the
+    scale, cast to the output's dtype; it counts the angles beyond the fast range (whose
+    values the caller redoes)."""
+    import numba
+
+    @numba.njit
+    def run(theta, sc, want, out, out2):
+        slow = 0
+        for i in range(0, theta.size - theta.size % S.SINCOS_LANES, S.SINCOS_LANES):
+            k = i % sc.size
+            slow += S.value_lanes(theta, i, sc, want, k, out)
+            slow += S.value_lanes_at(theta, i, sc, want, k, out2, i // 16, i % 16)
+        return slow
+
+    n = (_BITS.size // 16) * 16
+    t = _BITS[:n]
+    sc = _rng.standard_normal(64) * 10.0 ** _rng.uniform(-5, 5, 64)
+    sc[:4] = (0.0, -0.0, 1.0, -1.0)
+    want = _rng.random(64) < 0.5
+    out, out2 = np.empty(n, dtype), np.empty((n // 16, 16), dtype)
+    slow = run(t, sc, want, out, out2)
+    re, im = np.empty(n), np.empty(n)
+    S.sincos_into(t, n, re, im)
+    k = np.arange(n) % 8 + (np.arange(n) // 8 * 8) % 64
+    expect = (sc[k] * np.where(want[k], im, re)).astype(dtype)
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the bit patterns
+        fast = np.abs(t.astype(np.float64)) <= S.FAST_LIMIT
+    assert slow == 2 * int((~fast).sum()) > 0
+    assert out[fast].tobytes() == expect[fast].tobytes()
+    assert out2.reshape(-1)[fast].tobytes() == expect[fast].tobytes()
