@@ -214,12 +214,17 @@ def _splat(ty, v):
     return ir.Constant(ty, [v] * ty.count)
 
 
+def _element_bytes(t) -> int:
+    return 8 if isinstance(t, ir.DoubleType) else 4 if isinstance(t, ir.FloatType) else t.width // 8
+
+
 def _lanes_in(context, builder, aryty, ary, at, vt):
     """``ary[at:at + vt.count]`` as one vector: a vector load from a C-ordered array, lane
     by lane otherwise (a strided view)."""
     intp = types.intp
     if aryty.layout == "C":
-        return builder.load(builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()), align=4)
+        return builder.load(builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()),
+                            align=_element_bytes(vt.element))
     v = ir.Constant(vt, ir.Undefined)
     for lane in range(vt.count):
         p = _ptr(context, builder, aryty, ary, builder.add(at, context.get_constant(intp, lane)))
@@ -231,7 +236,8 @@ def _lanes_out(context, builder, aryty, ary, at, v):
     intp = types.intp
     vt = v.type
     if aryty.layout == "C":
-        builder.store(v, builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()), align=8)
+        builder.store(v, builder.bitcast(_ptr(context, builder, aryty, ary, at), vt.as_pointer()),
+                      align=_element_bytes(vt.element))
         return
     for lane in range(vt.count):
         p = _ptr(context, builder, aryty, ary, builder.add(at, context.get_constant(intp, lane)))
@@ -329,7 +335,7 @@ def _value_lanes_codegen(context, builder, signature, args, out_at=None):
     else:  # out[row, col:col + n] of a C-ordered matrix
         row, col = (context.cast(builder, args[i], signature.args[i], types.intp) for i in out_at)
         p = _ptr(context, builder, out_t, out, row, col)
-        builder.store(v, builder.bitcast(p, v.type.as_pointer()), align=4)
+        builder.store(v, builder.bitcast(p, v.type.as_pointer()), align=_element_bytes(v.type.element))
     return _slow_count(builder, fast)
 
 
@@ -405,8 +411,8 @@ def sincos_into(theta, n, re, im):  # pragma: no cover - compiled
     Branch-free over the fast range, :data:`SINCOS_LANES` angles at a time in explicit
     vectors (:func:`sincos_lanes`: the loop vectoriser chose 256-bit vectors, half of an
     AVX-512 register); angles beyond it, inf and NaN are then redone one by one by
-    :func:`rfsgen._sincos.slow_sincos`.  ``n`` is clamped to the arrays' sizes."""
-    n = min(n, theta.size, re.size, im.size)
+    :func:`rfsgen._sincos.slow_sincos`.  ``n`` is clamped to 0 .. the arrays' sizes."""
+    n = max(0, min(n, theta.size, re.size, im.size))
     slow = 0
     v = n - n % SINCOS_LANES
     for i in range(0, v, SINCOS_LANES):

@@ -213,6 +213,10 @@ def test_sincos_into_never_writes_past_its_arrays():
     re, im = np.full(30, 7.0), np.full(30, 7.0)
     S.sincos_into(t, 1000, re[:19], im[:23])  # n beyond every array: the shortest decides
     assert (re[19:] == 7.0).all() and (im[19:] == 7.0).all() and not (im[19:23] != 7.0).any()
+    re, im = np.full(30, 7.0), np.full(30, 7.0)
+    for n in (-1, -9, -(2**62)):  # nothing at all (a negative index would wrap around)
+        S.sincos_into(t[10:13], n, re[10:13], im[10:13])
+        assert (re == 7.0).all() and (im == 7.0).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
