@@ -78,6 +78,7 @@ def check_output(path, overwrite: bool = False, inputs=()) -> Path:
             raise UsageError(f"{path}: is also an input of this command ({src}); write the output elsewhere")
     if path.is_dir():
         raise OutputError(f"{path}: is a directory; give a file name")
+    _refuse_special(path)
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{path}: already exists; pass overwrite=True to replace it",
                                 cli=f"{path}: already exists; pass --overwrite to replace it")
@@ -85,6 +86,28 @@ def check_output(path, overwrite: bool = False, inputs=()) -> Path:
     if not parent.exists():
         raise OutputError(f"{path}: directory {parent} does not exist; create it first")
     return parent
+
+
+def _refuse_special(path: Path) -> None:
+    """Refuse an output path that is a device, pipe or socket: the finished file is moved
+    over the path, which would replace the node itself (``-o /dev/null --overwrite`` run as
+    root would leave every other program a regular file for /dev/null).  A symbolic link
+    is replaced as a link, as ``mv`` does, never followed."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (yet): the move creates a regular file
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        kind = "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise OutputError(f"{path}: is {kind}, not a regular file; rfsgen writes a new file and moves it into "
+                          "place, which would replace it; give a file name")
+
+
+def _replace(tmp, path) -> None:
+    _refuse_special(Path(path))  # (again at the move: the path may have changed meanwhile)
+    os.replace(tmp, path)
 
 
 @contextmanager
@@ -121,7 +144,7 @@ def atomic_path(path, overwrite: bool = False, inputs=()):
         # The commit point: the last signal check and the move run with signals held;
         # a signal received before it (even one swallowed on its way) prevents the move,
         # one during or after it is reported with the output kept (see _signals.commit).
-        commit(path, (lambda: os.replace(tmp, path)) if overwrite else (lambda: _move_no_clobber(tmp, path)))
+        commit(path, (lambda: _replace(tmp, path)) if overwrite else (lambda: _move_no_clobber(tmp, path)))
         _temporaries.discard(tmp)
     except FileExistsError:
         _remove(tmp)

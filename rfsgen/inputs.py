@@ -201,7 +201,7 @@ class TextSource(InputSource):
             raise InputError(f"{name}: is empty; expected rows of numbers")
         self.delimiter = detect_delimiter(first) if delimiter is None else delimiter
         fields = self._split(first)
-        header = not any(_is_number(f) for f in fields)
+        header = not any(_is_number(f.replace("_", "")) for f in fields)  # ('1_0' is a bad number, not a name)
         self.detected = f"{DELIMITER_NAMES[self.delimiter]}, {'a header line' if header else 'no header line'}"
         if header:
             self.header = fields
@@ -281,7 +281,8 @@ class TextSource(InputSource):
                 if not _is_number(f):
                     return DataError(f"{self.name}:{lineno}: column {col}: {f!r} is not a number (read as "
                                      f"{self.detected}); fix or drop that row")
-        return DataError(f"{self.name}: cannot parse rows (read as {self.detected}): {exc}")
+        return DataError(f"{self.name}:{got[0][0]}-{got[-1][0]}: cannot parse these lines (read as {self.detected}): "
+                         f"{exc}; fix or drop the row that holds it")
 
     def close(self):
         if self._closer:
@@ -305,6 +306,10 @@ def detect_delimiter(line: str):
 
 
 def _is_number(s: str) -> bool:
+    """Whether numpy's text reader takes ``s`` as a number: Python's float() does, except
+    for digits grouped with underscores ('1_000'), which numpy refuses."""
+    if "_" in s:
+        return False
     try:
         float(s)
         return True

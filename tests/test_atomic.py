@@ -70,6 +70,36 @@ def test_no_clobber_is_atomic(tmp_path):
     assert target.read_bytes() == b"mine"
 
 
+def test_a_pipe_or_device_is_never_replaced_by_the_output(tmp_path):
+    """The finished file is moved over the output path: over a FIFO or a device node
+    (``-o /dev/null --overwrite``) that would replace the node itself, so it is refused,
+    before the run and again at the move, and the node stays; a symbolic link to one is
+    replaced as a link (the node it names is untouched)."""
+    import os
+    import stat
+
+    from rfsgen import OutputError
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match="pipe: is a pipe, not a regular file; .* give a file name"):
+            with atomic_path(fifo, overwrite=overwrite) as tmp:
+                open(tmp, "wb").write(b"x")
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+    late = tmp_path / "late"
+    with pytest.raises(OutputError, match="is a pipe"):
+        with atomic_path(late, overwrite=True) as tmp:
+            open(tmp, "wb").write(b"x")
+            os.mkfifo(late)  # appears while the run computes
+    assert stat.S_ISFIFO(os.lstat(late).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["late", "pipe"]
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    with atomic_path(link, overwrite=True) as tmp:
+        open(tmp, "wb").write(b"done")
+    assert link.read_bytes() == b"done" and not link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 def test_output_may_not_be_an_input(tmp_path):
     src = tmp_path / "in.npy"
     src.write_bytes(b"x")

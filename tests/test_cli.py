@@ -73,6 +73,15 @@ def test_kernel_command(runner, tmp_path, cifar_rows):
                        "--rows", "2:5", "-o", out, "--overwrite"])
     assert res.exit_code == 0
     assert np.load(out).shape == (3, 3)
+    fifo = tmp_path / "fifo"  # (as a device: -o /dev/null --overwrite must not replace the node)
+    os.mkfifo(fifo)
+    res = run(runner, ["kernel", skeleton_path("shallow-gaussian"), tmp_path / "rows.npy", "-o", fifo, "--overwrite"])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1
+    assert res.stderr.endswith("fifo: is a pipe, not a regular file; rfsgen writes a new file and moves it into "
+                               "place, which would replace it; give a file name\n")
+    import stat
+
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
 def test_kernel_to_stdout_from_stdin_csv(runner, cifar_rows):

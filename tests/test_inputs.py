@@ -59,6 +59,15 @@ def test_csv_errors(tmp_path):
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(InputError, match="is empty"):
         read(tmp_path / "empty.csv")
+    # digits grouped with underscores: Python's float() takes them, numpy's reader does not;
+    # the message names the line and column all the same (and such a first line is no header)
+    (tmp_path / "grouped.csv").write_text("1,2,3\n4,5,6\n7,8_0,9\n")
+    with pytest.raises(DataError, match=r"grouped.csv:3: column 1: '8_0' is not a number .*; fix or drop that row$"):
+        read(tmp_path / "grouped.csv")
+    (tmp_path / "grouped1.csv").write_text("1_0,2_0\n3,4\n")
+    with pytest.raises(DataError, match=r"grouped1.csv:1: column 0: '1_0' is not a number \(read as comma-separated, "
+                                        r"no header line\)"):
+        read(tmp_path / "grouped1.csv")
 
 
 def test_open_errors(tmp_path, table):
