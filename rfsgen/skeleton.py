@@ -713,7 +713,7 @@ class _Builder:
         self.check_keys(doc, TOP_KEYS, "the skeleton")
         if "rfsgen" not in doc:
             raise self.err(1, f"missing 'rfsgen: {SCHEMA_VERSION}' (the schema version) at the top")
-        if doc["rfsgen"] != SCHEMA_VERSION:
+        if type(doc["rfsgen"]) is not int or doc["rfsgen"] != SCHEMA_VERSION:  # (true and 1.0 are not versions)
             raise self.err(
                 doc.lines["rfsgen"],
                 f"schema version {doc['rfsgen']!r} is not supported (this rfsgen reads version {SCHEMA_VERSION})",

@@ -98,6 +98,8 @@ ERRORS = [
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column}\n  - {name: o, activation: relu, inputs: [x[1]]}\n",
      r"<s>:5: malformed YAML: .*quote node references with indices"),
     ("rfsgen: 2\ninput: {width: 1}\nnodes: []\n", r"<s>:1: schema version 2 is not supported"),
+    ("rfsgen: true\ninput: {width: 1}\nnodes: []\n", r"<s>:1: schema version True is not supported"),
+    ("rfsgen: 1.0\ninput: {width: 1}\nnodes: []\n", r"<s>:1: schema version 1.0 is not supported"),
     ("input: {width: 1}\nnodes: []\n", r"missing 'rfsgen: 1'"),
     (HEAD + "nodes:\n  - {name: x, base: circle}\n", r"base 'circle' takes exactly 1 column per node but the node has 4; use 'per: column'"),
     (HEAD + "nodes:\n  - {name: x, base: circle, per: column, columns: [0, 9]}\n", r"column 9 of node 'x' is outside the input row \(0..3\)"),
